@@ -1,0 +1,102 @@
+"""The wire-neutral conversation: what every wire adapter decodes into.
+
+OpenAI Chat Completions and Anthropic Messages requests both become a list of
+:class:`Message` and a list of :class:`ToolSpec`; the rest of the edge never sees a
+wire shape. :func:`template_message` turns a message into the Hugging Face chat-template
+form (``{"role", "content", "tool_calls": [{"type": "function", "function": ...}]}``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import msgspec
+
+from schemas.events import ToolCall
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True):
+    role: Role
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning: str | None = None
+
+
+class SamplingOverrides(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the agent asked for; only these keys ever reach the engine."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] | None = None
+
+
+class Conversation(msgspec.Struct, frozen=True, kw_only=True):
+    """A decoded model request, whatever wire it came from."""
+
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: Literal["auto", "none"] = "auto"
+    sampling: SamplingOverrides = SamplingOverrides()
+    stream: bool = False
+    logprobs: bool = False
+    model: str = ""
+
+
+def _arguments(text: str) -> Any:
+    """Tool-call arguments for the template: a JSON object when they parse, else the text."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def template_message(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    if message.reasoning is not None:
+        out["reasoning_content"] = message.reasoning
+    return out
+
+
+def template_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]] | None:
+    if not tools:
+        return None
+    return [{"type": "function", "function": msgspec.to_builtins(t)} for t in tools]
+
+
+class TurnOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """A turn's answer, wire-neutral: adapters turn it into OpenAI or Anthropic shapes."""
+
+    session_id: str
+    request_no: int
+    content: str
+    reasoning: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str  # "stop" | "length" | "tool_calls"
+    prompt_tokens: int
+    completion_tokens: int
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] | None = None
+    created: int

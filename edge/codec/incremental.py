@@ -1,0 +1,80 @@
+"""Incremental encoding: the chain's stored tokens are never re-tokenized.
+
+A chain's first request is rendered whole with the chat template. Each later request
+renders only its *new* messages, against a fixed three-message stand-in history, and
+appends their tokens: the cost of a turn does not grow with the conversation.
+
+The model ends its turn with the template's end-of-turn token (Qwen: ``<|im_end|>``) but
+never emits what the template writes after it (Qwen: ``\\n``): that *turn separator*
+leads every increment. A turn that ended without the end-of-turn token (``length``, a
+stop string) also gets the end-of-turn token first. Invariant (tested): decode(stored +
+increment) equals the template's full render of the conversation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from edge.codec.conversation import Message, ToolSpec, template_message, template_tools
+from edge.codec.tokenizer import Tokenizer
+from schemas.errors import MalformedRequest
+
+_BASE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+_REPLY = {"role": "assistant", "content": "A"}
+
+
+class TemplateNotIncremental(MalformedRequest):
+    """The chat template is not prefix-stable for these messages: increments would be wrong."""
+
+    code = "template_not_incremental"
+
+
+class TemplateCodec:
+    """Prompts and increments for one tokenizer and its chat template."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._template = tokenizer.chat_template
+        self._eos = tokenizer.eos_token
+        self._prompted = self._render(_BASE, add_generation_prompt=True)
+        self._history = self._render([*_BASE, _REPLY], add_generation_prompt=False)
+        reply_end = len(self._prompted) + len(_REPLY["content"]) + len(self._eos)
+        if not self._history.startswith(self._prompted + _REPLY["content"] + self._eos):
+            raise TemplateNotIncremental("the chat template does not end assistant turns with the eos token")
+        self.separator = self._history[reply_end:]
+        self.generation_prompt = self._prompted[len(self._render(_BASE, add_generation_prompt=False)) :]
+
+    def _render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None = None) -> str:
+        return self._template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+
+    def prompt_text(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> str:
+        return self._render(
+            [template_message(m) for m in messages],
+            tools=template_tools(tuple(tools)),
+            add_generation_prompt=True,
+        )
+
+    def encode_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> list[int]:
+        return self.tokenizer.encode(self.prompt_text(messages, tools))
+
+    def increment_text(self, new_messages: Sequence[Message], *, ended_with_eos: bool) -> str:
+        """The text that follows a chain's last sampled token, up to the next generation prompt."""
+        rendered = self._render(
+            [*_BASE, _REPLY, *(template_message(m) for m in new_messages)], add_generation_prompt=True
+        )
+        if not rendered.startswith(self._history):
+            raise TemplateNotIncremental("rendering new messages changed the rendering of earlier ones")
+        lead = self.separator if ended_with_eos else self._eos + self.separator
+        return lead + rendered[len(self._history) :]
+
+    def encode_increment(self, new_messages: Sequence[Message], *, last_token: int) -> list[int]:
+        ended = last_token == self.tokenizer.eos_token_id
+        return self.tokenizer.encode(self.increment_text(new_messages, ended_with_eos=ended))
+
+    def reply_text(self, token_ids: Sequence[int]) -> str:
+        """The sampled text without its end-of-turn token (what the agent sees)."""
+        if token_ids and token_ids[-1] in self.tokenizer.stop_token_ids:
+            token_ids = token_ids[:-1]
+        return self.tokenizer.decode(token_ids)

@@ -1,0 +1,134 @@
+"""OpenAI Chat Completions adapter: wire request -> :class:`Conversation`, outcome -> wire reply.
+
+Decoding is strict about types and explicit about what rollbus does not serve
+(``n > 1``, forced tool choice, non-text content parts): those are 400s with the
+parameter named, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from edge.codec.conversation import Conversation, Message, SamplingOverrides, ToolSpec, TurnOutcome
+from edge.codec.strict import decode_strict
+from schemas.errors import MalformedRequest, RollbusError
+from schemas.events import ToolCall
+from schemas.wire_openai import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Choice,
+    ChoiceLogprobs,
+    ContentPart,
+    ErrorBody,
+    ErrorResponse,
+    FunctionOut,
+    MessageIn,
+    MessageOut,
+    TokenLogprob,
+    ToolCallOut,
+    Usage,
+)
+
+_encoder = msgspec.json.Encoder()
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                409: "conflict_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def _text(content: str | list[ContentPart] | None, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        if part.type != "text" or part.text is None:
+            raise MalformedRequest(f"content part type {part.type!r} is not supported", param=where)
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def _message(index: int, m: MessageIn) -> Message:
+    where = f"messages[{index}]"
+    if m.role == "function":
+        raise MalformedRequest("role 'function' is deprecated; use 'tool'", param=f"{where}.role")
+    calls = tuple(
+        ToolCall(id=c.id or f"call_{index}_{i}", name=c.function.name, arguments=c.function.arguments)
+        for i, c in enumerate(m.tool_calls or ())
+    )
+    if calls and m.role != "assistant":
+        raise MalformedRequest("only assistant messages carry tool_calls", param=f"{where}.tool_calls")
+    return Message(
+        role="system" if m.role == "developer" else m.role,
+        content=_text(m.content, f"{where}.content"),
+        tool_calls=calls,
+        tool_call_id=m.tool_call_id,
+        name=m.name,
+        reasoning=m.reasoning_content,
+    )
+
+
+def _tool_choice(req: ChatCompletionRequest) -> str:
+    choice = req.tool_choice
+    if choice is None or choice in ("auto", "none"):
+        return choice or "auto"
+    raise MalformedRequest("tool_choice must be 'auto' or 'none'", param="tool_choice")
+
+
+def _sampling(req: ChatCompletionRequest) -> SamplingOverrides:
+    if req.n not in (None, 1):
+        raise MalformedRequest("n must be 1 (start one session per sample)", param="n")
+    if req.temperature is not None and req.temperature < 0:
+        raise MalformedRequest("temperature must be >= 0", param="temperature")
+    if req.top_p is not None and not 0 < req.top_p <= 1:
+        raise MalformedRequest("top_p must be in (0, 1]", param="top_p")
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    if max_tokens is not None and max_tokens < 1:
+        raise MalformedRequest("max_tokens must be >= 1", param="max_tokens")
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop) if req.stop else None
+    return SamplingOverrides(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                             max_tokens=max_tokens, stop=stop)
+
+
+def decode_request(body: bytes) -> Conversation:
+    req = decode_strict(body, ChatCompletionRequest)
+    if not req.messages:
+        raise MalformedRequest("messages must not be empty", param="messages")
+    tools = tuple(
+        ToolSpec(name=t.function.name, description=t.function.description, parameters=t.function.parameters)
+        for t in req.tools or ()
+    )
+    return Conversation(
+        messages=tuple(_message(i, m) for i, m in enumerate(req.messages)),
+        tools=tools,
+        tool_choice=_tool_choice(req),  # type: ignore[arg-type]
+        sampling=_sampling(req),
+        stream=req.stream,
+        logprobs=bool(req.logprobs),
+        model=req.model,
+    )
+
+
+def encode_completion(outcome: TurnOutcome, *, model: str, logprobs: bool, token_text: list[str] | None) -> bytes:
+    calls = [ToolCallOut(id=c.id, function=FunctionOut(name=c.name, arguments=c.arguments))
+             for c in outcome.tool_calls]
+    message = MessageOut(role="assistant", content=outcome.content if outcome.content or not calls else None,
+                         tool_calls=calls or None, reasoning_content=outcome.reasoning)
+    choice_logprobs = None
+    if logprobs and outcome.logprobs is not None and token_text is not None:
+        choice_logprobs = ChoiceLogprobs(content=[
+            TokenLogprob(token=t, logprob=lp) for t, lp in zip(token_text, outcome.logprobs, strict=True)
+        ])
+    completion = ChatCompletion(
+        id=f"chatcmpl-{outcome.session_id[:12]}-{outcome.request_no}",
+        created=outcome.created,
+        model=model or "rollbus",
+        choices=[Choice(index=0, message=message, finish_reason=outcome.finish_reason, logprobs=choice_logprobs)],
+        usage=Usage(prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
+                    total_tokens=outcome.prompt_tokens + outcome.completion_tokens),
+    )
+    return _encoder.encode(completion)
+
+
+def encode_error(exc: RollbusError) -> bytes:
+    body = ErrorBody(message=exc.message, type=_ERROR_TYPES.get(exc.status, "api_error"), param=exc.param,
+                     code=exc.code)
+    return _encoder.encode(ErrorResponse(error=body))

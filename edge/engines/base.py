@@ -1,0 +1,63 @@
+"""The engine seam: token ids in, token ids + log probs + finish reason out.
+
+Every engine (SGLang, vLLM, verl's server manager, the local CPU model, the scripted
+test server) sits behind :class:`Engine`. Engines raise only the ``EngineError`` family
+of :mod:`schemas.errors`; third-party errors are converted where they are met.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Literal, Protocol, runtime_checkable
+
+import msgspec
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What reaches the engine. ``max_new_tokens`` is already clamped to the chain's capacity."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: disabled
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+
+class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str  # unique per engine call: "<session_id>:<request_no>"
+    input_ids: Sequence[int]
+    sampling: SamplingParams
+    return_logprob: bool = True
+
+
+class GenerateChunk(msgspec.Struct, frozen=True, kw_only=True):
+    """New tokens since the previous chunk of a streamed generation."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None = None
+
+
+class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None  # one per token when requested
+    finish_reason: FinishReason
+    weight_version: str | None = None
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: str
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Generate to completion."""
+        ...
+
+    def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk | GenerateResult]:
+        """Yield chunks as the engine produces them, then the final :class:`GenerateResult`
+        (whose ``token_ids`` are the whole generation)."""
+        ...
+
+    async def aclose(self) -> None: ...

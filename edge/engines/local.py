@@ -1,0 +1,282 @@
+"""An in-process CPU engine: a Hugging Face causal LM decoded token by token with a KV cache.
+
+By default the model is a tiny **random-weight** Qwen2 built from its config with a fixed
+seed (Qwen2.5's vocabulary, so real Qwen token ids are valid; nothing is downloaded).
+``model=PATH`` loads any causal LM saved with ``save_pretrained`` from a local directory.
+torch and transformers are imported only when a :class:`LocalEngine` is built.
+
+Decoding runs on one worker thread (``torch.set_num_threads(1)``), a few tokens per hop,
+so the event loop never blocks and concurrent requests interleave chunk by chunk.
+
+Sampling and log probs, per step, from the last position's float32 ``logits``:
+
+* ``temperature == 0``: the token is ``argmax(logits)``; its log prob is
+  ``log_softmax(logits)[token]`` (the model's own distribution, unscaled, unfiltered).
+* ``temperature > 0``: ``z = logits / temperature``; if ``0 < top_k < vocab`` only the
+  ``top_k`` largest ``z`` stay candidates; if ``top_p < 1``, of the candidates sorted by
+  descending probability (``softmax`` over the candidates), those whose preceding
+  cumulative mass already exceeds ``top_p`` are dropped (the first always stays). With
+  ``S`` the surviving candidates, the token is drawn from ``softmax(z[S])`` and its log
+  prob is ``log_softmax(z[S])[token]``: the renormalized distribution it was actually
+  sampled from (with no filter, ``log_softmax(logits / temperature)[token]``).
+
+Each request is seeded from ``(seed, request_id)``, so the same request id replays the
+same tokens. Generation stops after a ``stop_token_ids`` token or the model's own EOS
+(as SGLang does without ``ignore_eos``; the random model has none), kept in the output,
+finish ``"stop"``; after a ``stop`` string appears in the decoded output (needs the
+``decode`` option; the tokens stay); or at ``max_new_tokens`` or the model's context
+length (finish ``"length"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, SamplingParams
+from schemas.errors import EngineError
+
+if TYPE_CHECKING:
+    import torch
+
+_T = TypeVar("_T")
+Decode = Callable[[Sequence[int]], str]
+Candidates = tuple["torch.Tensor", "torch.Tensor | None"]
+
+TINY_QWEN2 = {
+    "vocab_size": 151936,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": True,
+}
+
+
+def build_tiny_qwen2(seed: int = 0) -> Any:
+    """The default model: Qwen2 shapes from :data:`TINY_QWEN2`, random weights from ``seed``."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG alone
+        torch.manual_seed(seed)
+        return Qwen2ForCausalLM(Qwen2Config(**TINY_QWEN2))
+
+
+def load_model(model: str | None, seed: int) -> Any:
+    """``None``: the tiny random Qwen2; a directory: ``from_pretrained`` on local files only.
+
+    Hook for GGUF checkpoints (SmolLM2): a ``.gguf`` file path lands here next.
+    """
+    if model is None:
+        return build_tiny_qwen2(seed)
+    path = Path(model)
+    if path.suffix == ".gguf":
+        raise ValueError(f"{model}: GGUF checkpoints are not supported yet; pass a save_pretrained directory")
+    if not path.is_dir():
+        raise ValueError(f"{model}: not a local model directory (nothing is downloaded)")
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True).float()
+
+
+class _Model:
+    """A causal LM with the forward-call details of the installed transformers version."""
+
+    def __init__(self, model: Any) -> None:
+        import inspect
+
+        self.model = model.eval()
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"  # transformers >= 5: cache
+        self._keep_last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        config = model.config
+        self.vocab_size: int = config.vocab_size
+        self.context_length: int = getattr(config, "max_position_embeddings", 1 << 31)
+        generation = getattr(model, "generation_config", None)
+        eos = getattr(generation, "eos_token_id", None) or getattr(config, "eos_token_id", None)
+        self.eos_token_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else eos or ())
+
+    def new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    def next_logits(self, ids: Sequence[int], cache: Any) -> torch.Tensor:
+        """Feed ``ids`` after what ``cache`` holds; the float32 logits for the next token."""
+        import torch
+
+        inputs = torch.tensor([list(ids)], dtype=torch.long)
+        kwargs = {self._cache_kwarg: cache, "use_cache": True, **self._keep_last}
+        with torch.inference_mode():
+            return self.model(inputs, **kwargs).logits[0, -1].float()
+
+
+def _nucleus(values: torch.Tensor, ids: torch.Tensor, top_p: float, log_norm: torch.Tensor) -> Candidates:
+    """Of candidates sorted by descending logit, those whose preceding mass is at most ``top_p``."""
+    import torch
+
+    probs = torch.exp(values - log_norm)
+    keep = int(((torch.cumsum(probs, 0) - probs) <= top_p).sum())
+    return values[:keep], ids[:keep]
+
+
+def candidates(z: torch.Tensor, top_k: int, top_p: float) -> Candidates:
+    """The logits of the tokens top-k and top-p keep, and their ids (``None``: the whole vocabulary).
+
+    Without top-k, top-p looks at the 1024 likeliest tokens first and widens only while
+    their mass is below ``top_p``, rather than sorting the vocabulary at every step.
+    """
+    import torch
+
+    n = z.numel()
+    if 0 < top_k < n:
+        values, ids = torch.topk(z, top_k)
+        return _nucleus(values, ids, top_p, torch.logsumexp(values, -1)) if top_p < 1.0 else (values, ids)
+    if top_p >= 1.0:
+        return z, None
+    log_norm, k = torch.logsumexp(z, -1), min(n, 1024)
+    while True:
+        values, ids = torch.topk(z, k)
+        if k == n or float(torch.exp(values - log_norm).sum()) > top_p:
+            return _nucleus(values, ids, top_p, log_norm)
+        k = min(n, 4 * k)
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """An index drawn by inverse CDF (``torch.multinomial`` takes ~8 ms over 152k tokens)."""
+    import torch
+
+    cdf = torch.cumsum(probs.double(), 0)
+    u = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, u, right=True)), probs.numel() - 1)
+
+
+def sample(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
+    """One token and its log prob, as defined in the module docstring."""
+    import torch
+
+    if sampling.temperature == 0:
+        token = int(torch.argmax(logits))
+        return token, float(torch.log_softmax(logits, -1)[token])
+    values, ids = candidates(logits / sampling.temperature, sampling.top_k, sampling.top_p)
+    logp = torch.log_softmax(values, -1)
+    pick = _draw(logp.exp(), generator)
+    return (pick if ids is None else int(ids[pick])), float(logp[pick])
+
+
+def request_seed(seed: int, request_id: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{request_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+class _Decoding:
+    """One request's decoding state; every method runs on the engine's worker thread."""
+
+    def __init__(self, model: _Model, request: GenerateRequest, seed: int, decode: Decode | None) -> None:
+        import torch
+
+        self._model, self._sampling, self._decode = model, request.sampling, decode
+        self._stop_ids = frozenset(request.sampling.stop_token_ids) | model.eos_token_ids
+        self._room = min(request.sampling.max_new_tokens, model.context_length - len(request.input_ids))
+        self._generator = torch.Generator().manual_seed(request_seed(seed, request.request_id))
+        self._cache = model.new_cache()
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.finish: FinishReason | None = "length" if self._room <= 0 else None
+        self._logits = None if self.finish else model.next_logits(request.input_ids, self._cache)
+
+    def advance(self, max_tokens: int) -> int:
+        """Decode up to ``max_tokens`` more tokens; returns how many were added."""
+        before = len(self.token_ids)
+        while self.finish is None and len(self.token_ids) - before < max_tokens:
+            token, logprob = sample(self._logits, self._sampling, self._generator)
+            self.token_ids.append(token)
+            self.logprobs.append(logprob)
+            self.finish = self._finished(token)
+            if self.finish is None:
+                self._logits = self._model.next_logits([token], self._cache)
+        return len(self.token_ids) - before
+
+    def _finished(self, token: int) -> FinishReason | None:
+        if token in self._stop_ids:
+            return "stop"
+        if self._decode is not None and self._sampling.stop:
+            text = self._decode(self.token_ids)
+            if any(stop in text for stop in self._sampling.stop):
+                return "stop"
+        return "length" if len(self.token_ids) >= self._room else None
+
+
+class LocalEngine:
+    """The in-process CPU engine (see the module docstring for the exact semantics)."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        seed: int = 0,
+        chunk_tokens: int = 4,
+        decode: Decode | None = None,
+        weight_version: str | None = None,
+    ) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+        self._model = _Model(load_model(model, seed))
+        self._seed = seed
+        self._chunk_tokens = max(1, chunk_tokens)
+        self._decode = decode
+        self.weight_version = weight_version or (model or f"tiny-qwen2-random:{seed}")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollbus-local-engine")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._model.vocab_size
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        async for item in self.stream(request):
+            if isinstance(item, GenerateResult):
+                return item
+        raise EngineError("local engine stream ended without a result")
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk | GenerateResult]:
+        self._check(request)
+        decoding = await self._run(_Decoding, self._model, request, self._seed, self._decode)
+        while decoding.finish is None:
+            start = len(decoding.token_ids)
+            await self._run(decoding.advance, self._chunk_tokens)
+            yield GenerateChunk(
+                token_ids=tuple(decoding.token_ids[start:]),
+                logprobs=tuple(decoding.logprobs[start:]) if request.return_logprob else None,
+            )
+        yield GenerateResult(
+            token_ids=tuple(decoding.token_ids),
+            logprobs=tuple(decoding.logprobs) if request.return_logprob else None,
+            finish_reason=decoding.finish,
+            weight_version=self.weight_version,
+        )
+
+    def _check(self, request: GenerateRequest) -> None:
+        if not 0 < len(request.input_ids) < self._model.context_length:
+            raise EngineError(f"local engine: prompt of {len(request.input_ids)} tokens does not fit the context")
+        if request.sampling.stop and self._decode is None:
+            raise EngineError("local engine: stop strings need the engine's decode option")
+        if not all(0 <= token < self._model.vocab_size for token in request.input_ids):
+            raise EngineError(f"local engine: prompt token outside the vocabulary (0..{self.vocab_size - 1})")
+
+    async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def health(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

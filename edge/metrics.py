@@ -1,0 +1,55 @@
+"""A few Prometheus metrics, kept in process and rendered as the text exposition format.
+
+Deliberately tiny (counters and cumulative histograms keyed by label tuples): the hot
+path pays a dict update, nothing more.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = defaultdict(float)
+        self._hist: dict[str, list[int]] = {}
+        self._hist_sum: dict[str, float] = defaultdict(float)
+        self._help: dict[str, str] = {}
+
+    def inc(self, name: str, amount: float = 1.0, help_text: str = "", **labels: str) -> None:
+        self.counters[(name, tuple(sorted(labels.items())))] += amount
+        if help_text:
+            self._help.setdefault(name, help_text)
+
+    def observe(self, name: str, seconds: float, help_text: str = "") -> None:
+        counts = self._hist.setdefault(name, [0] * (len(_BUCKETS) + 1))
+        counts[bisect.bisect_left(_BUCKETS, seconds)] += 1
+        self._hist_sum[name] += seconds
+        if help_text:
+            self._help.setdefault(name, help_text)
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for name in sorted({n for n, _ in self.counters}):
+            lines += [f"# HELP {name} {self._help.get(name, name)}", f"# TYPE {name} counter"]
+            for (n, labels), value in sorted(self.counters.items()):
+                if n == name:
+                    lines.append(f"{name}{_labels(labels)} {value:g}")
+        for name, counts in sorted(self._hist.items()):
+            lines += [f"# HELP {name} {self._help.get(name, name)}", f"# TYPE {name} histogram"]
+            running = 0
+            for bound, count in zip((*_BUCKETS, float("inf")), counts, strict=True):
+                running += count
+                le = "+Inf" if bound == float("inf") else f"{bound:g}"
+                lines.append(f'{name}_bucket{{le="{le}"}} {running}')
+            lines += [f"{name}_sum {self._hist_sum[name]:g}", f"{name}_count {running}"]
+        return "\n".join(lines) + "\n"
+
+
+def _labels(labels: tuple[tuple[str, str], ...]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}"

@@ -1,0 +1,115 @@
+"""Appending a session's events to JetStream, under the log rules.
+
+* An append is one envelope (one message) per call, split only when it would exceed
+  the payload limit; ``Nats-Msg-Id = <session_id>:<first seq>`` so a retry is a no-op.
+* The per-session expected-last-subject-sequence check (filtered on the session's
+  subjects) makes a stale writer fail with :class:`OwnershipLost` instead of
+  interleaving.
+* Every awaited NATS future is bounded by ``asyncio.wait_for``; a publish that timed out
+  may still have been stored, so it is retried with the same headers and the server's
+  duplicate detection answers for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+import msgspec
+from nats.errors import ConnectionClosedError, NoRespondersError, OutboundBufferLimitError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import PubAck
+from nats.js.client import JetStreamContext
+from nats.js.errors import APIError
+
+from schemas import envelope
+from schemas.errors import LogUnavailable, OwnershipLost, PayloadTooLarge
+from schemas.events import SCHEMA_VERSION, Event
+from schemas.log import (
+    HDR_EXPECTED_LAST_SUBJECT_SEQ,
+    HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
+    HDR_MSG_ID,
+    HDR_SCHEMA,
+    HDR_SEQ,
+    LogConfig,
+    msg_id,
+)
+
+log = logging.getLogger(__name__)
+
+WRONG_LAST_SEQUENCE = 10071
+
+
+class Appended(msgspec.Struct, frozen=True, kw_only=True):
+    """The log's acknowledgement of an append: where the last envelope landed."""
+
+    stream: str
+    stream_seq: int
+    duplicate: bool
+    envelopes: int
+
+
+class EventLog(Protocol):
+    """The seam the edge writes through (JetStream in production, in-memory in unit tests)."""
+
+    async def append(self, session_id: str, events: Sequence[Event], expected_last: int) -> Appended: ...
+
+
+class JetStreamLog:
+    def __init__(self, js: JetStreamContext, cfg: LogConfig, *, timeout: float = 5.0, attempts: int = 4) -> None:
+        self._js = js
+        self._cfg = cfg
+        self._timeout = timeout
+        self._attempts = attempts
+
+    async def append(self, session_id: str, events: Sequence[Event], expected_last: int) -> Appended:
+        """Append events (consecutive, of one session) after stream sequence ``expected_last``."""
+        ack: PubAck | None = None
+        batches = _split(events, self._cfg.max_event_bytes)
+        for batch, payload in batches:
+            ack = await self._publish(session_id, batch, payload, expected_last)
+            expected_last = ack.seq
+        assert ack is not None  # _split never returns an empty list
+        return Appended(stream=ack.stream, stream_seq=ack.seq, duplicate=bool(ack.duplicate),
+                        envelopes=len(batches))
+
+    async def _publish(self, session_id: str, batch: Sequence[Event], payload: bytes, expected_last: int) -> PubAck:
+        headers = {
+            HDR_MSG_ID: msg_id(session_id, batch[0].seq),
+            HDR_EXPECTED_LAST_SUBJECT_SEQ: str(expected_last),
+            HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: self._cfg.session_filter(session_id),
+            HDR_SCHEMA: str(SCHEMA_VERSION),
+            HDR_SEQ: f"{batch[0].seq}-{batch[-1].seq}",
+        }
+        subject = self._cfg.subject(session_id, envelope.kind_of(batch))
+        for attempt in range(1, self._attempts + 1):
+            try:
+                return await asyncio.wait_for(
+                    self._js.publish(subject, payload, headers=headers, timeout=self._timeout),
+                    self._timeout + 1.0,
+                )
+            except APIError as exc:
+                if exc.err_code == WRONG_LAST_SEQUENCE:
+                    raise OwnershipLost(f"session {session_id} was appended to by another writer") from exc
+                raise LogUnavailable(f"JetStream rejected the append: {exc.description}") from exc
+            except (TimeoutError, NatsTimeoutError, NoRespondersError, OutboundBufferLimitError) as exc:
+                log.warning("append to %s timed out (attempt %d/%d): %r", subject, attempt, self._attempts, exc)
+                if attempt == self._attempts:
+                    raise LogUnavailable("JetStream did not acknowledge the append") from exc
+                await asyncio.sleep(0.05 * attempt)
+            except ConnectionClosedError as exc:
+                raise LogUnavailable("the NATS connection is closed") from exc
+        raise LogUnavailable("unreachable")  # pragma: no cover
+
+
+def _split(events: Sequence[Event], limit: int) -> list[tuple[Sequence[Event], bytes]]:
+    """Envelopes under ``limit`` bytes, in order; a single oversized event is refused."""
+    payload = envelope.encode(events)
+    if len(payload) <= limit:
+        return [(events, payload)]
+    if len(events) == 1:
+        raise PayloadTooLarge(f"one {type(events[0]).__name__} event is {len(payload)} bytes (limit {limit})")
+    middle = len(events) // 2
+    return _split(events[:middle], limit) + _split(events[middle:], limit)

@@ -1,0 +1,62 @@
+"""Admin API (bearer admin token): open, inspect, finalize and abort sessions."""
+
+from __future__ import annotations
+
+import msgspec
+from fastapi import APIRouter, Request, Response
+
+from edge.codec.openai_wire import encode_error
+from edge.codec.strict import decode_strict
+from edge.routes.wire import json_response, read_body, require_admin, wire_route
+from edge.service import EdgeService, OpenSession
+
+router = APIRouter(route_class=wire_route(encode_error))
+
+_ADMIN_BODY_LIMIT = 1024 * 1024
+
+
+class AbortBody(msgspec.Struct, frozen=True, kw_only=True):
+    reason: str = "aborted"
+
+
+def _service(request: Request) -> EdgeService:
+    service: EdgeService = request.app.state.service
+    require_admin(request, service.settings.admin_token)
+    return service
+
+
+@router.post("/sessions")
+async def open_session(request: Request) -> Response:
+    service = _service(request)
+    spec = decode_strict(await read_body(request, _ADMIN_BODY_LIMIT), OpenSession, empty_ok=True)
+    opened = await service.open_session(spec)
+    base = f"{service.settings.public_url.rstrip('/')}/sessions/{opened.session_id}"
+    body = {
+        "session_id": opened.session_id,
+        "base_url": f"{base}/v1",
+        "anthropic_base_url": base,
+        "reward_url": f"{base}/reward_info",
+        "api_key": opened.api_key,
+    }
+    return json_response(msgspec.json.encode(body), 201)
+
+
+@router.get("/sessions/{session_id}")
+async def get_session(session_id: str, request: Request) -> Response:
+    summary = await _service(request).summary(session_id)
+    return json_response(msgspec.json.encode(summary))
+
+
+@router.post("/sessions/{session_id}/finalize")
+async def finalize(session_id: str, request: Request) -> Response:
+    summary = await _service(request).finalize(session_id)
+    body = {"session_id": session_id, "status": summary.status, "trajectories": summary.trajectories}
+    return json_response(msgspec.json.encode(body))
+
+
+@router.post("/sessions/{session_id}/abort")
+async def abort(session_id: str, request: Request) -> Response:
+    service = _service(request)
+    spec = decode_strict(await read_body(request, _ADMIN_BODY_LIMIT), AbortBody, empty_ok=True)
+    summary = await service.abort(session_id, spec.reason)
+    return json_response(msgspec.json.encode({"session_id": session_id, "status": summary.status}))

@@ -1,0 +1,29 @@
+"""Reward intake: ``POST /sessions/{id}/reward_info`` with ``{"reward_info": {"reward": 1.0, ...}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from fastapi import APIRouter, Request, Response
+
+from edge.codec.openai_wire import encode_error
+from edge.codec.strict import decode_strict
+from edge.routes.wire import bearer, json_response, read_body, wire_route
+from edge.service import EdgeService
+
+router = APIRouter(route_class=wire_route(encode_error))
+
+_LIMIT = 1024 * 1024
+
+
+class RewardBody(msgspec.Struct, frozen=True, kw_only=True):
+    reward_info: dict[str, Any]
+
+
+@router.post("/sessions/{session_id}/reward_info")
+async def reward_info(session_id: str, request: Request) -> Response:
+    service: EdgeService = request.app.state.service
+    body = decode_strict(await read_body(request, _LIMIT), RewardBody)
+    await service.report_reward(session_id, bearer(request), body.reward_info)
+    return json_response(b'{"status":"ok"}')

@@ -1,0 +1,92 @@
+"""Turning domain errors into HTTP, in one place, in each route's wire shape.
+
+Every router is built with :func:`wire_route` and the error encoder of its wire, so a
+route answers in its own shape without looking at the URL. Only ``RollbusError`` is
+mapped: anything else is a bug, logged and answered 500 in the same shape.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+
+from schemas.errors import PayloadTooLarge, RollbusError, Unauthorized
+
+log = logging.getLogger(__name__)
+
+ErrorEncoder = Callable[[RollbusError], bytes]
+JSON = "application/json"
+
+
+def json_response(body: bytes, status: int = 200) -> Response:
+    return Response(content=body, status_code=status, media_type=JSON)
+
+
+def wire_route(encode_error: ErrorEncoder) -> type[APIRoute]:
+    class WireRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+            path = self.path
+
+            async def handle(request: Request) -> Response:
+                started = time.perf_counter()
+                response = await _guarded(handler, request, encode_error)
+                metrics = request.app.state.metrics
+                metrics.inc("rollbus_http_requests_total", help_text="HTTP requests by route and status",
+                            route=path, status=str(response.status_code))
+                metrics.observe("rollbus_http_request_seconds", time.perf_counter() - started,
+                                help_text="HTTP request latency")
+                return response
+
+            return handle
+
+    return WireRoute
+
+
+async def _guarded(handler: Callable[[Request], Coroutine[Any, Any, Response]], request: Request,
+                   encode_error: ErrorEncoder) -> Response:
+    try:
+        return await handler(request)
+    except RollbusError as exc:
+        if exc.status >= 500:
+            log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
+        return json_response(encode_error(exc), exc.status)
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.url.path)
+        return json_response(encode_error(RollbusError("internal error")), 500)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 past ``limit`` bytes (checked before and while reading)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is {declared} bytes (limit {limit})")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def bearer(request: Request) -> str | None:
+    """The key from ``Authorization: Bearer`` or ``x-api-key``."""
+    auth = request.headers.get("authorization")
+    if auth is not None:
+        scheme, _, token = auth.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else None
+    return request.headers.get("x-api-key")
+
+
+def require_admin(request: Request, admin_token: str) -> None:
+    token = bearer(request)
+    if admin_token and (token is None or not hmac.compare_digest(token, admin_token)):
+        raise Unauthorized("admin token required")

@@ -1,0 +1,150 @@
+"""The edge's application service: sessions, turns, rewards. Load, decide, append, answer.
+
+Routes call these methods with decoded, wire-neutral arguments; the methods raise the
+:mod:`schemas.errors` family and never know about HTTP.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+import uuid
+from typing import Any
+
+import msgspec
+
+from edge.live import LiveSession, Registry
+from edge.publisher import EventLog
+from edge.settings import EdgeSettings
+from edge.turns import Clock, TurnOutcome, TurnRequest, TurnRunner
+from schemas.errors import (
+    CapacityExceeded,
+    Conflict,
+    MalformedRequest,
+    OwnershipLost,
+    SessionClosed,
+    Unauthorized,
+)
+from schemas.events import RewardReported, SamplingDefaults, SessionAborted, SessionFinalized, SessionOpened
+from schemas.log import check_session_id
+from session_projector.fold import apply
+from session_projector.summary import SessionSummary, summarize
+
+
+class OpenSession(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /sessions`` body."""
+
+    uid: str | None = None
+    session_index: int = 0
+    metadata: dict[str, Any] = {}
+    sampling: SamplingDefaults = SamplingDefaults()
+
+
+class OpenedSession(msgspec.Struct, frozen=True, kw_only=True):
+    session_id: str
+    api_key: str
+
+
+def key_digest(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def _check_open_request(spec: OpenSession) -> str:
+    uid = spec.uid if spec.uid is not None else uuid.uuid4().hex
+    if not uid or "_" in uid or len(uid) > 128:
+        raise MalformedRequest("uid must be 1-128 characters without '_'", param="uid")
+    if spec.session_index < 0:
+        raise MalformedRequest("session_index must be >= 0", param="session_index")
+    return uid
+
+
+class EdgeService:
+    def __init__(self, *, settings: EdgeSettings, registry: Registry, log: EventLog, turns: TurnRunner,
+                 clock: Clock = time.time) -> None:
+        self.settings = settings
+        self._registry = registry
+        self._log = log
+        self._turns = turns
+        self._clock = clock
+
+    async def open_session(self, spec: OpenSession) -> OpenedSession:
+        uid = _check_open_request(spec)
+        if len(self._registry) >= self.settings.max_open_sessions:
+            raise CapacityExceeded(f"{len(self._registry)} sessions are open (limit {self.settings.max_open_sessions})")
+        api_key = "rb-" + secrets.token_urlsafe(24)
+        for _ in range(3):
+            session_id = uuid.uuid4().hex
+            opened = self._opened(session_id, uid, spec, api_key)
+            try:
+                appended = await self._log.append(session_id, [opened], 0)
+            except OwnershipLost:  # the id is taken: draw another
+                continue
+            self._registry.add(LiveSession(apply(None, opened), appended.stream_seq))
+            return OpenedSession(session_id=session_id, api_key=api_key)
+        raise Conflict("could not allocate a session id")
+
+    def _opened(self, session_id: str, uid: str, spec: OpenSession, api_key: str) -> SessionOpened:
+        agent_name = spec.metadata.get("agent_name", "")
+        return SessionOpened(
+            session_id=session_id, seq=1, time=self._clock(), uid=uid, session_index=spec.session_index,
+            agent_name=agent_name if isinstance(agent_name, str) else "", metadata=spec.metadata,
+            sampling=spec.sampling, api_key_digest=key_digest(api_key),
+            max_trajectory_length=self.settings.max_trajectory_length, tokenizer=self.settings.tokenizer,
+            tool_format=self.settings.tool_format, edge_id=self.settings.edge_id,
+        )
+
+    async def authorized(self, session_id: str, api_key: str | None) -> LiveSession:
+        """The open session, if ``api_key`` is its key."""
+        check_session_id(session_id)
+        live = await self._registry.get(session_id)
+        if api_key is None or not hmac.compare_digest(key_digest(api_key), live.state.api_key_digest):
+            raise Unauthorized("invalid api key for this session")
+        return live
+
+    async def complete(self, session_id: str, api_key: str | None, request: TurnRequest) -> TurnOutcome:
+        live = await self.authorized(session_id, api_key)
+        return await self._turns.run(live, request)
+
+    def token_strings(self, token_ids: tuple[int, ...]) -> list[str]:
+        """Each sampled token as text (for ``logprobs`` in replies)."""
+        return [self._turns.codec.tokenizer.decode([t]) for t in token_ids]
+
+    async def report_reward(self, session_id: str, api_key: str | None, reward_info: dict[str, Any]) -> None:
+        reward = reward_info.get("reward")
+        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
+            raise MalformedRequest("reward_info.reward must be a number", param="reward_info.reward")
+        extra = {k: v for k, v in reward_info.items() if k != "reward"}
+        live = await self.authorized(session_id, api_key)
+        event = RewardReported(session_id=session_id, seq=0, time=self._clock(),
+                               reward=None if reward is None else float(reward), extra=extra)
+        await live.commit(self._log, lambda _: [event])
+
+    async def summary(self, session_id: str) -> SessionSummary:
+        return await self._registry.summary(check_session_id(session_id))
+
+    async def finalize(self, session_id: str, reason: str = "finalized") -> SessionSummary:
+        """Finalize (idempotent: finalizing a finalized session answers the same)."""
+        summary = await self.summary(session_id)
+        if summary.status == "finalized":
+            return summary
+        if summary.status == "aborted":
+            raise SessionClosed(f"session {session_id} was aborted ({summary.close_reason})")
+        live = await self._registry.get(session_id)
+        event = SessionFinalized(session_id=session_id, seq=0, time=self._clock(), reason=reason)
+        await live.commit(self._log, lambda _: [event])
+        self._registry.release(session_id)
+        return summarize(live.state)
+
+    async def abort(self, session_id: str, reason: str) -> SessionSummary:
+        summary = await self.summary(session_id)
+        if summary.status == "aborted":
+            return summary
+        if summary.status == "finalized":
+            raise SessionClosed(f"session {session_id} is already finalized")
+        live = await self._registry.get(session_id)
+        event = SessionAborted(session_id=session_id, seq=0, time=self._clock(), reason=reason)
+        await live.commit(self._log, lambda _: [event])
+        self._registry.release(session_id)
+        return summarize(live.state)

@@ -1,0 +1,20 @@
+"""Edge configuration (the composition root fills it from CLI flags and the environment)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from schemas.log import LogConfig
+
+
+class EdgeSettings(msgspec.Struct, frozen=True, kw_only=True):
+    public_url: str = "http://127.0.0.1:8000"  # where agents reach this edge (session URLs)
+    admin_token: str = ""
+    tokenizer: str = "builtin:qwen2.5"
+    tool_format: str = "hermes"  # multi_turn.format: must match the chat template
+    max_trajectory_length: int = 32768  # prompt + response tokens of one chain
+    default_max_tokens: int = 4096  # per turn, when neither request nor session says
+    max_request_bytes: int = 16 * 1024 * 1024
+    max_open_sessions: int = 100_000
+    edge_id: str = "edge-0"
+    log: LogConfig = LogConfig()

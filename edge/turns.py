@@ -1,0 +1,205 @@
+"""One model turn: select a chain, encode, generate, commit, answer.
+
+The turn is decided from the session's fold state (pure helpers in :mod:`edge.chains`
+and :mod:`edge.codec`); the two pieces of I/O (the engine call and the append) stay in
+:meth:`TurnRunner.run`. The agent gets its answer only after the turn's events are
+acknowledged by the log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import msgspec
+
+from edge.chains import Continue, Exhausted, NewChain, select_chain
+from edge.codec.conversation import Conversation, Message, TurnOutcome
+from edge.codec.digest import extend, prefix_digests, tools_digest
+from edge.codec.incremental import TemplateCodec
+from edge.codec.tool_parsers import ParsedOutput, PlainParser, ToolParser
+from edge.engines.base import Engine, GenerateRequest, GenerateResult, SamplingParams
+from edge.live import LiveSession
+from edge.publisher import EventLog
+from edge.settings import EdgeSettings
+from schemas import tokens
+from schemas.events import (
+    ChainClosed,
+    ChainStarted,
+    ContextAppended,
+    Event,
+    RequestReceived,
+    TokensGenerated,
+    TurnCompleted,
+)
+from session_projector.fold import SessionState
+
+Clock = Callable[[], float]
+T = TypeVar("T")
+CAPACITY = "max_trajectory_length"
+
+
+class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
+    conversation: Conversation
+    wire: str
+    body: bytes
+    idempotency_key: str | None = None
+
+
+class _Plan(msgspec.Struct, frozen=True, kw_only=True):
+    """What the turn appends before sampling, and where."""
+
+    chain: int | None  # None: a new chain
+    context_ids: list[int]  # new tokens: the whole prompt for a new chain, else the increment
+    input_ids: list[int]  # everything the engine sees
+    n_messages: int
+    chat_turns: int
+    prefix_digest: str
+
+
+def _chat_turns(messages: Sequence[Message]) -> int:
+    return sum(1 for m in messages if m.role in ("user", "assistant"))
+
+
+class TurnRunner:
+    def __init__(self, *, settings: EdgeSettings, codec: TemplateCodec, engine: Engine, log: EventLog,
+                 parser: ToolParser, clock: Clock = time.time) -> None:
+        self._settings = settings
+        self.codec = codec
+        self._engine = engine
+        self._log = log
+        self._parser = parser
+        self._clock = clock
+
+    async def run(self, live: LiveSession, request: TurnRequest) -> TurnOutcome:
+        conversation = request.conversation
+        request_no = live.take_request_no()
+        digests = [d.hex() for d in prefix_digests(tools_digest(conversation.tools), conversation.messages)]
+        selection = select_chain(live.state, digests, live.busy)
+        received = self._received(live, request, request_no)
+        if isinstance(selection, Exhausted):
+            return await self._refuse(live, [received], request_no)
+        if isinstance(selection, NewChain):
+            return await self._sample(live, request, selection, digests, received, request_no)
+        live.busy.add(selection.chain.index)
+        try:
+            return await self._sample(live, request, selection, digests, received, request_no)
+        finally:
+            live.busy.discard(selection.chain.index)
+
+    async def _sample(self, live: LiveSession, request: TurnRequest, selection: Continue | NewChain,
+                      digests: list[str], received: RequestReceived, request_no: int) -> TurnOutcome:
+        plan = self._plan(live.state, request.conversation, selection, digests)
+        limit = self._settings.max_trajectory_length
+        if len(plan.input_ids) >= limit:
+            closing = [] if plan.chain is None else [self._closed(live, plan.chain, request_no)]
+            return await self._refuse(live, [received, *closing], request_no)
+        sampling = self._sampling(live.state, request.conversation, limit - len(plan.input_ids))
+        result = await self._engine.generate(GenerateRequest(
+            request_id=f"{live.state.session_id}:{request_no}", input_ids=plan.input_ids, sampling=sampling,
+        ))
+        parsed = self._parse(request.conversation, result, request_no)
+        reply = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
+        tip = extend(bytes.fromhex(digests[-1]), reply).hex()
+        full = len(plan.input_ids) + len(result.token_ids) >= limit
+
+        def draft(state: SessionState) -> list[Event]:
+            chain = plan.chain if plan.chain is not None else len(state.chains)
+            events = [received, self._context(live, plan, chain, request_no),
+                      self._tokens(live, chain, request_no, result),
+                      self._turn(live, chain, request_no, result, parsed, tip, plan.n_messages + 1)]
+            return events + ([self._closed(live, chain, request_no)] if full else [])
+
+        await live.commit(self._log, draft)
+        return self._outcome(live, request_no, plan, result, parsed, full)
+
+    def _plan(self, state: SessionState, conversation: Conversation, selection: Continue | NewChain,
+              digests: list[str]) -> _Plan:
+        messages = conversation.messages
+        if isinstance(selection, NewChain):
+            prompt = self.codec.encode_prompt(messages, conversation.tools)
+            return _Plan(chain=None, context_ids=prompt, input_ids=prompt, n_messages=len(messages),
+                         chat_turns=_chat_turns(messages), prefix_digest=digests[-1])
+        chain = selection.chain
+        new = messages[selection.n_history:]
+        increment = self.codec.encode_increment(new, last_token=chain.last_token())
+        return _Plan(chain=chain.index, context_ids=increment, input_ids=chain.token_ids() + increment,
+                     n_messages=len(messages), chat_turns=_chat_turns(new), prefix_digest=digests[-1])
+
+    def _sampling(self, state: SessionState, conversation: Conversation, room: int) -> SamplingParams:
+        asked, defaults = conversation.sampling, state.sampling
+        wanted = asked.max_tokens or defaults.max_tokens or self._settings.default_max_tokens
+        return SamplingParams(
+            max_new_tokens=max(1, min(wanted, room)),
+            temperature=_first(asked.temperature, defaults.temperature, 1.0),
+            top_p=_first(asked.top_p, defaults.top_p, 1.0),
+            top_k=_first(asked.top_k, defaults.top_k, -1),
+            stop=tuple(_first(asked.stop, defaults.stop, ())),
+            stop_token_ids=self.codec.tokenizer.stop_token_ids,
+        )
+
+    def _parse(self, conversation: Conversation, result: GenerateResult, request_no: int) -> ParsedOutput:
+        text = self.codec.reply_text(result.token_ids)
+        parser = self._parser if conversation.tool_choice != "none" else PlainParser()
+        return parser.parse(text, lambda i: f"call_{request_no}_{i}")
+
+    # --- events -------------------------------------------------------------------------
+
+    def _received(self, live: LiveSession, request: TurnRequest, request_no: int) -> RequestReceived:
+        return RequestReceived(session_id=live.state.session_id, seq=0, time=self._clock(), request_no=request_no,
+                               wire=request.wire, body=request.body, idempotency_key=request.idempotency_key)
+
+    def _context(self, live: LiveSession, plan: _Plan, chain: int, request_no: int) -> Event:
+        common = {"session_id": live.state.session_id, "seq": 0, "time": self._clock(), "chain": chain,
+                  "request_no": request_no, "prefix_digest": plan.prefix_digest, "n_messages": plan.n_messages,
+                  "chat_turns": plan.chat_turns}
+        if plan.chain is None:
+            return ChainStarted(prompt_ids=tokens.pack_ids(plan.context_ids), **common)
+        return ContextAppended(token_ids=tokens.pack_ids(plan.context_ids), **common)
+
+    def _tokens(self, live: LiveSession, chain: int, request_no: int, result: GenerateResult) -> TokensGenerated:
+        logprobs = tokens.pack_logprobs(result.logprobs) if result.logprobs is not None else None
+        return TokensGenerated(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
+                               request_no=request_no, token_ids=tokens.pack_ids(result.token_ids), logprobs=logprobs)
+
+    def _turn(self, live: LiveSession, chain: int, request_no: int, result: GenerateResult,
+              parsed: ParsedOutput, tip: str, n_messages: int) -> TurnCompleted:
+        return TurnCompleted(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
+                             request_no=request_no, finish_reason=result.finish_reason, text=parsed.content,
+                             reasoning=parsed.reasoning, tool_calls=parsed.tool_calls, tip_digest=tip,
+                             n_messages=n_messages, weight_version=result.weight_version)
+
+    def _closed(self, live: LiveSession, chain: int, request_no: int) -> ChainClosed:
+        return ChainClosed(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
+                           reason=CAPACITY, request_no=request_no)
+
+    # --- answers ------------------------------------------------------------------------
+
+    async def _refuse(self, live: LiveSession, events: list[Event], request_no: int) -> TurnOutcome:
+        """No room: record the request (and the chain's closing) and answer ``length``."""
+        await live.commit(self._log, lambda _: events)
+        return TurnOutcome(session_id=live.state.session_id, request_no=request_no, content="",
+                           finish_reason="length", prompt_tokens=0, completion_tokens=0, created=int(self._clock()))
+
+    def _outcome(self, live: LiveSession, request_no: int, plan: _Plan, result: GenerateResult,
+                 parsed: ParsedOutput, full: bool) -> TurnOutcome:
+        if parsed.tool_calls:
+            finish = "tool_calls"
+        elif full or result.finish_reason == "length":
+            finish = "length"
+        else:
+            finish = "stop"
+        return TurnOutcome(
+            session_id=live.state.session_id, request_no=request_no, content=parsed.content,
+            reasoning=parsed.reasoning, tool_calls=parsed.tool_calls, finish_reason=finish,
+            prompt_tokens=len(plan.input_ids), completion_tokens=len(result.token_ids),
+            token_ids=result.token_ids, logprobs=result.logprobs, created=int(self._clock()),
+        )
+
+
+def _first(*values: T | None) -> T:
+    for value in values:
+        if value is not None:
+            return value
+    raise ValueError("no default")

@@ -1,0 +1,154 @@
+"""The ``rollbus`` command line.
+
+::
+
+    rollbus up            the whole stack in the foreground (embedded NATS unless --nats)
+    rollbus edge          the HTTP edge alone            (--nats URL)
+    rollbus projector     the session projector alone    (--nats URL)
+    rollbus materializer  the materializer alone         (--nats URL)
+    rollbus demo          sample agent sessions through a running or embedded stack
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import sys
+from pathlib import Path
+
+import msgspec
+
+from rollbus.runtime import COMPONENTS, Stack, StackOptions
+
+STATE_FILE = "edge.json"  # <data-dir>/edge.json: where a running `rollbus up` can be reached
+
+
+class EdgeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    url: str
+    admin_token: str
+    nats_url: str
+    pid: int
+
+
+def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool) -> None:
+    parser.add_argument("--data-dir", type=Path, default=Path("rollbus-data"),
+                        help="NATS store and Parquet output (trajectories/) [./rollbus-data]")
+    parser.add_argument("--nats", metavar="URL", required=nats_required, default=None,
+                        help="use this NATS server instead of starting an embedded one")
+    parser.add_argument("--log-level", default="INFO")
+    if not edge:
+        return
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--engine", choices=["local", "sglang", "vllm"], default="local")
+    parser.add_argument("--engine-url", action="append", default=[], metavar="URL",
+                        help="engine server URL (repeatable)")
+    parser.add_argument("--tokenizer", default="builtin:qwen2.5", help="builtin:qwen2.5 or a local HF tokenizer dir")
+    parser.add_argument("--tool-format", default="hermes", help="tool-call parser; must match the chat template")
+    parser.add_argument("--max-trajectory-length", type=int, default=32768)
+    parser.add_argument("--admin-token", default=os.environ.get("ROLLBUS_ADMIN_TOKEN", ""),
+                        help="admin bearer token [$ROLLBUS_ADMIN_TOKEN; generated when absent]")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rollbus", description="Event-sourced trajectory gateway for agentic RL.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _common(sub.add_parser("up", help="run the whole stack in the foreground"), edge=True, nats_required=False)
+    _common(sub.add_parser("edge", help="run the HTTP edge alone"), edge=True, nats_required=True)
+    _common(sub.add_parser("projector", help="run the session projector alone"), edge=False, nats_required=True)
+    _common(sub.add_parser("materializer", help="run the materializer alone"), edge=False, nats_required=True)
+    demo = sub.add_parser("demo", help="run sample agent sessions and summarize the records")
+    demo.add_argument("--url", help="a running edge (default: the one in <data-dir>/edge.json, else embedded)")
+    demo.add_argument("--admin-token", default=os.environ.get("ROLLBUS_ADMIN_TOKEN", ""))
+    demo.add_argument("--data-dir", type=Path, default=Path("rollbus-data"))
+    demo.add_argument("--sessions", type=int, default=4)
+    demo.add_argument("--max-tokens", type=int, default=24)
+    demo.add_argument("--log-level", default="WARNING")
+    return parser
+
+
+def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOptions:
+    edge = "edge" in components
+    return StackOptions(
+        host=args.host if edge else "127.0.0.1",
+        port=args.port if edge else 0,
+        data_dir=args.data_dir,
+        nats_url=args.nats,
+        engine=args.engine if edge else "local",
+        engine_urls=tuple(args.engine_url) if edge else (),
+        tokenizer=args.tokenizer if edge else "builtin:qwen2.5",
+        tool_format=args.tool_format if edge else "hermes",
+        admin_token=(args.admin_token or secrets.token_urlsafe(18)) if edge else "",
+        max_trajectory_length=args.max_trajectory_length if edge else 32768,
+        components=components,
+    )
+
+
+def _announce(stack: Stack) -> None:
+    options = stack.options
+    print(f"rollbus {' + '.join(options.components)} running", flush=True)
+    nats_kind = "external" if options.nats_url else f"embedded, store {options.data_dir / 'nats'}"
+    print(f"  nats:         {stack.nats_url} ({nats_kind})")
+    if stack.url:
+        print(f"  edge:         {stack.url}")
+        print(f"  admin token:  {options.admin_token}")
+        print(f"  engine:       {options.engine} {' '.join(options.engine_urls)}".rstrip())
+    if "materializer" in options.components:
+        print(f"  trajectories: {options.data_dir / 'trajectories'}/")
+    print("  Ctrl-C (SIGINT) or SIGTERM stops it", flush=True)
+
+
+def _write_state(stack: Stack) -> Path | None:
+    if not stack.url:
+        return None
+    path = stack.options.data_dir / STATE_FILE
+    info = EdgeInfo(url=stack.url, admin_token=stack.options.admin_token, nats_url=stack.nats_url, pid=os.getpid())
+    path.write_bytes(msgspec.json.encode(info))
+    path.chmod(0o600)
+    return path
+
+
+async def _serve(options: StackOptions) -> int:
+    stack = Stack(options)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stack.stop_event.set)
+    try:
+        await stack.start()
+        state = _write_state(stack)
+        _announce(stack)
+        await stack.run_until_stopped()
+    finally:
+        print("rollbus: stopping", flush=True)
+        await stack.stop()
+        if stack.url and (state := options.data_dir / STATE_FILE).exists():
+            state.unlink()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "demo":
+        from rollbus.demo import run_demo
+
+        return asyncio.run(run_demo(args))
+    components = COMPONENTS if args.command == "up" else (args.command,)
+    _use_uvloop()
+    return asyncio.run(_serve(_options(args, components)))
+
+
+def _use_uvloop() -> None:
+    if sys.platform == "win32":
+        return
+    import uvloop
+
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

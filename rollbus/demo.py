@@ -1,0 +1,156 @@
+"""``rollbus demo``: a few calculator-agent sessions through the stack, then the records.
+
+Each session is an OpenAI-SDK agent with one ``calculator`` tool: it asks the model,
+runs any tool calls it gets (or, when the model calls none, hands the tool's result back
+as a user hint), posts a reward (1.0 when the final answer has the product), and the
+session is finalized. The demo then waits for the materializer's Parquet records and
+prints one line per trajectory.
+
+It uses the stack that ``rollbus up`` announced in ``<data-dir>/edge.json``, the one
+``--url`` names, or else starts an embedded one in ``<data-dir>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pyarrow.parquet as pq
+from openai import AsyncOpenAI
+
+from rollbus.runtime import Stack, StackOptions
+
+TOOLS = [{
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                       "required": ["expression"]},
+    },
+}]
+SYSTEM = "You are a careful assistant. Use the calculator tool for arithmetic, then answer with the number."
+
+
+class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
+    url: str
+    admin_token: str
+    trajectories: Path | None
+
+
+def calculator(arguments: str) -> str:
+    """The demo tool: a tiny arithmetic evaluator (digits, + - * / and parentheses only)."""
+    try:
+        expression = str(json.loads(arguments).get("expression", ""))
+    except (ValueError, AttributeError):
+        return "error: arguments must be a JSON object with an 'expression'"
+    if not expression or set(expression) - set("0123456789+-*/(). "):
+        return "error: only digits, + - * / and parentheses are allowed"
+    try:
+        return str(eval(expression, {"__builtins__": {}}, {}))
+    except (SyntaxError, ZeroDivisionError, TypeError) as exc:
+        return f"error: {exc}"
+
+
+async def _agent(admin: httpx.AsyncClient, uid: str, index: int, a: int, b: int, max_tokens: int) -> dict[str, Any]:
+    created = (await admin.post("/sessions", json={"uid": uid, "session_index": index,
+                                                   "metadata": {"agent_name": "calculator-demo"}})).json()
+    client = AsyncOpenAI(base_url=created["base_url"], api_key=created["api_key"], max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
+                                      {"role": "user", "content": f"What is {a} * {b}?"}]
+    content = ""
+    for turn in range(3):
+        reply = await client.chat.completions.create(model="rollbus-demo", messages=messages,  # type: ignore[arg-type]
+                                                     tools=TOOLS, max_tokens=max_tokens)  # type: ignore[arg-type]
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        content = message.content or ""
+        for call in message.tool_calls or []:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": calculator(call.function.arguments)})
+        if not message.tool_calls and turn < 2:
+            messages.append({"role": "user", "content": f"The calculator says {a}*{b} = {a * b}. Answer with it."})
+    reward = 1.0 if str(a * b) in content else 0.0
+    await admin.post(created["reward_url"], json={"reward_info": {"reward": reward, "acc": reward}},
+                     headers={"Authorization": f"Bearer {created['api_key']}"})
+    final = (await admin.post(f"/sessions/{created['session_id']}/finalize")).json()
+    await client.close()
+    return {"session_id": created["session_id"], "trajectories": final["trajectories"], "reward": reward}
+
+
+def _discover(args: argparse.Namespace) -> Endpoint | None:
+    if args.url:
+        return Endpoint(url=args.url, admin_token=args.admin_token, trajectories=None)
+    state = args.data_dir / "edge.json"
+    if not state.exists():
+        return None
+    info = json.loads(state.read_text())
+    try:
+        os.kill(int(info["pid"]), 0)
+    except (OSError, ValueError):
+        return None
+    return Endpoint(url=info["url"], admin_token=info["admin_token"], trajectories=args.data_dir / "trajectories")
+
+
+async def _wait_for_records(directory: Path, session_ids: list[str], timeout: float = 120.0) -> list[Path]:
+    deadline = time.monotonic() + timeout
+    paths = [directory / f"{sid}.parquet" for sid in session_ids]
+    while time.monotonic() < deadline and not all(p.exists() for p in paths):  # noqa: ASYNC110 - files
+        await asyncio.sleep(0.2)
+    return [p for p in paths if p.exists()]
+
+
+def _print_table(paths: list[Path]) -> None:
+    header = f"{'key':<40} {'turns':>5} {'prompt':>6} {'response':>8} {'sampled':>7} {'reward':>6}  reason"
+    print(header)
+    print("-" * len(header))
+    for path in paths:
+        table = pq.read_table(path).to_pylist()
+        for row in table:
+            print(f"{row['key']:<40} {row['num_turns']:>5} {row['prompt_len']:>6} {row['response_len']:>8} "
+                  f"{sum(row['response_mask']):>7} {row['reward']:>6.2f}  {row['materialization_reason'] or '-'}")
+
+
+async def _run(endpoint: Endpoint, args: argparse.Namespace) -> int:
+    headers = {"Authorization": f"Bearer {endpoint.admin_token}"}
+    prompts = max(1, args.sessions // 2)
+    jobs = []
+    async with httpx.AsyncClient(base_url=endpoint.url, headers=headers, timeout=300) as admin:
+        for p in range(prompts):
+            uid = uuid.uuid4().hex[:12]
+            a, b = 12 + 7 * p, 31 + 3 * p
+            jobs += [_agent(admin, uid, i, a, b, args.max_tokens) for i in range(args.sessions // prompts)]
+        started = time.perf_counter()
+        results = await asyncio.gather(*jobs)
+    print(f"{len(results)} sessions finished in {time.perf_counter() - started:.1f}s; "
+          f"{sum(r['trajectories'] for r in results)} trajectories finalized")
+    if endpoint.trajectories is None:
+        print("records: see the stack's <data-dir>/trajectories/ (pass --data-dir to read them here)")
+        return 0
+    paths = await _wait_for_records(endpoint.trajectories, [r["session_id"] for r in results])
+    _print_table(paths)
+    print(f"records: {endpoint.trajectories}/ ({len(paths)} of {len(results)} sessions materialized)")
+    return 0 if len(paths) == len(results) else 1
+
+
+async def run_demo(args: argparse.Namespace) -> int:
+    endpoint = _discover(args)
+    if endpoint is not None:
+        print(f"using the running stack at {endpoint.url}")
+        return await _run(endpoint, args)
+    token = args.admin_token or uuid.uuid4().hex
+    stack = Stack(StackOptions(port=0, data_dir=args.data_dir, admin_token=token))
+    print(f"starting an embedded stack in {args.data_dir} (embedded NATS, local engine) ...", flush=True)
+    await stack.start()
+    try:
+        return await _run(Endpoint(url=stack.url, admin_token=token, trajectories=args.data_dir / "trajectories"),
+                          args)
+    finally:
+        await stack.stop()

@@ -1,0 +1,172 @@
+"""The composition root: builds components from options and runs them in one event loop.
+
+``rollbus up`` runs all of them (plus an embedded nats-server unless ``--nats`` names
+one); ``rollbus edge`` / ``projector`` / ``materializer`` run one each. Business logic
+lives in the packages; this module only wires them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import uvicorn
+from nats.aio.client import Client
+from nats.js.client import JetStreamContext
+
+from edge.app import create_app
+from edge.codec.incremental import TemplateCodec
+from edge.codec.tokenizer import load_tokenizer
+from edge.codec.tool_parsers import get_parser
+from edge.engines import make_engine
+from edge.engines.base import Engine
+from edge.live import Registry
+from edge.publisher import JetStreamLog
+from edge.service import EdgeService
+from edge.settings import EdgeSettings
+from edge.turns import TurnRunner
+from materializer.parquet import ParquetSink
+from materializer.service import Materializer
+from rollbus.nats_server import EmbeddedNats
+from rollbus.provision import connect, provision
+from schemas.log import LogConfig
+from session_projector.reader import load_state
+from session_projector.service import Projector
+
+log = logging.getLogger(__name__)
+
+COMPONENTS = ("edge", "projector", "materializer")
+
+
+class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = Path("rollbus-data")
+    nats_url: str | None = None  # None: start an embedded nats-server in <data_dir>/nats
+    engine: str = "local"
+    engine_urls: tuple[str, ...] = ()
+    tokenizer: str = "builtin:qwen2.5"
+    tool_format: str = "hermes"
+    admin_token: str = ""
+    max_trajectory_length: int = 32768
+    components: tuple[str, ...] = COMPONENTS
+    log: LogConfig = LogConfig()
+
+
+def build_edge_service(settings: EdgeSettings, js: JetStreamContext, engine: Engine) -> EdgeService:
+    """An :class:`EdgeService` writing to JetStream, rebuilding unknown sessions from it."""
+    codec = TemplateCodec(load_tokenizer(settings.tokenizer))
+    event_log = JetStreamLog(js, settings.log)
+    registry = Registry(lambda session_id: load_state(js, settings.log, session_id))
+    turns = TurnRunner(settings=settings, codec=codec, engine=engine, log=event_log,
+                       parser=get_parser(settings.tool_format))
+    return EdgeService(settings=settings, registry=registry, log=event_log, turns=turns)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the stack owns SIGINT/SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class Stack:
+    """The selected components, started in order and stopped in reverse."""
+
+    def __init__(self, options: StackOptions) -> None:
+        self.options = options
+        self.stop_event = asyncio.Event()
+        self.nats: EmbeddedNats | None = None
+        self.nc: Client | None = None
+        self.url = ""  # the edge's base URL once bound
+        self._tasks: list[asyncio.Task[None]] = []
+        self._server: _Server | None = None
+        self._engine: Engine | None = None
+        self._ready = False
+
+    @property
+    def nats_url(self) -> str:
+        if self.options.nats_url:
+            return self.options.nats_url
+        if self.nats is None:
+            raise RuntimeError("nats is not started")
+        return self.nats.url
+
+    def ready(self) -> bool:
+        return self._ready
+
+    async def start(self) -> None:
+        options = self.options
+        options.data_dir.mkdir(parents=True, exist_ok=True)
+        if options.nats_url is None:
+            self.nats = await asyncio.to_thread(EmbeddedNats(options.data_dir / "nats", name="rollbus").start)
+        self.nc = await connect(self.nats_url, name="rollbus-" + "-".join(options.components))
+        js = self.nc.jetstream()
+        await provision(js, options.log)
+        if "projector" in options.components:
+            self._spawn(Projector(js, options.log).run(self.stop_event), "projector")
+        if "materializer" in options.components:
+            sink = ParquetSink(options.data_dir / "trajectories")
+            self._spawn(Materializer(js, options.log, sink).run(self.stop_event), "materializer")
+        if "edge" in options.components:
+            await self._start_edge(js)
+        self._ready = True
+
+    async def _start_edge(self, js: JetStreamContext) -> None:
+        options = self.options
+        sock = bind(options.host, options.port)
+        host, port = sock.getsockname()[:2]
+        self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+        settings = EdgeSettings(public_url=self.url, admin_token=options.admin_token, tokenizer=options.tokenizer,
+                                tool_format=options.tool_format, max_trajectory_length=options.max_trajectory_length,
+                                log=options.log)
+        self._engine = make_engine(options.engine, list(options.engine_urls))
+        app = create_app(build_edge_service(settings, js, self._engine), ready=self.ready)
+        config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, loop="none")
+        self._server = _Server(config)
+        self._spawn(self._server.serve(sockets=[sock]), "edge")
+        while not self._server.started:  # noqa: ASYNC110 - uvicorn offers no started event
+            await asyncio.sleep(0.01)
+
+    def _spawn(self, coro: object, name: str) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        task.set_name(name)
+        task.add_done_callback(self._on_exit)
+        self._tasks.append(task)
+
+    def _on_exit(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None and not self.stop_event.is_set():
+            log.error("component %s failed: %r; stopping", task.get_name(), task.exception())
+            self.stop_event.set()
+
+    async def run_until_stopped(self) -> None:
+        await self.stop_event.wait()
+
+    async def stop(self) -> None:
+        self._ready = False
+        self.stop_event.set()
+        if self._server is not None:
+            self._server.should_exit = True
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._engine is not None:
+            await self._engine.aclose()
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.nc.drain(), 5)
+        if self.nats is not None:
+            await asyncio.to_thread(self.nats.stop)

@@ -1,0 +1,106 @@
+"""The exception tree. The domain raises these; only the edge maps them to HTTP.
+
+::
+
+    RollbusError
+    ├── MalformedRequest          400  the request does not decode or makes no sense
+    │   └── ContextTooLong        400  the prompt alone exceeds the trajectory length
+    ├── Unauthorized              401  missing or wrong api key / admin token
+    ├── SessionNotFound           404
+    ├── SessionClosed             409  finalized or aborted
+    ├── Conflict                  409  e.g. a reward after materialization
+    │   └── OwnershipLost         409  another writer appended to this session
+    ├── PayloadTooLarge           413
+    ├── CapacityExceeded          429  too many open sessions or requests
+    ├── EngineError               502  the engine answered nonsense or failed
+    │   ├── EngineUnavailable     503  refused, unhealthy
+    │   └── EngineTimeout         504
+    ├── LogUnavailable            503  JetStream did not acknowledge
+    └── FoldError                      an event that does not fit the state (a bug or a corrupt log)
+        └── OutOfOrderEvent            an event whose sequence is not the next one
+"""
+
+from __future__ import annotations
+
+
+class RollbusError(Exception):
+    """Base of every rollbus error."""
+
+    status: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class MalformedRequest(RollbusError):
+    status = 400
+    code = "invalid_request_error"
+
+
+class ContextTooLong(MalformedRequest):
+    code = "context_length_exceeded"
+
+
+class Unauthorized(RollbusError):
+    status = 401
+    code = "authentication_error"
+
+
+class SessionNotFound(RollbusError):
+    status = 404
+    code = "not_found_error"
+
+
+class SessionClosed(RollbusError):
+    status = 409
+    code = "session_closed"
+
+
+class Conflict(RollbusError):
+    status = 409
+    code = "conflict"
+
+
+class OwnershipLost(Conflict):
+    code = "ownership_lost"
+
+
+class PayloadTooLarge(RollbusError):
+    status = 413
+    code = "request_too_large"
+
+
+class CapacityExceeded(RollbusError):
+    status = 429
+    code = "rate_limit_error"
+
+
+class EngineError(RollbusError):
+    status = 502
+    code = "engine_error"
+
+
+class EngineUnavailable(EngineError):
+    status = 503
+    code = "engine_unavailable"
+
+
+class EngineTimeout(EngineError):
+    status = 504
+    code = "engine_timeout"
+
+
+class LogUnavailable(RollbusError):
+    status = 503
+    code = "log_unavailable"
+
+
+class FoldError(RollbusError):
+    code = "fold_error"
+
+
+class OutOfOrderEvent(FoldError):
+    code = "out_of_order_event"

@@ -1,0 +1,162 @@
+"""The event catalog: everything that happens to a session, as immutable past-tense facts.
+
+Every event carries the session id, its per-session sequence number (1, 2, 3, ...), the
+time it was decided (from an injected clock) and the schema version it was written
+with. Events are frozen ``msgspec`` structs tagged by ``type``; the log stores them as
+MessagePack, grouped into *envelopes* (see :mod:`schemas.envelope`).
+
+Token ids travel as packed little-endian ``uint32`` bytes and log probs as packed
+``float32`` bytes (:mod:`schemas.tokens`), never as lists of Python numbers.
+
+See ``schemas/EVENTS.md`` for the catalog with subjects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool call the model made, as parsed from its sampled text."""
+
+    id: str
+    name: str
+    arguments: str  # the JSON text of the arguments, as the model wrote it
+
+
+class SamplingDefaults(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Session-level sampling defaults; a request's own values win, within limits."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] | None = None
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of every event. ``seq`` is the per-session sequence number, starting at 1."""
+
+    session_id: str
+    seq: int
+    time: float
+    v: int = SCHEMA_VERSION
+
+
+class SessionOpened(Event, tag="session_opened", kw_only=True):
+    uid: str
+    session_index: int
+    agent_name: str = ""
+    metadata: dict[str, Any] = {}
+    sampling: SamplingDefaults = SamplingDefaults()
+    api_key_digest: str  # sha256 hex of the session's api key; the key itself is never logged
+    max_trajectory_length: int
+    tokenizer: str
+    tool_format: str
+    edge_id: str = ""
+
+
+class RequestReceived(Event, tag="request_received", kw_only=True):
+    """The raw wire request, kept for audit."""
+
+    request_no: int
+    wire: str  # "openai" | "anthropic"
+    body: bytes
+    idempotency_key: str | None = None
+
+
+class ChainStarted(Event, tag="chain_started", kw_only=True):
+    """A request that extends no chain starts one; its rendered prompt is the chain's prompt."""
+
+    chain: int
+    request_no: int
+    prompt_ids: bytes
+    prefix_digest: str  # digest of the request's message history (tools included)
+    n_messages: int
+    chat_turns: int  # user + assistant messages in the prompt
+
+
+class ContextAppended(Event, tag="context_appended", kw_only=True):
+    """Continuation tokens (new messages rendered incrementally), mask 0."""
+
+    chain: int
+    request_no: int
+    token_ids: bytes
+    prefix_digest: str
+    n_messages: int  # message history length after the append
+    chat_turns: int  # user + assistant messages in the appended messages
+
+
+class TokensGenerated(Event, tag="tokens_generated", kw_only=True):
+    """A coalesced chunk of sampled tokens, mask 1, exactly as the engine produced them."""
+
+    chain: int
+    request_no: int
+    token_ids: bytes
+    logprobs: bytes | None = None
+
+
+class TurnCompleted(Event, tag="turn_completed", kw_only=True):
+    chain: int
+    request_no: int
+    finish_reason: str  # the engine's: "stop" | "length" | "abort"
+    text: str
+    reasoning: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tip_digest: str  # digest of the message history including this assistant reply
+    n_messages: int
+    weight_version: str | None = None
+
+
+class RewardReported(Event, tag="reward_reported", kw_only=True):
+    """A reward posted to the session (``reward`` absent: the task reported extra info only)."""
+
+    reward: float | None = None
+    extra: dict[str, Any] = {}
+    source: str = "task"
+
+
+class ChainClosed(Event, tag="chain_closed", kw_only=True):
+    chain: int
+    reason: str  # e.g. "max_trajectory_length"
+    request_no: int | None = None
+
+
+class SessionFinalized(Event, tag="session_finalized", kw_only=True):
+    reason: str = "finalized"
+
+
+class SessionAborted(Event, tag="session_aborted", kw_only=True):
+    reason: str
+
+
+AnyEvent = (
+    SessionOpened
+    | RequestReceived
+    | ChainStarted
+    | ContextAppended
+    | TokensGenerated
+    | TurnCompleted
+    | RewardReported
+    | ChainClosed
+    | SessionFinalized
+    | SessionAborted
+)
+
+# The last token of a subject, per event type: ``rollbus.<session_id>.<kind>``.
+SUBJECT_KINDS: dict[type[Event], str] = {
+    SessionOpened: "opened",
+    RequestReceived: "request",
+    ChainStarted: "chain",
+    ContextAppended: "context",
+    TokensGenerated: "tokens",
+    TurnCompleted: "turn",
+    RewardReported: "reward",
+    ChainClosed: "closed",
+    SessionFinalized: "finalized",
+    SessionAborted: "aborted",
+}

@@ -1,0 +1,74 @@
+"""Where events live: the stream, its subjects, and the rules every writer follows.
+
+One JetStream stream (file storage) holds every session; a session's events are under
+``<prefix>.<session_id>.>``. ``Nats-Msg-Id = <session_id>:<first seq>`` makes a retried
+publish idempotent, and the expected-last-subject-sequence headers (filtered on the
+session's subjects) make the edge the only writer of a session.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from schemas.errors import SessionNotFound
+
+# Lowercase hex (uuid4().hex) or a lowercased ULID: safe as one NATS subject token.
+SESSION_ID_RE = re.compile(r"^[0-9a-z]{16,64}$")
+
+# Headers carried by every envelope.
+HDR_MSG_ID = "Nats-Msg-Id"
+HDR_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+HDR_SCHEMA = "Rollbus-Schema"
+HDR_SEQ = "Rollbus-Seq"  # "<first>-<last>": the per-session sequence numbers the envelope holds
+
+MAX_PAYLOAD = 1024 * 1024  # NATS's default max_payload
+
+
+class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Names of the stream, its subjects and the companion buckets; tests isolate by prefix."""
+
+    stream: str = "ROLLBUS"
+    prefix: str = "rollbus"
+    ready_stream: str = "ROLLBUS_READY"  # "finalized, ready to materialize" signals
+    projections_bucket: str = "rollbus_sessions"
+    markers_bucket: str = "rollbus_materialized"
+    duplicate_window_s: float = 600.0
+    max_event_bytes: int = 900 * 1024  # an envelope stays under NATS's payload limit
+
+    @property
+    def subjects(self) -> str:
+        return f"{self.prefix}.>"
+
+    @property
+    def ready_subjects(self) -> str:
+        return f"{self.prefix}_ready.>"
+
+    def subject(self, session_id: str, kind: str) -> str:
+        return f"{self.prefix}.{session_id}.{kind}"
+
+    def session_filter(self, session_id: str) -> str:
+        return f"{self.prefix}.{session_id}.>"
+
+    def kind_filter(self, kind: str) -> str:
+        return f"{self.prefix}.*.{kind}"
+
+    def ready_subject(self, session_id: str) -> str:
+        return f"{self.prefix}_ready.{session_id}"
+
+    def session_of(self, subject: str) -> str:
+        """The session id in a subject of this log."""
+        return subject.split(".", 2)[1]
+
+
+def check_session_id(session_id: str) -> str:
+    """A session id that is not subject-safe cannot exist: it is unknown, never sent to NATS."""
+    if not SESSION_ID_RE.fullmatch(session_id):
+        raise SessionNotFound(f"no session {session_id!r}", param="session_id")
+    return session_id
+
+
+def msg_id(session_id: str, first_seq: int) -> str:
+    return f"{session_id}:{first_seq}"

@@ -1,0 +1,40 @@
+"""Packed token arrays: ids as little-endian uint32, log probs as little-endian float32.
+
+The log, the fold and the records all hold tokens in this form (4 bytes a token, 4 more
+for a log prob), never as lists of Python ints and floats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+ID_DTYPE = np.dtype("<u4")
+LOGPROB_DTYPE = np.dtype("<f4")
+
+
+def pack_ids(ids: Iterable[int] | npt.NDArray[np.integer]) -> bytes:
+    if isinstance(ids, np.ndarray):
+        return ids.astype(ID_DTYPE, copy=False).tobytes()
+    if not isinstance(ids, (list, tuple)):
+        ids = list(ids)
+    return np.asarray(ids, dtype=ID_DTYPE).tobytes()
+
+
+def pack_logprobs(values: Sequence[float] | npt.NDArray[np.floating]) -> bytes:
+    return np.asarray(values, dtype=LOGPROB_DTYPE).tobytes()
+
+
+def unpack_ids(data: bytes) -> npt.NDArray[np.uint32]:
+    return np.frombuffer(data, dtype=ID_DTYPE)
+
+
+def unpack_logprobs(data: bytes) -> npt.NDArray[np.float32]:
+    return np.frombuffer(data, dtype=LOGPROB_DTYPE)
+
+
+def count(data: bytes) -> int:
+    """Number of tokens (or log probs) in a packed array."""
+    return len(data) // 4

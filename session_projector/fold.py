@@ -1,0 +1,315 @@
+"""The session fold: ``apply(state, event) -> state``, pure and total.
+
+One function, several callers: the edge applies it to the events it has just had
+acknowledged (its live state), the projector and ``rollbus replay`` apply it to the
+log, the materializer applies it before deriving records. They cannot disagree.
+
+States are frozen. A chain keeps its tokens as a tuple of immutable packed segments, so
+a new state shares every segment of the old one (appending a turn copies a tuple of
+references, never the tokens) and chains that start from the same prompt share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+import msgspec
+
+from schemas import tokens
+from schemas.errors import FoldError, OutOfOrderEvent
+from schemas.events import (
+    ChainClosed,
+    ChainStarted,
+    ContextAppended,
+    Event,
+    RequestReceived,
+    RewardReported,
+    SamplingDefaults,
+    SessionAborted,
+    SessionFinalized,
+    SessionOpened,
+    TokensGenerated,
+    TurnCompleted,
+)
+
+SessionStatus = Literal["open", "finalized", "aborted"]
+
+
+class Segment(msgspec.Struct, frozen=True, array_like=True):
+    """A run of response-side tokens: sampled (mask 1, with log probs) or context (mask 0)."""
+
+    token_ids: bytes
+    generated: bool
+    logprobs: bytes | None = None
+
+    @property
+    def length(self) -> int:
+        return tokens.count(self.token_ids)
+
+
+class Turn(msgspec.Struct, frozen=True, kw_only=True):
+    """What a completed assistant turn left on its chain (enough to answer and to roll back)."""
+
+    request_no: int
+    finish_reason: str
+    text: str
+    reasoning: str | None
+    tool_calls: tuple
+    prefix_digest: str  # history digest before the reply
+    n_prefix_messages: int
+    response_len_before: int  # response length before this turn's context and tokens
+    weight_version: str | None
+
+
+class ChainState(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    prompt_ids: bytes
+    segments: tuple[Segment, ...] = ()
+    response_len: int = 0
+    n_messages: int = 0
+    chat_turns: int = 0
+    tip_digest: str = ""  # history digest at the chain's tip: "" until its first reply
+    turns: tuple[Turn, ...] = ()
+    pending_request: int | None = None  # a request whose context was appended, reply not yet
+    pending_prefix: str = ""
+    pending_prefix_messages: int = 0
+    pending_response_len: int = 0
+    closed: str | None = None  # materialization reason once closed
+
+    @property
+    def prompt_len(self) -> int:
+        return tokens.count(self.prompt_ids)
+
+    @property
+    def length(self) -> int:
+        return self.prompt_len + self.response_len
+
+    @property
+    def generated_len(self) -> int:
+        return sum(s.length for s in self.segments if s.generated)
+
+    def last_token(self) -> int:
+        """The chain's last token id (its last sampled token, once it has a turn)."""
+        last = self.segments[-1].token_ids if self.segments else self.prompt_ids
+        return int(tokens.unpack_ids(last[-4:])[0]) if last else -1
+
+    def token_ids(self) -> list[int]:
+        """Prompt and response tokens, as the engine must see them."""
+        parts = [self.prompt_ids, *(s.token_ids for s in self.segments)]
+        return tokens.unpack_ids(b"".join(parts)).tolist()
+
+
+class SessionState(msgspec.Struct, frozen=True, kw_only=True):
+    session_id: str
+    seq: int
+    opened_at: float
+    updated_at: float
+    uid: str
+    session_index: int
+    agent_name: str
+    metadata: dict
+    sampling: SamplingDefaults
+    api_key_digest: str
+    max_trajectory_length: int
+    tokenizer: str
+    tool_format: str
+    status: SessionStatus = "open"
+    chains: tuple[ChainState, ...] = ()
+    requests: int = 0  # highest request number recorded
+    reward: RewardReported | None = None
+    close_reason: str | None = None
+
+    @property
+    def turns(self) -> int:
+        return sum(len(c.turns) for c in self.chains)
+
+    def trajectory_chains(self) -> list[ChainState]:
+        """Chains that become trajectories: those with at least one completed turn, in order."""
+        return [chain for chain in self.chains if chain.turns]
+
+    def chain(self, index: int) -> ChainState:
+        if not 0 <= index < len(self.chains):
+            raise FoldError(f"session {self.session_id}: no chain {index}")
+        return self.chains[index]
+
+
+def apply(state: SessionState | None, event: Event) -> SessionState:
+    """The next state. Raises :class:`OutOfOrderEvent` unless ``event.seq`` is the next one."""
+    if state is None:
+        if not isinstance(event, SessionOpened) or event.seq != 1:
+            raise OutOfOrderEvent(f"session {event.session_id}: the log must start with session_opened #1")
+        return _opened(event)
+    if event.seq != state.seq + 1:
+        raise OutOfOrderEvent(f"session {state.session_id}: expected event #{state.seq + 1}, got #{event.seq}")
+    if event.session_id != state.session_id:
+        raise FoldError(f"event of session {event.session_id} applied to {state.session_id}")
+    handler = _HANDLERS.get(type(event))
+    if handler is None:
+        raise FoldError(f"no fold rule for {type(event).__name__}")
+    return handler(state, event)
+
+
+def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionState | None:
+    """Apply events in order, skipping those already applied (idempotent on redelivery)."""
+    for event in events:
+        if state is not None and event.seq <= state.seq:
+            continue
+        state = apply(state, event)
+    return state
+
+
+def _opened(e: SessionOpened) -> SessionState:
+    return SessionState(
+        session_id=e.session_id,
+        seq=e.seq,
+        opened_at=e.time,
+        updated_at=e.time,
+        uid=e.uid,
+        session_index=e.session_index,
+        agent_name=e.agent_name,
+        metadata=e.metadata,
+        sampling=e.sampling,
+        api_key_digest=e.api_key_digest,
+        max_trajectory_length=e.max_trajectory_length,
+        tokenizer=e.tokenizer,
+        tool_format=e.tool_format,
+    )
+
+
+def _touch(state: SessionState, e: Event, **changes: object) -> SessionState:
+    return msgspec.structs.replace(state, seq=e.seq, updated_at=e.time, **changes)
+
+
+def _replace_chain(state: SessionState, e: Event, chain: ChainState) -> SessionState:
+    chains = (*state.chains[: chain.index], chain, *state.chains[chain.index + 1 :])
+    return _touch(state, e, chains=chains)
+
+
+def _open_chain(state: SessionState, index: int) -> ChainState:
+    chain = state.chain(index)
+    if chain.closed is not None:
+        raise FoldError(f"session {state.session_id}: chain {index} is closed ({chain.closed})")
+    return chain
+
+
+def _require_open(state: SessionState, e: Event) -> None:
+    if state.status != "open":
+        raise FoldError(f"session {state.session_id} is {state.status}; {type(e).__name__} does not apply")
+
+
+def _request(state: SessionState, e: RequestReceived) -> SessionState:
+    _require_open(state, e)
+    return _touch(state, e, requests=max(state.requests, e.request_no))
+
+
+def _chain_started(state: SessionState, e: ChainStarted) -> SessionState:
+    _require_open(state, e)
+    if e.chain != len(state.chains):
+        raise FoldError(f"session {state.session_id}: chain {e.chain} started, expected {len(state.chains)}")
+    chain = ChainState(
+        index=e.chain,
+        prompt_ids=e.prompt_ids,
+        n_messages=e.n_messages,
+        chat_turns=e.chat_turns,
+        pending_request=e.request_no,
+        pending_prefix=e.prefix_digest,
+        pending_prefix_messages=e.n_messages,
+    )
+    return _touch(state, e, chains=(*state.chains, chain))
+
+
+def _context(state: SessionState, e: ContextAppended) -> SessionState:
+    _require_open(state, e)
+    chain = _open_chain(state, e.chain)
+    segment = Segment(token_ids=e.token_ids, generated=False)
+    chain = msgspec.structs.replace(
+        chain,
+        segments=(*chain.segments, segment) if segment.length else chain.segments,
+        response_len=chain.response_len + segment.length,
+        n_messages=e.n_messages,
+        chat_turns=chain.chat_turns + e.chat_turns,
+        pending_request=e.request_no,
+        pending_prefix=e.prefix_digest,
+        pending_prefix_messages=e.n_messages,
+        pending_response_len=chain.response_len,
+    )
+    return _replace_chain(state, e, chain)
+
+
+def _tokens(state: SessionState, e: TokensGenerated) -> SessionState:
+    _require_open(state, e)
+    chain = _open_chain(state, e.chain)
+    if chain.pending_request != e.request_no:
+        raise FoldError(f"session {state.session_id}: tokens for request {e.request_no} on chain {e.chain}")
+    if e.logprobs is not None and len(e.logprobs) != len(e.token_ids):
+        raise FoldError(f"session {state.session_id}: {tokens.count(e.token_ids)} tokens but "
+                        f"{tokens.count(e.logprobs)} log probs")
+    segment = Segment(token_ids=e.token_ids, generated=True, logprobs=e.logprobs)
+    if not segment.length:
+        return _touch(state, e)
+    chain = msgspec.structs.replace(
+        chain, segments=(*chain.segments, segment), response_len=chain.response_len + segment.length
+    )
+    return _replace_chain(state, e, chain)
+
+
+def _turn(state: SessionState, e: TurnCompleted) -> SessionState:
+    _require_open(state, e)
+    chain = _open_chain(state, e.chain)
+    if chain.pending_request != e.request_no:
+        raise FoldError(f"session {state.session_id}: turn for request {e.request_no} on chain {e.chain}")
+    turn = Turn(
+        request_no=e.request_no,
+        finish_reason=e.finish_reason,
+        text=e.text,
+        reasoning=e.reasoning,
+        tool_calls=e.tool_calls,
+        prefix_digest=chain.pending_prefix,
+        n_prefix_messages=chain.pending_prefix_messages,
+        response_len_before=chain.pending_response_len,
+        weight_version=e.weight_version,
+    )
+    chain = msgspec.structs.replace(
+        chain,
+        turns=(*chain.turns, turn),
+        tip_digest=e.tip_digest,
+        n_messages=e.n_messages,
+        chat_turns=chain.chat_turns + 1,
+        pending_request=None,
+    )
+    return _replace_chain(state, e, chain)
+
+
+def _chain_closed(state: SessionState, e: ChainClosed) -> SessionState:
+    chain = state.chain(e.chain)
+    if chain.closed is not None:
+        return _touch(state, e)
+    return _replace_chain(state, e, msgspec.structs.replace(chain, closed=e.reason, pending_request=None))
+
+
+def _reward(state: SessionState, e: RewardReported) -> SessionState:
+    return _touch(state, e, reward=e)
+
+
+def _finalized(state: SessionState, e: SessionFinalized) -> SessionState:
+    _require_open(state, e)
+    return _touch(state, e, status="finalized", close_reason=e.reason)
+
+
+def _aborted(state: SessionState, e: SessionAborted) -> SessionState:
+    _require_open(state, e)
+    return _touch(state, e, status="aborted", close_reason=e.reason)
+
+
+_HANDLERS = {
+    RequestReceived: _request,
+    ChainStarted: _chain_started,
+    ContextAppended: _context,
+    TokensGenerated: _tokens,
+    TurnCompleted: _turn,
+    ChainClosed: _chain_closed,
+    RewardReported: _reward,
+    SessionFinalized: _finalized,
+    SessionAborted: _aborted,
+}

@@ -1,0 +1,78 @@
+"""``rollbus up`` as a newcomer runs it: a real process with embedded NATS, stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from edge.engines.scripted import ScriptedEngineServer
+
+
+class Up:
+    def __init__(self, data_dir: Path, engine_url: str) -> None:
+        cmd = [sys.executable, "-m", "rollbus.cli", "up", "--port", "0", "--data-dir", str(data_dir),
+               "--engine", "sglang", "--engine-url", engine_url, "--admin-token", "tok"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.url = self._read_until(r"edge:\s+(http://\S+)")
+        self._read_until(r"Ctrl-C")
+
+    def _read_until(self, pattern: str, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError("rollbus up exited:\n" + "".join(self.lines))
+            self.lines.append(line)
+            if match := re.search(pattern, line):
+                return match.group(1) if match.groups() else line
+        raise AssertionError(f"no {pattern!r} in:\n" + "".join(self.lines))
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=30)
+        self.lines.append(out)
+        return self.proc.returncode
+
+
+def test_up_restart_keeps_the_log(tmp_path: Path):
+    data = tmp_path / "data"
+    headers = {"Authorization": "Bearer tok"}
+    with ScriptedEngineServer() as engine:
+        first = Up(data, engine.url)
+        try:
+            assert httpx.get(f"{first.url}/healthz").status_code == 200
+            created = httpx.post(f"{first.url}/sessions", json={"uid": "keep"}, headers=headers).json()
+            assert (data / "edge.json").exists()
+        finally:
+            assert first.stop() == 0, "".join(first.lines)
+        assert "rollbus: stopping" in "".join(first.lines)
+        assert not (data / "edge.json").exists()
+        nats_pids = subprocess.run(["pgrep", "-f", f"nats-server.*{data}"], capture_output=True, text=True).stdout
+        assert nats_pids.strip() == "", "the embedded nats-server outlived rollbus up"
+
+        second = Up(data, engine.url)
+        try:
+            summary = httpx.get(f"{second.url}/sessions/{created['session_id']}", headers=headers)
+            assert summary.status_code == 200, summary.text
+            assert summary.json()["uid"] == "keep" and summary.json()["status"] == "open"
+            done = httpx.post(f"{second.url}/sessions/{created['session_id']}/finalize", headers=headers)
+            assert done.json()["status"] == "finalized"
+        finally:
+            assert second.stop() == 0
+
+
+def test_console_script_is_installed():
+    bindir = os.path.dirname(sys.executable)
+    result = subprocess.run([os.path.join(bindir, "rollbus"), "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    for command in ("up", "edge", "projector", "materializer", "demo"):
+        assert command in result.stdout

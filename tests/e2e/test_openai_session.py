@@ -1,0 +1,187 @@
+"""End to end: the official OpenAI SDK drives a tool-using session; the Parquet record is
+checked token by token against what the scripted engine produced."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from openai import OpenAI
+
+from edge.codec.conversation import template_message, template_tools
+from edge.codec.openai_wire import decode_request
+from edge.engines.scripted import ScriptedReply, default_logprobs
+
+TOOLS = [{"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate arithmetic.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+IM_END = 151645
+
+
+def reply(tokenizer, text: str) -> ScriptedReply:
+    ids = [*tokenizer.encode(text), IM_END]
+    return ScriptedReply(token_ids=ids, logprobs=default_logprobs(len(ids)))
+
+
+def call_text(expression: str) -> str:
+    args = json.dumps({"expression": expression})
+    return f'<tool_call>\n{{"name": "calculator", "arguments": {args}}}\n</tool_call>'
+
+
+def open_session(stack, **body) -> dict:
+    response = httpx.post(f"{stack.url}/sessions", json=body, headers=stack.admin)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def wait_for_parquet(directory: Path, session_id: str, timeout: float = 30.0) -> Path:
+    path = directory / f"{session_id}.parquet"
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no records for {session_id}"
+        time.sleep(0.05)
+    return path
+
+
+def full_render(tokenizer, messages: list[dict]) -> str:
+    conversation = decode_request(json.dumps({"messages": messages, "tools": TOOLS}).encode())
+    return tokenizer.chat_template.render([template_message(m) for m in conversation.messages],
+                                          tools=template_tools(conversation.tools), add_generation_prompt=False)
+
+
+def run_agent(client: OpenAI, engine, tokenizer) -> tuple[list[dict], list[ScriptedReply]]:
+    """Three turns: two tool calls, then an answer."""
+    replies = [reply(tokenizer, "Let me compute.\n" + call_text("6*7")),
+               reply(tokenizer, call_text("42+0")),
+               reply(tokenizer, "The answer is 42.")]
+    engine.push(*replies)
+    messages: list[dict] = [{"role": "system", "content": "Use the calculator."},
+                            {"role": "user", "content": "What is 6*7? ünïcödé ✓"}]
+    for expected in ("6*7", "42+0"):
+        completion = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        choice = completion.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        (call,) = choice.message.tool_calls
+        assert json.loads(call.function.arguments) == {"expression": expected}
+        messages.append(choice.message.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": "42"})
+    final = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    assert final.choices[0].finish_reason == "stop"
+    assert final.choices[0].message.content == "The answer is 42."
+    messages.append(final.choices[0].message.model_dump(exclude_none=True))
+    return messages, replies
+
+
+def test_openai_sdk_session_becomes_an_exact_record(stack, engine, tokenizer):
+    session = open_session(stack, uid="prompt42", session_index=1, metadata={"agent_name": "calc"})
+    client = OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+    messages, scripted = run_agent(client, engine, tokenizer)
+
+    reward = httpx.post(session["reward_url"], json={"reward_info": {"reward": 0.75, "acc": 1.0}},
+                        headers={"Authorization": f"Bearer {session['api_key']}"})
+    assert reward.json() == {"status": "ok"}
+    final = httpx.post(f"{stack.url}/sessions/{session['session_id']}/finalize", headers=stack.admin).json()
+    assert final == {"session_id": session["session_id"], "status": "finalized", "trajectories": 1}
+
+    (row,) = pq.read_table(wait_for_parquet(stack.trajectories, session["session_id"])).to_pylist()
+    replies = [r.token_ids for r in scripted]
+    inputs = [r["input_ids"] for r in engine.requests]
+    assert row["key"] == "prompt42_1_0" and row["agent_name"] == "calc" and row["num_turns"] == 5
+    assert row["prompts"] == inputs[0]
+    assert row["input_ids"] == row["prompts"] + row["responses"]
+    # The engine saw exactly the stored tokens before each turn.
+    for turn in range(1, 3):
+        assert inputs[turn] == (row["prompts"] + row["responses"])[: len(inputs[turn])]
+    expected_mask, expected_lp = _expected_mask(inputs, replies)
+    assert row["response_mask"] == expected_mask
+    assert row["loss_mask"] == expected_mask
+    np.testing.assert_allclose(row["rollout_log_probs"], expected_lp, rtol=1e-6)
+    assert row["rm_scores"] == [0.0] * (len(row["responses"]) - 1) + [0.75]
+    assert row["attention_mask"] == [1] * row["seq_len"] and row["position_ids"] == list(range(row["seq_len"]))
+    # Stored tokens decode to the chat template's render of the final conversation
+    # (which ends with the turn separator "\n" the model never emits).
+    decoded = tokenizer.decode(row["prompts"] + row["responses"])
+    assert decoded + "\n" == full_render(tokenizer, messages)
+
+
+def _expected_mask(inputs: list[list[int]], replies: list[list[int]]) -> tuple[list[int], list[float]]:
+    mask: list[int] = []
+    logprobs: list[float] = []
+    stored = len(inputs[0])
+    for turn, tokens in enumerate(replies):
+        if turn:
+            context = len(inputs[turn]) - stored
+            mask += [0] * context
+            logprobs += [0.0] * context
+            stored += context
+        mask += [1] * len(tokens)
+        logprobs += default_logprobs(len(tokens))
+        stored += len(tokens)
+    return mask, logprobs
+
+
+def test_bad_input_gets_openai_errors_and_leaves_the_session_usable(stack, engine, tokenizer):
+    session = open_session(stack)
+    url = f"{session['base_url']}/chat/completions"
+    auth = {"Authorization": f"Bearer {session['api_key']}"}
+    good = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+    cases = [
+        (httpx.post(url, content=b"{not json", headers=auth), 400, "invalid_request_error"),
+        (httpx.post(url, json={"model": "m", "messages": []}, headers=auth), 400, "invalid_request_error"),
+        (httpx.post(url, json={"messages": "nope"}, headers=auth), 400, "invalid_request_error"),
+        (httpx.post(url, json={**good, "n": 2}, headers=auth), 400, "invalid_request_error"),
+        (httpx.post(url, json=good, headers={"Authorization": "Bearer wrong"}), 401, "authentication_error"),
+        (httpx.post(url, json=good), 401, "authentication_error"),
+        (httpx.post(url.replace(session["session_id"], "f" * 32), json=good, headers=auth), 404, "not_found_error"),
+        (httpx.post(url.replace(session["session_id"], "../etc"), json=good, headers=auth), 404, None),
+        (httpx.post(f"{stack.url}/sessions", json={"uid": "a_b"}, headers=stack.admin), 400, "invalid_request_error"),
+        (httpx.post(f"{stack.url}/sessions", json={}), 401, "authentication_error"),
+    ]
+    for response, status, kind in cases:
+        assert response.status_code == status, response.text
+        if kind is not None:
+            error = response.json()["error"]
+            assert error["type"] == kind and error["message"]
+            assert set(error) == {"message", "type", "param", "code"}
+    assert engine.requests == []  # nothing reached the engine
+
+    engine.push(reply(tokenizer, "hello"))
+    client = OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+    completion = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert completion.choices[0].message.content == "hello"
+
+    httpx.post(f"{stack.url}/sessions/{session['session_id']}/finalize", headers=stack.admin)
+    closed = httpx.post(url, json=good, headers=auth)
+    assert closed.status_code == 409 and closed.json()["error"]["code"] == "session_closed"
+    summary = httpx.get(f"{stack.url}/sessions/{session['session_id']}", headers=stack.admin).json()
+    assert summary["status"] == "finalized" and summary["turns"] == 1 and summary["trajectories"] == 1
+    (row,) = pq.read_table(wait_for_parquet(stack.trajectories, session["session_id"])).to_pylist()
+    assert row["response_mask"] == [1] * len(row["responses"])
+
+
+def test_finalize_is_idempotent_and_abort_after_finalize_conflicts(stack):
+    session = open_session(stack)
+    finalize = f"{stack.url}/sessions/{session['session_id']}/finalize"
+    first = httpx.post(finalize, headers=stack.admin).json()
+    assert first == httpx.post(finalize, headers=stack.admin).json()
+    assert first["trajectories"] == 0
+    abort = httpx.post(f"{stack.url}/sessions/{session['session_id']}/abort", json={"reason": "x"},
+                       headers=stack.admin)
+    assert abort.status_code == 409
+
+
+@pytest.mark.parametrize("reward", ["high", True, None])
+def test_reward_validation(stack, reward):
+    session = open_session(stack)
+    response = httpx.post(session["reward_url"], json={"reward_info": {"reward": reward}},
+                          headers={"x-api-key": session["api_key"]})
+    if reward is None:
+        assert response.status_code == 200
+    else:
+        assert response.status_code == 400 and response.json()["error"]["param"] == "reward_info.reward"

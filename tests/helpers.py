@@ -1,0 +1,64 @@
+"""Builders for event sequences used by the pure tests (no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from schemas import tokens
+from schemas.events import (
+    ChainClosed,
+    ChainStarted,
+    ContextAppended,
+    Event,
+    RequestReceived,
+    RewardReported,
+    SessionFinalized,
+    SessionOpened,
+    TokensGenerated,
+    TurnCompleted,
+)
+
+SID = "0123456789abcdef0123456789abcdef"
+
+
+class SessionScript:
+    """Appends well-formed events for one session, numbering them."""
+
+    def __init__(self, session_id: str = SID, uid: str = "uid1", session_index: int = 0, max_len: int = 1000) -> None:
+        self.session_id = session_id
+        self.events: list[Event] = []
+        self.requests = 0
+        self._add(SessionOpened, uid=uid, session_index=session_index, agent_name="agent",
+                  metadata={"global_steps": 3}, api_key_digest="x", max_trajectory_length=max_len,
+                  tokenizer="builtin:qwen2.5", tool_format="hermes")
+
+    def _add(self, cls: type[Event], **fields: object) -> Event:
+        event = cls(session_id=self.session_id, seq=len(self.events) + 1, time=float(len(self.events)), **fields)
+        self.events.append(event)
+        return event
+
+    def turn(self, chain: int, context: Sequence[int], generated: Sequence[int], *, new_chain: bool = False,
+             logprobs: Sequence[float] | None = None, n_messages: int = 2, tip: str = "tip", chat_turns: int = 1,
+             finish: str = "stop") -> None:
+        self.requests += 1
+        no = self.requests
+        self._add(RequestReceived, request_no=no, wire="openai", body=b"{}")
+        if new_chain:
+            self._add(ChainStarted, chain=chain, request_no=no, prompt_ids=tokens.pack_ids(context),
+                      prefix_digest=f"p{no}", n_messages=n_messages, chat_turns=chat_turns)
+        else:
+            self._add(ContextAppended, chain=chain, request_no=no, token_ids=tokens.pack_ids(context),
+                      prefix_digest=f"p{no}", n_messages=n_messages, chat_turns=chat_turns)
+        lp = tokens.pack_logprobs(logprobs if logprobs is not None else [-0.5] * len(generated))
+        self._add(TokensGenerated, chain=chain, request_no=no, token_ids=tokens.pack_ids(generated), logprobs=lp)
+        self._add(TurnCompleted, chain=chain, request_no=no, finish_reason=finish, text="t", tip_digest=tip,
+                  n_messages=n_messages + 1)
+
+    def close(self, chain: int, reason: str = "max_trajectory_length") -> None:
+        self._add(ChainClosed, chain=chain, reason=reason)
+
+    def reward(self, reward: float | None, **extra: object) -> None:
+        self._add(RewardReported, reward=reward, extra=dict(extra))
+
+    def finalize(self) -> None:
+        self._add(SessionFinalized)

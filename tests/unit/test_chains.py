@@ -1,0 +1,74 @@
+"""Table-driven chain selection over digests (pure)."""
+
+import msgspec
+import pytest
+
+from edge.chains import Continue, Exhausted, NewChain, select_chain
+from edge.codec.conversation import Message, ToolSpec
+from edge.codec.digest import prefix_digests, tools_digest
+from schemas.events import ToolCall
+from session_projector.fold import fold
+from tests.helpers import SessionScript
+
+SYS = Message(role="system", content="be brief")
+U1 = Message(role="user", content="hi")
+A1 = Message(role="assistant", content="", tool_calls=(ToolCall(id="call_1_0", name="f", arguments='{"x": 1}'),))
+T1 = Message(role="tool", content="42", tool_call_id="call_1_0")
+A2 = Message(role="assistant", content="done")
+U2 = Message(role="user", content="again")
+ROOT = tools_digest([ToolSpec(name="f")])
+
+
+def hexes(messages, root=ROOT):
+    return [d.hex() for d in prefix_digests(root, messages)]
+
+
+def state_with(*chains):
+    """A session whose chains have the given histories (each ending with an assistant reply)."""
+    script = SessionScript()
+    for index, (history, closed) in enumerate(chains):
+        tip = hexes(history)[-1]
+        script.turn(index, [1, 2], [3], new_chain=True, n_messages=len(history) - 1, tip=tip)
+        if closed:
+            script.close(index)
+    return fold(script.events)
+
+
+CASES = {
+    "first request starts a chain": ([], [SYS, U1], NewChain, None),
+    "continuation": ([([SYS, U1, A1], False)], [SYS, U1, A1, T1], Continue, 0),
+    "longest history wins": ([([SYS, U1, A1], False), ([SYS, U1, A1, T1, A2], False)],
+                             [SYS, U1, A1, T1, A2, U2], Continue, 1),
+    "sibling sample (same prompt) diverges": ([([SYS, U1, A1], False)], [SYS, U1], NewChain, None),
+    "rewritten history diverges": ([([SYS, U1, A1], False)], [SYS, U2, A1, T1], NewChain, None),
+    "compaction diverges": ([([SYS, U1, A1, T1, A2], False)], [SYS, Message(role="user", content="summary"), U2],
+                            NewChain, None),
+    "request equal to the history is a new sample": ([([SYS, U1, A1], False)], [SYS, U1, A1], NewChain, None),
+    "closed chain is exhausted": ([([SYS, U1, A1], True)], [SYS, U1, A1, T1], Exhausted, 0),
+}
+
+
+@pytest.mark.parametrize("chains, messages, kind, index", CASES.values(), ids=CASES.keys())
+def test_selection(chains, messages, kind, index):
+    selection = select_chain(state_with(*chains), hexes(messages))
+    assert isinstance(selection, kind)
+    if index is not None:
+        assert selection.chain.index == index
+
+
+def test_busy_chain_is_skipped():
+    state = state_with(([SYS, U1, A1], False))
+    assert isinstance(select_chain(state, hexes([SYS, U1, A1, T1]), busy={0}), NewChain)
+
+
+def test_tool_call_ids_and_argument_formatting_do_not_break_matching():
+    state = state_with(([SYS, U1, A1], False))
+    echoed = msgspec.structs.replace(A1, tool_calls=(ToolCall(id="other", name="f", arguments='{ "x" :1 }'),))
+    selection = select_chain(state, hexes([SYS, U1, echoed, T1]))
+    assert isinstance(selection, Continue) and selection.n_history == 3
+
+
+def test_different_tools_do_not_match():
+    state = state_with(([SYS, U1, A1], False))
+    other_root = tools_digest([ToolSpec(name="g")])
+    assert isinstance(select_chain(state, hexes([SYS, U1, A1, T1], other_root)), NewChain)

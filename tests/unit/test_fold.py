@@ -1,0 +1,97 @@
+import pytest
+
+from schemas import tokens
+from schemas.errors import FoldError, OutOfOrderEvent
+from session_projector.fold import apply, fold
+from tests.helpers import SessionScript
+
+
+def _two_turns() -> SessionScript:
+    script = SessionScript()
+    script.turn(0, [10, 11, 12], [20, 21], new_chain=True, logprobs=[-0.1, -0.2])
+    script.turn(0, [30], [40, 41, 42], logprobs=[-0.3, -0.4, -0.5], n_messages=4, tip="tip2")
+    return script
+
+
+def test_fold_builds_chain_segments():
+    state = fold(_two_turns().events)
+    assert state is not None
+    (chain,) = state.chains
+    assert tokens.unpack_ids(chain.prompt_ids).tolist() == [10, 11, 12]
+    assert [s.generated for s in chain.segments] == [True, False, True]
+    assert chain.response_len == 6 and chain.generated_len == 5
+    assert chain.token_ids() == [10, 11, 12, 20, 21, 30, 40, 41, 42]
+    assert chain.last_token() == 42
+    assert chain.tip_digest == "tip2" and chain.n_messages == 5
+    assert len(chain.turns) == 2 and state.turns == 2 and state.requests == 2
+    assert chain.turns[1].response_len_before == 2
+
+
+def test_fold_is_idempotent_on_redelivery():
+    events = _two_turns().events
+    once = fold(events)
+    twice = fold(events + events[3:], fold(events[:5]))
+    assert once == twice
+
+
+def test_out_of_order_event_raises_named_error():
+    events = _two_turns().events
+    state = fold(events[:3])
+    with pytest.raises(OutOfOrderEvent):
+        apply(state, events[4])
+
+
+def test_log_must_start_with_opened():
+    with pytest.raises(OutOfOrderEvent):
+        apply(None, _two_turns().events[1])
+
+
+def test_states_share_segments_between_versions():
+    events = _two_turns().events
+    before = fold(events[:5])
+    after = fold(events[5:], before)
+    assert before.chains[0].segments[0] is after.chains[0].segments[0]
+    assert len(before.chains[0].segments) == 1  # the old state is untouched
+
+
+def test_closed_chain_rejects_more_tokens():
+    script = SessionScript()
+    script.turn(0, [1], [2], new_chain=True)
+    script.close(0)
+    script.turn(0, [3], [4])
+    with pytest.raises(FoldError, match="closed"):
+        fold(script.events)
+
+
+def test_finalized_session_rejects_turns_but_keeps_rewards():
+    script = SessionScript()
+    script.turn(0, [1], [2], new_chain=True)
+    script.finalize()
+    script.reward(1.0)
+    state = fold(script.events)
+    assert state.status == "finalized" and state.reward.reward == 1.0
+    script.turn(0, [3], [4])
+    with pytest.raises(FoldError, match="finalized"):
+        fold(script.events)
+
+
+def test_logprob_count_must_match_token_count():
+    script = SessionScript()
+    script.turn(0, [1], [2, 3], new_chain=True, logprobs=[-1.0])
+    with pytest.raises(FoldError, match="log probs"):
+        fold(script.events)
+
+
+def test_chain_numbers_must_be_consecutive():
+    script = SessionScript()
+    script.turn(1, [1], [2], new_chain=True)
+    with pytest.raises(FoldError, match="expected 0"):
+        fold(script.events)
+
+
+def test_trajectory_chains_skip_chains_without_turns():
+    script = SessionScript()
+    script.turn(0, [1], [2], new_chain=True)
+    script.turn(1, [5], [6], new_chain=True)
+    state = fold(script.events)
+    assert [c.index for c in state.trajectory_chains()] == [0, 1]

@@ -1,0 +1,89 @@
+import json
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from materializer.records import RecordOptions, derive_records
+from schemas.records import TRAJECTORY_SCHEMA, records_to_table
+from session_projector.fold import fold
+from tests.helpers import SessionScript
+
+
+def _session(reward: float | None = 2.5, **extra: object):
+    script = SessionScript(uid="u7", session_index=1)
+    script.turn(0, [10, 11, 12], [20, 21], new_chain=True, logprobs=[-0.1, -0.2], chat_turns=1)
+    script.turn(0, [30, 31], [40], logprobs=[-0.3], n_messages=4, tip="t2", chat_turns=1)
+    script.turn(1, [50, 51], [60, 61, 62], new_chain=True, logprobs=[-1.0, -1.5, -2.0])
+    script.close(1)
+    script.reward(reward, **extra)
+    script.finalize()
+    return fold(script.events)
+
+
+def test_records_follow_the_contract():
+    first, second = derive_records(_session(acc=1.0))
+    assert first.key == "u7_1_0" and second.key == "u7_1_1"
+    assert first.prompts.tolist() == [10, 11, 12]
+    assert first.responses.tolist() == [20, 21, 30, 31, 40]
+    assert first.input_ids.tolist() == [10, 11, 12, 20, 21, 30, 31, 40]
+    assert first.response_mask.tolist() == [1, 1, 0, 0, 1]
+    assert first.loss_mask.tolist() == first.response_mask.tolist()
+    np.testing.assert_allclose(first.rollout_log_probs, [-0.1, -0.2, 0.0, 0.0, -0.3], rtol=1e-6)
+    assert first.rm_scores.tolist() == [0, 0, 0, 0, 2.5]
+    assert first.attention_mask.tolist() == [1] * 8 and first.position_ids.tolist() == list(range(8))
+    assert first.num_turns == 1 + 1 + 1 + 1 + 1  # user, assistant, user, assistant, +1
+    assert first.materialization_reason is None and second.materialization_reason == "max_trajectory_length"
+    assert first.reward_extra_info == {"acc": 1.0} and first.global_steps == 3
+    assert first.tags() == {"status": "success", "prompt_len": 3, "response_len": 5, "seq_len": 8,
+                            "global_steps": 3, "uid": "u7"}
+    assert second.tags()["materialization_reason"] == "max_trajectory_length"
+
+
+def test_missing_reward_is_zero():
+    (first, _) = derive_records(_session(reward=None))
+    assert first.reward == 0.0 and not first.rm_scores.any()
+
+
+def test_mask_unfinished_episode_zeroes_the_loss_mask():
+    first, _ = derive_records(_session(finished=False), RecordOptions(mask_unfinished_episode=True))
+    assert not first.loss_mask.any() and not first.response_mask.any()
+    assert "finished" not in first.reward_extra_info
+
+
+def test_missing_logprobs_drop_the_field():
+    script = SessionScript()
+    script.turn(0, [1], [2], new_chain=True)
+    state = fold(script.events)
+    chain = state.chains[0]
+    import msgspec
+
+    bare = msgspec.structs.replace(chain.segments[0], logprobs=None)
+    state = msgspec.structs.replace(state, chains=(msgspec.structs.replace(chain, segments=(bare,)),))
+    (record,) = derive_records(state)
+    assert record.rollout_log_probs is None
+
+
+def test_table_uses_the_declared_schema_and_reads_back(tmp_path):
+    records = derive_records(_session(acc=1.0))
+    table = records_to_table(records)
+    assert table.schema.equals(TRAJECTORY_SCHEMA)
+    pq.write_table(table, tmp_path / "r.parquet")
+    back = pq.read_table(tmp_path / "r.parquet").to_pylist()
+    assert back[0]["input_ids"] == records[0].input_ids.tolist()
+    assert back[1]["rm_scores"] == records[1].rm_scores.tolist()
+    assert json.loads(back[0]["reward_extra_info"]) == {"acc": 1.0}
+    frame = pl.read_parquet(tmp_path / "r.parquet")
+    assert frame["key"].to_list() == ["u7_1_0", "u7_1_1"]
+    assert frame["response_mask"][0].to_list() == [1, 1, 0, 0, 1]
+
+
+def test_table_marks_absent_logprobs_null():
+    records = derive_records(_session())
+    import msgspec
+
+    records[1] = msgspec.structs.replace(records[1], rollout_log_probs=None)
+    column = records_to_table(records).column("rollout_log_probs")
+    assert column.null_count == 1 and column[0].as_py() is not None
+    assert isinstance(column.type, pa.ListType)

@@ -8,6 +8,7 @@ acknowledged by the log.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -24,16 +25,20 @@ from edge.live import LiveSession
 from edge.publisher import EventLog
 from edge.settings import EdgeSettings
 from schemas import tokens
+from schemas.errors import EngineError, RollbusError
 from schemas.events import (
     ChainClosed,
     ChainStarted,
     ContextAppended,
+    EngineFailed,
     Event,
     RequestReceived,
     TokensGenerated,
     TurnCompleted,
 )
 from session_projector.fold import SessionState
+
+log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 T = TypeVar("T")
@@ -96,9 +101,13 @@ class TurnRunner:
             closing = [] if plan.chain is None else [self._closed(live, plan.chain, request_no)]
             return await self._refuse(live, [received, *closing], request_no)
         sampling = self._sampling(live.state, request.conversation, limit - len(plan.input_ids))
-        result = await self._engine.generate(GenerateRequest(
-            request_id=f"{live.state.session_id}:{request_no}", input_ids=plan.input_ids, sampling=sampling,
-        ))
+        generate = GenerateRequest(request_id=f"{live.state.session_id}:{request_no}", input_ids=plan.input_ids,
+                                   sampling=sampling)
+        try:
+            result = await self._engine.generate(generate)
+        except EngineError as exc:
+            await self._record_failure(live, received, plan.chain, exc)
+            raise
         parsed = self._parse(request.conversation, result, request_no)
         reply = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
         tip = extend(bytes.fromhex(digests[-1]), reply).hex()
@@ -173,6 +182,17 @@ class TurnRunner:
     def _closed(self, live: LiveSession, chain: int, request_no: int) -> ChainClosed:
         return ChainClosed(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
                            reason=CAPACITY, request_no=request_no)
+
+    async def _record_failure(self, live: LiveSession, received: RequestReceived, chain: int | None,
+                              exc: EngineError) -> None:
+        """Audit a failed engine call; the chain is left as it was, free for a retry."""
+        failed = EngineFailed(session_id=live.state.session_id, seq=0, time=self._clock(),
+                              request_no=received.request_no, chain=chain, error=type(exc).__name__,
+                              message=exc.message)
+        try:
+            await live.commit(self._log, lambda _: [received, failed])
+        except RollbusError as audit_exc:  # the agent still gets the engine's error
+            log.warning("could not record engine failure for %s: %s", live.state.session_id, audit_exc)
 
     # --- answers ------------------------------------------------------------------------
 

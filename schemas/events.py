@@ -112,6 +112,15 @@ class TurnCompleted(Event, tag="turn_completed", kw_only=True):
     weight_version: str | None = None
 
 
+class EngineFailed(Event, tag="engine_failed", kw_only=True):
+    """An engine call that produced nothing usable; nothing was committed to the chain."""
+
+    request_no: int
+    chain: int | None  # None: the request would have started a new chain
+    error: str  # the error class, e.g. "EngineTimeout"
+    message: str
+
+
 class RewardReported(Event, tag="reward_reported", kw_only=True):
     """A reward posted to the session (``reward`` absent: the task reported extra info only)."""
 
@@ -141,6 +150,7 @@ AnyEvent = (
     | ContextAppended
     | TokensGenerated
     | TurnCompleted
+    | EngineFailed
     | RewardReported
     | ChainClosed
     | SessionFinalized
@@ -155,6 +165,7 @@ SUBJECT_KINDS: dict[type[Event], str] = {
     ContextAppended: "context",
     TokensGenerated: "tokens",
     TurnCompleted: "turn",
+    EngineFailed: "failed",
     RewardReported: "reward",
     ChainClosed: "closed",
     SessionFinalized: "finalized",

@@ -22,6 +22,7 @@ from schemas.events import (
     ChainClosed,
     ChainStarted,
     ContextAppended,
+    EngineFailed,
     Event,
     RequestReceived,
     RewardReported,
@@ -304,6 +305,7 @@ def _aborted(state: SessionState, e: SessionAborted) -> SessionState:
 
 _HANDLERS = {
     RequestReceived: _request,
+    EngineFailed: _touch,
     ChainStarted: _chain_started,
     ContextAppended: _context,
     TokensGenerated: _tokens,

@@ -28,6 +28,11 @@ class StackThread:
         return self.stack.url
 
     @property
+    def nats_url(self) -> str:
+        assert self.stack is not None
+        return self.stack.nats_url
+
+    @property
     def admin(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.options.admin_token}"}
 

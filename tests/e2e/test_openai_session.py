@@ -185,3 +185,42 @@ def test_reward_validation(stack, reward):
         assert response.status_code == 200
     else:
         assert response.status_code == 400 and response.json()["error"]["param"] == "reward_info.reward"
+
+
+def test_engine_failure_is_a_clear_error_recorded_for_audit_and_retryable(stack, engine, tokenizer):
+    import asyncio
+
+    from nats.aio.client import Client
+
+    from session_projector.reader import read_session
+
+    session = open_session(stack)
+    client = OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+    messages = [{"role": "user", "content": "hi"}]
+    engine.push(reply(tokenizer, "first"))
+    first = client.chat.completions.create(model="m", messages=messages)
+    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    messages.append({"role": "user", "content": "again"})
+
+    engine.push(ScriptedReply(token_ids=[1], fault="http_500"))
+    response = httpx.post(f"{session['base_url']}/chat/completions", json={"model": "m", "messages": messages},
+                          headers={"Authorization": f"Bearer {session['api_key']}"})
+    assert response.status_code == 502 and response.json()["error"]["code"] == "engine_error"
+
+    engine.push(reply(tokenizer, "second"))
+    retried = client.chat.completions.create(model="m", messages=messages)
+    assert retried.choices[0].message.content == "second"
+    assert engine.requests[2]["input_ids"] == engine.requests[1]["input_ids"]  # the retry saw the same context
+
+    async def events():
+        nc = Client()
+        await nc.connect(stack.nats_url)
+        try:
+            return (await read_session(nc.jetstream(), stack.options.log, session["session_id"])).events
+        finally:
+            await nc.close()
+
+    kinds = [type(e).__name__ for e in asyncio.run(events())]
+    assert "EngineFailed" in kinds
+    summary = httpx.get(f"{stack.url}/sessions/{session['session_id']}", headers=stack.admin).json()
+    assert summary["turns"] == 2 and len(summary["chains"]) == 1

@@ -22,7 +22,12 @@ from pathlib import Path
 
 import msgspec
 
+from rollbus import demo
 from rollbus.runtime import COMPONENTS, Stack, StackOptions
+
+# Commands beyond the stack itself: each module has ``register(subparsers)`` and sets
+# ``run(args) -> int`` as the parser default.
+TOOL_COMMANDS = [demo]
 
 STATE_FILE = "edge.json"  # <data-dir>/edge.json: where a running `rollbus up` can be reached
 
@@ -61,13 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sub.add_parser("edge", help="run the HTTP edge alone"), edge=True, nats_required=True)
     _common(sub.add_parser("projector", help="run the session projector alone"), edge=False, nats_required=True)
     _common(sub.add_parser("materializer", help="run the materializer alone"), edge=False, nats_required=True)
-    demo = sub.add_parser("demo", help="run sample agent sessions and summarize the records")
-    demo.add_argument("--url", help="a running edge (default: the one in <data-dir>/edge.json, else embedded)")
-    demo.add_argument("--admin-token", default=os.environ.get("ROLLBUS_ADMIN_TOKEN", ""))
-    demo.add_argument("--data-dir", type=Path, default=Path("rollbus-data"))
-    demo.add_argument("--sessions", type=int, default=4)
-    demo.add_argument("--max-tokens", type=int, default=24)
-    demo.add_argument("--log-level", default="WARNING")
+    for command in TOOL_COMMANDS:
+        command.register(sub)
     return parser
 
 
@@ -133,10 +133,8 @@ async def _serve(options: StackOptions) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command == "demo":
-        from rollbus.demo import run_demo
-
-        return asyncio.run(run_demo(args))
+    if args.command not in ("up", *COMPONENTS):
+        return int(args.run(args))
     components = COMPONENTS if args.command == "up" else (args.command,)
     _use_uvloop()
     return asyncio.run(_serve(_options(args, components)))

@@ -140,6 +140,17 @@ async def _run(endpoint: Endpoint, args: argparse.Namespace) -> int:
     return 0 if len(paths) == len(results) else 1
 
 
+def register(sub: argparse._SubParsersAction) -> None:
+    demo = sub.add_parser("demo", help="run sample agent sessions and summarize the records")
+    demo.add_argument("--url", help="a running edge (default: the one in <data-dir>/edge.json, else embedded)")
+    demo.add_argument("--admin-token", default=os.environ.get("ROLLBUS_ADMIN_TOKEN", ""))
+    demo.add_argument("--data-dir", type=Path, default=Path("rollbus-data"))
+    demo.add_argument("--sessions", type=int, default=4)
+    demo.add_argument("--max-tokens", type=int, default=24)
+    demo.add_argument("--log-level", default="WARNING")
+    demo.set_defaults(run=lambda args: asyncio.run(run_demo(args)))
+
+
 async def run_demo(args: argparse.Namespace) -> int:
     endpoint = _discover(args)
     if endpoint is not None:

@@ -8,6 +8,7 @@ written with; nothing is inferred batch by batch.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import msgspec
@@ -77,6 +78,34 @@ class TrajectoryRecord(msgspec.Struct, frozen=True, kw_only=True):
         if self.materialization_reason is not None:
             tags["materialization_reason"] = self.materialization_reason
         return tags
+
+
+class MaterializedMarker(msgspec.Struct, frozen=True, kw_only=True):
+    """What the materializer recorded for a session (markers bucket, key = session id).
+
+    ``stream_seq`` is the log position the records were derived from; ``digests`` maps
+    each trajectory key to :func:`record_digest` of what was written, so ``rollbus replay
+    --verify`` can re-derive and compare without reading the sinks.
+    """
+
+    session_id: str
+    stream_seq: int
+    digests: dict[str, str]
+    sinks: tuple[str, ...] = ()
+
+
+def record_digest(record: TrajectoryRecord) -> str:
+    """A digest of everything a trainer reads from a record (arrays by value, then metadata)."""
+    h = hashlib.sha256()
+    for array in (record.prompts, record.responses, record.response_mask, record.loss_mask, record.rm_scores):
+        h.update(np.ascontiguousarray(array).tobytes())
+        h.update(b"|")
+    if record.rollout_log_probs is not None:
+        h.update(np.ascontiguousarray(record.rollout_log_probs).tobytes())
+    meta = [record.key, record.session_id, record.agent_name, record.status, record.global_steps,
+            record.materialization_reason, record.num_turns, record.reward, record.reward_extra_info]
+    h.update(msgspec.json.encode(meta, order="sorted"))
+    return h.hexdigest()
 
 
 def _ints() -> pa.DataType:

@@ -87,3 +87,17 @@ def test_table_marks_absent_logprobs_null():
     column = records_to_table(records).column("rollout_log_probs")
     assert column.null_count == 1 and column[0].as_py() is not None
     assert isinstance(column.type, pa.ListType)
+
+
+def test_record_digest_changes_with_any_trained_value():
+    import msgspec
+
+    from schemas.records import record_digest
+
+    first, second = derive_records(_session(acc=1.0))
+    again, _ = derive_records(_session(acc=1.0))
+    assert record_digest(first) == record_digest(again) != record_digest(second)
+    flipped = first.loss_mask.copy()
+    flipped[0] ^= 1
+    assert record_digest(msgspec.structs.replace(first, loss_mask=flipped)) != record_digest(first)
+    assert record_digest(msgspec.structs.replace(first, reward=0.0)) != record_digest(first)

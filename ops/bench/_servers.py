@@ -1,0 +1,110 @@
+"""The two servers the edge benchmark compares, run as separate processes.
+
+``edge``: the real rollbus edge (JetStream log, tokenizer, chains) with an in-process
+*instant* engine that returns a fixed reply without any HTTP hop.
+``floor``: a bare FastAPI app on the same uvicorn that reads the body and returns a fixed
+completion: the cost of HTTP itself.
+
+Usage: python ops/bench/_servers.py {edge,floor} --port P [--nats URL] [--cpu N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import uvicorn  # noqa: E402
+from fastapi import FastAPI, Request, Response  # noqa: E402
+
+from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult  # noqa: E402
+
+REPLY_TEXT = ('<tool_call>\n{"name": "read_file", "arguments": {"path": "src/app/main.py", "start": 1, '
+              '"end": 80}}\n</tool_call>')
+FLOOR_BODY = (b'{"id":"chatcmpl-x","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,'
+              b'"message":{"role":"assistant","tool_calls":[{"id":"call_1_0","type":"function","function":'
+              b'{"name":"read_file","arguments":"{\\"path\\": \\"src/app/main.py\\", \\"start\\": 1, \\"end\\": 80}"}}]},'
+              b'"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":560,"completion_tokens":31,"total_tokens":591}}')
+
+
+class InstantEngine:
+    """Returns the same sampled reply at once: measures the edge, not a model."""
+
+    name = "instant"
+
+    def __init__(self, token_ids: list[int]) -> None:
+        self._ids = tuple(token_ids)
+        self._logprobs = tuple(-0.01 * (i + 1) for i in range(len(token_ids)))
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        return GenerateResult(token_ids=self._ids, logprobs=self._logprobs, finish_reason="stop",
+                              weight_version="bench")
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk | GenerateResult]:
+        yield await self.generate(request)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def floor_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/sessions/{session_id}/v1/chat/completions")
+    async def complete(session_id: str, request: Request) -> Response:
+        await request.body()
+        return Response(content=FLOOR_BODY, media_type="application/json")
+
+    @app.post("/sessions")
+    async def open_session(request: Request) -> Response:
+        return Response(content=b'{"session_id":"0123456789abcdef0123456789abcdef","api_key":"k"}',
+                        status_code=201, media_type="application/json")
+
+    return app
+
+
+async def edge_app(nats_url: str) -> FastAPI:
+    from edge.app import create_app
+    from edge.codec.tokenizer import load_tokenizer
+    from edge.settings import EdgeSettings
+    from rollbus.provision import connect, provision
+    from rollbus.runtime import build_edge_service
+    from schemas.log import LogConfig
+
+    cfg = LogConfig()
+    nc = await connect(nats_url, name="bench-edge")
+    await provision(nc.jetstream(), cfg)
+    tokenizer = load_tokenizer("builtin:qwen2.5")
+    engine = InstantEngine([*tokenizer.encode(REPLY_TEXT), tokenizer.eos_token_id])
+    settings = EdgeSettings(admin_token="bench", log=cfg, public_url="http://bench")
+    return create_app(build_edge_service(settings, nc.jetstream(), engine))
+
+
+async def serve(kind: str, port: int, nats_url: str | None) -> None:
+    app = floor_app() if kind == "floor" else await edge_app(nats_url or "")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                            loop="none", http="httptools", lifespan="off")
+    await uvicorn.Server(config).serve()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=["edge", "floor"])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--nats")
+    parser.add_argument("--cpu", type=int, default=None)
+    args = parser.parse_args()
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+    import uvloop
+
+    uvloop.run(serve(args.kind, args.port, args.nats))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""Edge overhead against the HTTP floor, measured in the same run.
+
+K concurrent sessions x T turns of an agent loop go through (a) the rollbus edge with an
+in-process instant engine, every turn's events acknowledged by JetStream before the
+reply, and (b) a bare FastAPI/uvicorn server that returns a fixed completion. The first
+prompt is ~560 tokens with three tools; each later turn sends back the assistant message
+and a ~50-token tool result. Servers are pinned to CPU 0, the load generator to CPU 1.
+
+Reports turns/s, p50/p99 latency, and server CPU ms per turn (the server process's own
+CPU time), with the edge/floor ratios the targets are stated in.
+
+    python ops/bench/edge_overhead.py [--ks 1,16,64] [--turns 8] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _http import Connection  # noqa: E402
+
+from rollbus.nats_server import EmbeddedNats  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "search_code",
+        "description": "Search the repository for a regular expression and return matching lines with their "
+                       "file paths and line numbers. Use it to find definitions, call sites and configuration.",
+        "parameters": {"type": "object", "properties": {
+            "pattern": {"type": "string", "description": "A Python regular expression."},
+            "path": {"type": "string", "description": "Directory or file to search, relative to the root."},
+            "max_results": {"type": "integer", "description": "Stop after this many matches.", "default": 50}},
+            "required": ["pattern"]}}},
+    {"type": "function", "function": {
+        "name": "read_file",
+        "description": "Read a range of lines from a file in the repository. Lines are numbered from 1.",
+        "parameters": {"type": "object", "properties": {
+            "path": {"type": "string", "description": "File path relative to the repository root."},
+            "start": {"type": "integer", "description": "First line to read."},
+            "end": {"type": "integer", "description": "Last line to read (inclusive)."}},
+            "required": ["path"]}}},
+    {"type": "function", "function": {
+        "name": "run_tests",
+        "description": "Run the project's test suite or a subset of it and return the summary and failures.",
+        "parameters": {"type": "object", "properties": {
+            "selector": {"type": "string", "description": "A pytest node id or -k expression."},
+            "timeout_s": {"type": "integer", "description": "Give up after this many seconds."}},
+            "required": []}}},
+]
+SYSTEM = ("You are a software engineering agent working in a Python repository. Investigate before you edit: "
+          "search for the relevant code, read it, form a hypothesis, and verify it by running the tests. "
+          "Prefer small, reviewable changes. When you call a tool, call exactly one tool per turn and wait for "
+          "its result. When the task is done, reply with a short summary of what you changed and why.")
+TASK = ("The request handler in src/app/main.py returns HTTP 500 when the client sends an empty JSON body. "
+        "Find where the body is parsed, make it return a 400 with a clear error message instead, and add a "
+        "regression test. The project uses FastAPI and pytest; tests live under tests/.")
+TOOL_RESULT = ("  41  def parse_body(raw: bytes) -> dict:\n  42      data = json.loads(raw)\n  43      if not "
+               "isinstance(data, dict):\n  44          raise ValueError('body must be an object')\n  45      return "
+               "data\n  46\n  47  async def handle(request):\n  48      body = parse_body(await request.body())")
+ARGS = '{"path": "src/app/main.py", "start": 1, "end": 80}'
+
+
+def bodies(turns: int) -> list[bytes]:
+    """The agent's request bodies, turn by turn (deterministic: the edge derives tool-call ids)."""
+    messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+    out = []
+    for turn in range(turns):
+        out.append(json.dumps({"model": "m", "messages": messages, "tools": TOOLS}).encode())
+        call_id = f"call_{turn + 1}_0"
+        messages = [*messages,
+                    {"role": "assistant", "content": None, "tool_calls": [
+                        {"id": call_id, "type": "function", "function": {"name": "read_file", "arguments": ARGS}}]},
+                    {"role": "tool", "tool_call_id": call_id, "content": TOOL_RESULT}]
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of every thread of a process, in seconds, at nanosecond resolution (schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total / 1e9
+
+
+class Server:
+    def __init__(self, kind: str, port: int, nats_url: str, cpu: int | None) -> None:
+        cmd = [sys.executable, str(HERE / "_servers.py"), kind, "--port", str(port), "--nats", nats_url]
+        if cpu is not None:
+            cmd += ["--cpu", str(cpu)]
+        self.kind = kind
+        self.port = port
+        self.proc = subprocess.Popen(cmd)
+
+    async def wait_ready(self) -> None:
+        for _ in range(600):
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.close()
+                return
+            except OSError:
+                await asyncio.sleep(0.05)
+        raise RuntimeError(f"{self.kind} server did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+async def open_sessions(port: int, k: int) -> list[tuple[str, str]]:
+    conn = await Connection.open("127.0.0.1", port)
+    sessions = []
+    for _ in range(k):
+        raw = conn.request_bytes("/sessions", b"{}", {"Authorization": "Bearer bench"})
+        status, body = await conn.send(raw)
+        if status != 201:
+            raise RuntimeError(f"open session: {status} {body[:200]!r}")
+        created = json.loads(body)
+        sessions.append((created["session_id"], created["api_key"]))
+    await conn.close()
+    return sessions
+
+
+async def agent(port: int, session: tuple[str, str], turn_bodies: list[bytes], latencies: list[float]) -> None:
+    session_id, key = session
+    conn = await Connection.open("127.0.0.1", port)
+    path = f"/sessions/{session_id}/v1/chat/completions"
+    for body in turn_bodies:
+        raw = conn.request_bytes(path, body, {"Authorization": f"Bearer {key}"})
+        started = time.perf_counter()
+        status, reply = await conn.send(raw)
+        latencies.append(time.perf_counter() - started)
+        if status != 200:
+            raise RuntimeError(f"turn failed: {status} {reply[:300]!r}")
+    await conn.close()
+
+
+async def run_load(server: Server, k: int, turn_bodies: list[bytes], min_turns: int = 512) -> dict[str, float]:
+    """Waves of K concurrent agents until at least ``min_turns`` turns ran (sessions opened beforehand)."""
+    waves = max(1, -(-min_turns // (k * len(turn_bodies))))
+    sessions = await open_sessions(server.port, k * waves)
+    latencies: list[float] = []
+    cpu_before = cpu_seconds(server.proc.pid)
+    started = time.perf_counter()
+    for wave in range(waves):
+        batch = sessions[wave * k:(wave + 1) * k]
+        await asyncio.gather(*(agent(server.port, s, turn_bodies, latencies) for s in batch))
+    wall = time.perf_counter() - started
+    cpu = cpu_seconds(server.proc.pid) - cpu_before
+    turns = len(latencies)
+    latencies.sort()
+    return {"turns_s": turns / wall, "p50_ms": 1e3 * statistics.median(latencies),
+            "p99_ms": 1e3 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+            "cpu_ms": 1e3 * cpu / turns}
+
+
+async def measure(kind: str, nats_url: str, ks: list[int], turn_bodies: list[bytes], repeat: int,
+                  port: int, cpu: int | None) -> dict[int, dict[str, float]]:
+    server = Server(kind, port, nats_url, cpu)
+    try:
+        await server.wait_ready()
+        await run_load(server, 4, turn_bodies, min_turns=64)  # warm up: lazy imports and caches
+        results = {}
+        for k in ks:
+            runs = [await run_load(server, k, turn_bodies) for _ in range(repeat)]
+            results[k] = {m: statistics.median(r[m] for r in runs) for m in runs[0]}
+        return results
+    finally:
+        server.stop()
+
+
+def report(floor: dict[int, dict[str, float]], edge: dict[int, dict[str, float]], prompt_tokens: int) -> None:
+    print(f"first prompt: {prompt_tokens} tokens, 3 tools; server pinned to CPU 0, load generator to CPU 1")
+    print(f"{'K':>3} {'server':>6} {'turns/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/turn':>12}")
+    for k in floor:
+        for name, row in (("floor", floor[k]), ("edge", edge[k])):
+            print(f"{k:>3} {name:>6} {row['turns_s']:>9.0f} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
+                  f"{row['cpu_ms']:>12.3f}")
+    print()
+    for k in floor:
+        cpu_ratio = edge[k]["cpu_ms"] / floor[k]["cpu_ms"]
+        tput_ratio = edge[k]["turns_s"] / floor[k]["turns_s"]
+        added = edge[k]["p50_ms"] - floor[k]["p50_ms"]
+        print(f"K={k:<3} CPU/turn edge/floor = {cpu_ratio:.2f}x (target <= 2.0)   "
+              f"turns/s edge/floor = {tput_ratio:.2f} (target >= 0.5 at K=64)   added p50 = {added:.2f} ms"
+              + ("  (target <= 2 ms)" if k == 1 else ""))
+
+
+def prompt_tokens() -> int:
+    from edge.codec.conversation import template_message, template_tools
+    from edge.codec.openai_wire import decode_request
+    from edge.codec.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer("builtin:qwen2.5")
+    conversation = decode_request(bodies(1)[0])
+    text = tokenizer.chat_template.render([template_message(m) for m in conversation.messages],
+                                          tools=template_tools(conversation.tools), add_generation_prompt=True)
+    return len(tokenizer.encode(text))
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ks", default="1,16,64")
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    ks = [int(k) for k in args.ks.split(",")]
+    two_cores = len(os.sched_getaffinity(0)) >= 2
+    if two_cores:
+        os.sched_setaffinity(0, {1})
+    turn_bodies = bodies(args.turns)
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", name="bench") as nats:
+        floor = await measure("floor", nats.url, ks, turn_bodies, args.repeat, 18631, 0 if two_cores else None)
+        edge = await measure("edge", nats.url, ks, turn_bodies, args.repeat, 18632, 0 if two_cores else None)
+    report(floor, edge, prompt_tokens())
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

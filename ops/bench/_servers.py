@@ -11,7 +11,6 @@ Usage: python ops/bench/_servers.py {edge,floor} --port P [--nats URL] [--cpu N]
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -19,16 +18,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import uvicorn  # noqa: E402
-from fastapi import FastAPI, Request, Response  # noqa: E402
+import uvicorn
+from fastapi import FastAPI, Request, Response
 
-from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult  # noqa: E402
+from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult
 
 REPLY_TEXT = ('<tool_call>\n{"name": "read_file", "arguments": {"path": "src/app/main.py", "start": 1, '
               '"end": 80}}\n</tool_call>')
 FLOOR_BODY = (b'{"id":"chatcmpl-x","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,'
               b'"message":{"role":"assistant","tool_calls":[{"id":"call_1_0","type":"function","function":'
-              b'{"name":"read_file","arguments":"{\\"path\\": \\"src/app/main.py\\", \\"start\\": 1, \\"end\\": 80}"}}]},'
+              b'{"name":"read_file",'
+              b'"arguments":"{\\"path\\": \\"src/app/main.py\\", \\"start\\": 1, \\"end\\": 80}"}}]},'
               b'"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":560,"completion_tokens":31,"total_tokens":591}}')
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from edge.live import LiveSession  # noqa: E402
-from schemas import tokens  # noqa: E402
-from schemas.events import (  # noqa: E402
+from edge.live import LiveSession
+from schemas import tokens
+from schemas.events import (
     ChainStarted,
     ContextAppended,
     RequestReceived,
@@ -31,7 +31,7 @@ from schemas.events import (  # noqa: E402
     ToolCall,
     TurnCompleted,
 )
-from session_projector.fold import SessionState, apply  # noqa: E402
+from session_projector.fold import SessionState, apply
 
 PROMPT, CONTEXT, SAMPLED = 560, 50, 120
 
@@ -100,7 +100,8 @@ def main() -> None:
     print(f"{args.sessions} sessions, {stored} stored tokens ({sampled} sampled with log probs)")
     print(f"edge holds {held / 2**20:.1f} MiB = {held / stored:.2f} bytes/token "
           f"(target <= 16; the reference holds ~60)")
-    print(f"raw arrays {raw / 2**20:.1f} MiB = {raw / stored:.2f} bytes/token; overhead {held / raw:.2f}x the raw arrays")
+    print(f"raw arrays {raw / 2**20:.1f} MiB = {raw / stored:.2f} bytes/token; "
+          f"overhead {held / raw:.2f}x the raw arrays")
     assert live  # keep the sessions alive until measured
 
 

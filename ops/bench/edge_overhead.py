@@ -28,9 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _http import Connection  # noqa: E402
+from _http import Connection
 
-from rollbus.nats_server import EmbeddedNats  # noqa: E402
+from rollbus.nats_server import EmbeddedNats
 
 HERE = Path(__file__).resolve().parent
 

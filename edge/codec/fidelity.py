@@ -36,6 +36,7 @@ import msgspec
 from edge.codec.conversation import Message, ToolSpec
 from edge.codec.digest import canonical_arguments
 from edge.codec.incremental import TemplateCodec, TemplateNotIncremental
+from edge.codec.template import ChatTemplateError
 from edge.codec.tokenizer import load_tokenizer
 from edge.codec.tool_parsers import ToolParser, get_parser
 from schemas.errors import MalformedRequest
@@ -149,15 +150,25 @@ class Probe(msgspec.Struct, frozen=True):
 
 
 def probe_incremental(codec: TemplateCodec, probes: Sequence[Probe] | None = None) -> Verdict:
-    """Problems found replaying ``probes`` (default: :data:`PROBES`) through ``codec``."""
-    problems = []
+    """Problems found replaying ``probes`` (default: :data:`PROBES`) through ``codec``.
+
+    A probe the template refuses to render (say, parallel tool calls for a template that
+    allows one call a turn) is skipped: the edge answers such requests with a 400 anyway.
+    At least one probe must run.
+    """
+    problems, refusals = [], []
     for probe in PROBES if probes is None else probes:
         try:
             problem = replay(codec, probe)
-        except (UnfaithfulTemplate, MalformedRequest) as exc:  # TemplateNotIncremental, ChatTemplateError
+        except ChatTemplateError as exc:
+            refusals.append(f"{probe.name}: {exc}")
+            continue
+        except (UnfaithfulTemplate, TemplateNotIncremental) as exc:
             problem = str(exc)
         if problem is not None:
             problems.append(f"not prefix-stable ({probe.name}): {problem}")
+    if len(refusals) == len(PROBES if probes is None else probes):
+        problems.append(f"the template refused every probe conversation; {refusals[-1]}")
     return Verdict(problems=tuple(problems))
 
 
@@ -271,6 +282,17 @@ PROBES = (
                   (_user("And tomorrow?"),)),
             Round(Message(role="assistant", tool_calls=(_WEATHER,)), (_tool("call_0", "Rain"),)),
             Round(Message(role="assistant", content="Rain tomorrow.", reasoning="")),
+        ),
+    ),
+    Probe(
+        name="tools, one call a turn",
+        tools=_TOOLS,
+        first=(_user("Weather in Zürich?"),),
+        rounds=(
+            Round(Message(role="assistant", reasoning="Look it up.", tool_calls=(_WEATHER,)),
+                  (_tool("call_0", "Sunny"),)),
+            Round(Message(role="assistant", tool_calls=(_SEARCH,)), (_tool("call_1", "[]"), _user("Thanks"))),
+            Round(Message(role="assistant", content="You're welcome.")),
         ),
     ),
     Probe(

@@ -50,6 +50,8 @@ class TemplateCodec:
         self._prompted = self._render(_BASE, add_generation_prompt=True)
         self._history = self._render([*_BASE, _REPLY], add_generation_prompt=False)
         reply_end = len(self._prompted) + len(_REPLY["content"]) + len(self._eos)
+        if not self._history.startswith(self._prompted):
+            raise TemplateNotIncremental("the chat template renders the prompt differently once a reply follows it")
         if not self._history.startswith(self._prompted + _REPLY["content"] + self._eos):
             raise TemplateNotIncremental("the chat template does not end assistant turns with the eos token")
         self.separator = self._history[reply_end:]

@@ -89,9 +89,13 @@ class SGLangParser:
 
 
 def _start_markers(detector_class: Any) -> tuple[str, ...]:
-    """The detector's begin-of-tool-call string, when it declares one without arguments."""
+    """The detector's begin-of-tool-call string (``bot_token`` or ``tool_call_start_token``), if it has one."""
     try:
-        token = getattr(detector_class(), "bot_token", "")
+        detector = detector_class()
     except Exception:  # third-party constructors may need a tokenizer
         return ()
-    return (token,) if isinstance(token, str) and token else ()
+    for attribute in ("bot_token", "tool_call_start_token"):
+        token = getattr(detector, attribute, "")
+        if isinstance(token, str) and token:
+            return (token,)
+    return ()

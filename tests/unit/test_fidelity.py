@@ -13,7 +13,9 @@ from edge.codec.incremental import TemplateCodec, TemplateNotIncremental
 from edge.codec.template import builtin_template_source
 from edge.codec.tokenizer import Tokenizer, load_tokenizer
 from edge.codec.tool_parsers import get_parser
+from edge.settings import EdgeSettings
 from rollbus.cli import main
+from rollbus.runtime import build_edge_service
 
 QWEN3 = builtin_template_source("qwen3")
 QWEN25 = builtin_template_source("qwen2.5")
@@ -174,3 +176,9 @@ def test_rollbus_up_refuses_a_mismatched_pair_before_starting_anything(tmp_path:
     assert "does not match the template" in err and not data.exists()
     assert main(["edge", "--nats", "nats://127.0.0.1:1", "--tool-format", "nope"]) == 2
     assert "unknown tool format 'nope'" in capsys.readouterr().err
+
+
+def test_the_edge_service_is_not_built_for_a_mismatched_pair() -> None:
+    settings = EdgeSettings(tokenizer="builtin:qwen2.5", tool_format="qwen3_coder")
+    with pytest.raises(CodecMismatch, match="--tool-format qwen3_coder does not match the template"):
+        build_edge_service(settings, js=None, engine=None)  # refused before it touches NATS or the engine

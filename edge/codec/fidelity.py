@@ -115,7 +115,8 @@ def sampled_text(codec: TemplateCodec, history: Sequence[Message], reply: Messag
     rendered = codec.full_text([*history, reply], tools, add_generation_prompt=False)
     if not rendered.startswith(prompt):
         raise UnfaithfulTemplate(
-            f"an assistant turn does not continue the generation prompt: {_difference(rendered, prompt)}"
+            "an assistant turn does not continue the generation prompt: "
+            + _difference(rendered, prompt, ("turn", "generation prompt"))
         )
     body = rendered[len(prompt) :]
     ending = codec.tokenizer.eos_token + codec.separator
@@ -124,11 +125,12 @@ def sampled_text(codec: TemplateCodec, history: Sequence[Message], reply: Messag
     return body[: len(body) - len(codec.separator)]
 
 
-def _difference(actual: str, expected: str) -> str:
+def _difference(actual: str, expected: str, labels: tuple[str, str] = ("stored", "render")) -> str:
     """Where two texts first differ, with a little context."""
     at = next((i for i, (a, b) in enumerate(zip(actual, expected, strict=False)) if a != b),
               min(len(actual), len(expected)))
-    return f"at character {at}: {actual[max(0, at - 30) : at + 30]!r} vs {expected[max(0, at - 30) : at + 30]!r}"
+    window = slice(max(0, at - 30), at + 30)
+    return f"at character {at}: {labels[0]} {actual[window]!r} vs {labels[1]} {expected[window]!r}"
 
 
 # ---------------------------------------------------------------- prefix stability
@@ -156,8 +158,9 @@ def probe_incremental(codec: TemplateCodec, probes: Sequence[Probe] | None = Non
     allows one call a turn) is skipped: the edge answers such requests with a 400 anyway.
     At least one probe must run.
     """
+    chosen = PROBES if probes is None else probes
     problems, refusals = [], []
-    for probe in PROBES if probes is None else probes:
+    for probe in chosen:
         try:
             problem = replay(codec, probe)
         except ChatTemplateError as exc:
@@ -167,7 +170,7 @@ def probe_incremental(codec: TemplateCodec, probes: Sequence[Probe] | None = Non
             problem = str(exc)
         if problem is not None:
             problems.append(f"not prefix-stable ({probe.name}): {problem}")
-    if len(refusals) == len(PROBES if probes is None else probes):
+    if len(refusals) == len(chosen):
         problems.append(f"the template refused every probe conversation; {refusals[-1]}")
     return Verdict(problems=tuple(problems))
 
@@ -200,7 +203,7 @@ def replay(codec: TemplateCodec, probe: Probe) -> str | None:
 def _compare(stored: str, full: str, where: str) -> str | None:
     if stored == full:
         return None
-    return f"{where}: stored tokens + increment decode differently from the full render {_difference(stored, full)}"
+    return f"{where}: stored tokens + increment do not decode to the full render, {_difference(stored, full)}"
 
 
 # ---------------------------------------------------------------- tool format

@@ -151,7 +151,7 @@ class TurnRunner:
     def _parse(self, conversation: Conversation, result: GenerateResult, request_no: int) -> ParsedOutput:
         text = self.codec.reply_text(result.token_ids)
         parser = self._parser if conversation.tool_choice != "none" else PlainParser()
-        return parser.parse(text, lambda i: f"call_{request_no}_{i}")
+        return parser.parse(text, lambda i: f"call_{request_no}_{i}", conversation.tools)
 
     # --- events -------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import msgspec
 
+from edge.codec.fidelity import load_codec
 from rollbus import demo
 from rollbus.runtime import COMPONENTS, Stack, StackOptions
 
@@ -52,8 +53,11 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
     parser.add_argument("--engine", choices=["local", "sglang", "vllm"], default="local")
     parser.add_argument("--engine-url", action="append", default=[], metavar="URL",
                         help="engine server URL (repeatable)")
-    parser.add_argument("--tokenizer", default="builtin:qwen2.5", help="builtin:qwen2.5 or a local HF tokenizer dir")
-    parser.add_argument("--tool-format", default="hermes", help="tool-call parser; must match the chat template")
+    parser.add_argument("--tokenizer", default="builtin:qwen2.5",
+                        help="builtin:qwen2.5, builtin:qwen3 (thinking), builtin:qwen3-coder or a local HF dir")
+    parser.add_argument("--tool-format", default="hermes",
+                        help="tool-call parser: hermes, qwen3_coder, llama3, none or sglang:NAME; "
+                             "must match the chat template (checked at startup)")
     parser.add_argument("--max-trajectory-length", type=int, default=32768)
     parser.add_argument("--admin-token", default=os.environ.get("ROLLBUS_ADMIN_TOKEN", ""),
                         help="admin bearer token [$ROLLBUS_ADMIN_TOKEN; generated when absent]")
@@ -136,8 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command not in ("up", *COMPONENTS):
         return int(args.run(args))
     components = COMPONENTS if args.command == "up" else (args.command,)
+    options = _options(args, components)
+    if "edge" in components:
+        try:  # refuse a bad --tokenizer / --tool-format before starting anything
+            load_codec(options.tokenizer, options.tool_format)
+        except ValueError as exc:
+            print(f"rollbus: cannot start the edge: {exc}", file=sys.stderr)
+            return 2
     _use_uvloop()
-    return asyncio.run(_serve(_options(args, components)))
+    return asyncio.run(_serve(options))
 
 
 def _use_uvloop() -> None:

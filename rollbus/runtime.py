@@ -20,9 +20,7 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from edge.app import create_app
-from edge.codec.incremental import TemplateCodec
-from edge.codec.tokenizer import load_tokenizer
-from edge.codec.tool_parsers import get_parser
+from edge.codec.fidelity import load_codec
 from edge.engines import make_engine
 from edge.engines.base import Engine
 from edge.live import Registry
@@ -60,11 +58,10 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 def build_edge_service(settings: EdgeSettings, js: JetStreamContext, engine: Engine) -> EdgeService:
     """An :class:`EdgeService` writing to JetStream, rebuilding unknown sessions from it."""
-    codec = TemplateCodec(load_tokenizer(settings.tokenizer))
+    codec, parser = load_codec(settings.tokenizer, settings.tool_format)  # refuses a mismatched pair
     event_log = JetStreamLog(js, settings.log)
     registry = Registry(lambda session_id: load_state(js, settings.log, session_id))
-    turns = TurnRunner(settings=settings, codec=codec, engine=engine, log=event_log,
-                       parser=get_parser(settings.tool_format))
+    turns = TurnRunner(settings=settings, codec=codec, engine=engine, log=event_log, parser=parser)
     return EdgeService(settings=settings, registry=registry, log=event_log, turns=turns)
 
 

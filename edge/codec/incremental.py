@@ -7,8 +7,18 @@ appends their tokens: the cost of a turn does not grow with the conversation.
 The model ends its turn with the template's end-of-turn token (Qwen: ``<|im_end|>``) but
 never emits what the template writes after it (Qwen: ``\\n``): that *turn separator*
 leads every increment. A turn that ended without the end-of-turn token (``length``, a
-stop string) also gets the end-of-turn token first. Invariant (tested): decode(stored +
-increment) equals the template's full render of the conversation.
+stop string) also gets the end-of-turn token first. Invariant (tested, property-based in
+``tests/unit/test_incremental_property.py``): decode(stored + increment) equals the
+template's full render of the conversation.
+
+That holds only for a *prefix-stable* template, one that never renders an earlier turn
+differently once later messages exist. :meth:`TemplateCodec.increment_text` catches a
+template that changes the stand-in history, and :mod:`edge.codec.fidelity` probes whole
+conversations (reasoning, tool calls, tool results) once at startup, where the edge
+refuses a template that fails. With a thinking template the model's reasoning
+(``<think>...</think>``) is part of its sampled tokens and stays in the trajectory as
+sampled; the template must render earlier reasoning as it was sampled (``builtin:qwen3``
+does; Qwen3's official template strips it and is refused).
 """
 
 from __future__ import annotations
@@ -40,6 +50,8 @@ class TemplateCodec:
         self._prompted = self._render(_BASE, add_generation_prompt=True)
         self._history = self._render([*_BASE, _REPLY], add_generation_prompt=False)
         reply_end = len(self._prompted) + len(_REPLY["content"]) + len(self._eos)
+        if not self._history.startswith(self._prompted):
+            raise TemplateNotIncremental("the chat template renders the prompt differently once a reply follows it")
         if not self._history.startswith(self._prompted + _REPLY["content"] + self._eos):
             raise TemplateNotIncremental("the chat template does not end assistant turns with the eos token")
         self.separator = self._history[reply_end:]
@@ -50,10 +62,15 @@ class TemplateCodec:
         return self._template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
     def prompt_text(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> str:
+        return self.full_text(messages, tools, add_generation_prompt=True)
+
+    def full_text(self, messages: Sequence[Message], tools: Sequence[ToolSpec], *,
+                  add_generation_prompt: bool) -> str:
+        """The template's render of the whole conversation (what incremental encoding must equal)."""
         return self._render(
             [template_message(m) for m in messages],
             tools=template_tools(tuple(tools)),
-            add_generation_prompt=True,
+            add_generation_prompt=add_generation_prompt,
         )
 
     def encode_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> list[int]:

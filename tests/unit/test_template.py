@@ -173,3 +173,37 @@ def test_template_errors() -> None:
 def test_unknown_builtin_template() -> None:
     with pytest.raises(ValueError, match="no builtin chat template named 'nope'"):
         builtin_template_source("nope")
+
+
+@pytest.fixture(scope="module")
+def qwen3() -> ChatTemplate:
+    return ChatTemplate(builtin_template_source("qwen3"), eos_token="<|im_end|>")
+
+
+def test_qwen3_renders_reasoning_of_every_turn_as_sampled(qwen3: ChatTemplate) -> None:
+    messages = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Use the tool.",
+         "tool_calls": [{"type": "function", "function": {"name": "get_time", "arguments": {"tz": "CET"}}}]},
+        {"role": "tool", "content": "14:05"},
+        {"role": "assistant", "content": "4", "reasoning_content": " 2+2=4\n"},
+        {"role": "user", "content": "and 3+3?"},
+        {"role": "assistant", "content": "6"},
+    ]
+    assert qwen3.render(messages, add_generation_prompt=True) == (
+        "<|im_start|>user\n2+2?<|im_end|>\n"  # no default system prompt
+        "<|im_start|>assistant\n<think>\nUse the tool.\n</think>\n\n"
+        '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n14:05\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n 2+2=4\n\n</think>\n\n4<|im_end|>\n"  # verbatim, though before the last query
+        "<|im_start|>user\nand 3+3?<|im_end|>\n"
+        "<|im_start|>assistant\n6<|im_end|>\n"  # no reasoning: no <think> block
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_qwen3_tools_prompt_matches_qwen25_without_the_default_system(qwen: ChatTemplate, qwen3: ChatTemplate) -> None:
+    with_system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert qwen3.render(with_system, tools=[TIME_TOOL]) == qwen.render(with_system, tools=[TIME_TOOL])
+    alone = qwen3.render([{"role": "user", "content": "hi"}], tools=[TIME_TOOL])
+    assert alone.startswith("<|im_start|>system\n# Tools\n\nYou may call one or more functions")

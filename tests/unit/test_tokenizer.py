@@ -220,3 +220,18 @@ def test_directory_template_variants(tok: Tokenizer, tmp_path: Path) -> None:
     (jinja / "chat_template.jinja").unlink()
     with pytest.raises(ValueError, match="has no chat template"):
         load_tokenizer.__wrapped__(str(jinja))
+
+
+def test_qwen3_builtins_share_the_vocabulary_and_differ_in_template(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLBUS_CACHE_DIR", str(tmp_path))
+    loaded = {name: load_tokenizer.__wrapped__(f"builtin:{name}") for name in ("qwen2.5", "qwen3", "qwen3-coder")}
+    (cached,) = (tmp_path / "tokenizers").iterdir()  # one build for the three
+    assert cached.name.startswith("qwen2.5-")
+    for name, tok in loaded.items():
+        assert tok.name == f"builtin:{name}"
+        assert (tok.vocab_size, tok.eos_token_id, tok.stop_token_ids) == (151936, 151645, (151645, 151643))
+        assert tok.encode(SAMPLES[6]) == loaded["qwen2.5"].encode(SAMPLES[6])
+        assert (tok.token_to_id("<think>"), tok.token_to_id("</think>")) == (151667, 151668)
+    sources = {tok.chat_template.source for tok in loaded.values()}
+    assert len(sources) == 3

@@ -1,0 +1,311 @@
+"""Codec fidelity probes: is incremental encoding exact for a chat template, and does the
+tool format match it? The edge runs both once at startup and refuses to start otherwise.
+
+**Prefix stability.** A chain's sampled tokens are stored as the engine produced them and
+every later request appends only the rendering of its new messages
+(:class:`~edge.codec.incremental.TemplateCodec`). That is exact only if the template never
+re-renders an earlier turn differently once later messages exist. Templates that strip
+the reasoning of earlier turns (Qwen3's official one), mark the last user message, or
+number turns are not prefix-stable. :func:`probe_incremental` replays representative
+conversations exactly as the edge would (system / user / assistant with reasoning and tool
+calls / tool results / user, with and without tools, a turn cut off by ``length``): the
+first request is encoded whole, each assistant turn appends what a model emits for it
+(the template's rendering of its body plus the end-of-turn token), each later request
+appends :meth:`~edge.codec.incremental.TemplateCodec.encode_increment`, and after every
+step the stored tokens must decode to the template's full render.
+
+**Tool format.** :func:`probe_tool_format` renders an assistant tool-call turn with the
+template, decodes it as the edge would decode a sampled reply, and checks that the
+configured parser reads the same calls back (names and arguments): a template that writes
+Qwen3-Coder XML with ``--tool-format hermes`` fails here, and so does one that does not
+render tool calls at all.
+
+Verdicts are cached per template (tokenizer name, template source, end-of-turn token) and
+parser name, so probing costs nothing after the first time. :func:`check_codec` raises
+:class:`CodecMismatch` (a :class:`ValueError`: a configuration error) listing every
+problem found.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+
+import msgspec
+
+from edge.codec.conversation import Message, ToolSpec
+from edge.codec.digest import canonical_arguments
+from edge.codec.incremental import TemplateCodec, TemplateNotIncremental
+from edge.codec.template import ChatTemplateError
+from edge.codec.tokenizer import load_tokenizer
+from edge.codec.tool_parsers import ToolParser, get_parser
+from schemas.errors import MalformedRequest
+from schemas.events import ToolCall
+
+
+class Verdict(msgspec.Struct, frozen=True, kw_only=True):
+    problems: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class CodecMismatch(ValueError):
+    """The configured template and tool format cannot record exact trajectories."""
+
+
+class UnfaithfulTemplate(Exception):
+    """Rendering an assistant turn does not continue the generation prompt as a model would."""
+
+
+_VERDICTS: dict[tuple[str, ...], Verdict] = {}
+
+
+def _key(codec: TemplateCodec, *extra: str) -> tuple[str, ...]:
+    tokenizer = codec.tokenizer
+    return (tokenizer.name, tokenizer.chat_template.source, tokenizer.eos_token, *extra)
+
+
+def load_codec(tokenizer: str, tool_format: str) -> tuple[TemplateCodec, ToolParser]:
+    """The codec and parser for ``--tokenizer`` / ``--tool-format``, checked by :func:`check_codec`.
+
+    Every configuration error is a :class:`ValueError` (an unknown name, a template that
+    does not compile, :class:`CodecMismatch`).
+    """
+    try:
+        codec = TemplateCodec(load_tokenizer(tokenizer))
+    except TemplateNotIncremental as exc:
+        raise CodecMismatch(f"tokenizer {tokenizer}: {exc}") from exc
+    parser = get_parser(tool_format)
+    check_codec(codec, parser)
+    return codec, parser
+
+
+def check_codec(codec: TemplateCodec, parser: ToolParser) -> None:
+    """Raise :class:`CodecMismatch` unless ``codec`` encodes incrementally and ``parser`` matches it."""
+    incremental = _cached(_key(codec), lambda: probe_incremental(codec))
+    tool_format = _cached(_key(codec, parser.name), lambda: probe_tool_format(codec, parser))
+    problems = [*incremental.problems, *tool_format.problems]
+    if problems:
+        listed = "\n  - ".join(problems)
+        raise CodecMismatch(
+            f"tokenizer {codec.tokenizer.name} with --tool-format {parser.name} cannot record exact "
+            f"trajectories:\n  - {listed}"
+        )
+
+
+def _cached(key: tuple[str, ...], probe: Callable[[], Verdict]) -> Verdict:
+    if key not in _VERDICTS:
+        _VERDICTS[key] = probe()
+    return _VERDICTS[key]
+
+
+# ---------------------------------------------------------------- what a model emits
+
+
+def sampled_text(codec: TemplateCodec, history: Sequence[Message], reply: Message,
+                 tools: Sequence[ToolSpec]) -> str:
+    """What a model emits for ``reply`` after ``history``: its rendered body and the end-of-turn token.
+
+    Raises :class:`UnfaithfulTemplate` when the template renders the assistant turn in a
+    way that does not continue its own generation prompt, or ends it otherwise.
+    """
+    prompt = codec.prompt_text(history, tools)
+    rendered = codec.full_text([*history, reply], tools, add_generation_prompt=False)
+    if not rendered.startswith(prompt):
+        raise UnfaithfulTemplate(
+            "an assistant turn does not continue the generation prompt: "
+            + _difference(rendered, prompt, ("turn", "generation prompt"))
+        )
+    body = rendered[len(prompt) :]
+    ending = codec.tokenizer.eos_token + codec.separator
+    if not body.endswith(ending):
+        raise UnfaithfulTemplate(f"an assistant turn does not end with {ending!r}: it ends {body[-40:]!r}")
+    return body[: len(body) - len(codec.separator)]
+
+
+def _difference(actual: str, expected: str, labels: tuple[str, str] = ("stored", "render")) -> str:
+    """Where two texts first differ, with a little context."""
+    at = next((i for i, (a, b) in enumerate(zip(actual, expected, strict=False)) if a != b),
+              min(len(actual), len(expected)))
+    window = slice(max(0, at - 30), at + 30)
+    return f"at character {at}: {labels[0]} {actual[window]!r} vs {labels[1]} {expected[window]!r}"
+
+
+# ---------------------------------------------------------------- prefix stability
+
+
+class Round(msgspec.Struct, frozen=True):
+    """An assistant turn (``ended``: with the end-of-turn token), then the next request's new messages."""
+
+    reply: Message
+    new: tuple[Message, ...] = ()
+    ended: bool = True
+
+
+class Probe(msgspec.Struct, frozen=True):
+    name: str
+    tools: tuple[ToolSpec, ...]
+    first: tuple[Message, ...]
+    rounds: tuple[Round, ...]
+
+
+def probe_incremental(codec: TemplateCodec, probes: Sequence[Probe] | None = None) -> Verdict:
+    """Problems found replaying ``probes`` (default: :data:`PROBES`) through ``codec``.
+
+    A probe the template refuses to render (say, parallel tool calls for a template that
+    allows one call a turn) is skipped: the edge answers such requests with a 400 anyway.
+    At least one probe must run.
+    """
+    chosen = PROBES if probes is None else probes
+    problems, refusals = [], []
+    for probe in chosen:
+        try:
+            problem = replay(codec, probe)
+        except ChatTemplateError as exc:
+            refusals.append(f"{probe.name}: {exc}")
+            continue
+        except (UnfaithfulTemplate, TemplateNotIncremental) as exc:
+            problem = str(exc)
+        if problem is not None:
+            problems.append(f"not prefix-stable ({probe.name}): {problem}")
+    if len(refusals) == len(chosen):
+        problems.append(f"the template refused every probe conversation; {refusals[-1]}")
+    return Verdict(problems=tuple(problems))
+
+
+def replay(codec: TemplateCodec, probe: Probe) -> str | None:
+    """Run ``probe`` as the edge would; the first disagreement with the full render, if any."""
+    decode = codec.tokenizer.decode
+    messages = list(probe.first)
+    stored = codec.encode_prompt(messages, probe.tools)
+    if (problem := _compare(decode(stored), codec.prompt_text(messages, probe.tools), "the first prompt")) is not None:
+        return problem
+    for number, step in enumerate(probe.rounds, 1):
+        sampled = sampled_text(codec, messages, step.reply, probe.tools)
+        if not step.ended:
+            sampled = sampled.removesuffix(codec.tokenizer.eos_token)
+        stored += codec.tokenizer.encode(sampled)
+        messages.append(step.reply)
+        if not step.new:
+            tail = codec.separator if step.ended else codec.tokenizer.eos_token + codec.separator
+            full = codec.full_text(messages, probe.tools, add_generation_prompt=False)
+            return _compare(decode(stored) + tail, full, f"after turn {number}")
+        stored += codec.encode_increment(step.new, last_token=stored[-1])
+        messages.extend(step.new)
+        full = codec.prompt_text(messages, probe.tools)
+        if (problem := _compare(decode(stored), full, f"request {number + 1}")) is not None:
+            return problem
+    return None
+
+
+def _compare(stored: str, full: str, where: str) -> str | None:
+    if stored == full:
+        return None
+    return f"{where}: stored tokens + increment do not decode to the full render, {_difference(stored, full)}"
+
+
+# ---------------------------------------------------------------- tool format
+
+
+def probe_tool_format(codec: TemplateCodec, parser: ToolParser) -> Verdict:
+    """Whether ``parser`` reads back the tool calls the template renders (``none`` reads none: always fine)."""
+    if parser.name == "none":
+        return Verdict()
+    history = [Message(role="user", content="Weather in Zürich, and search the news?")]
+    refused = []
+    for reply in _TOOL_REPLIES:
+        try:
+            text = sampled_text(codec, history, reply, _TOOLS)
+        except (UnfaithfulTemplate, MalformedRequest) as exc:
+            refused.append(str(exc))
+            continue
+        return Verdict(problems=_read_back(codec, parser, text, reply))
+    return Verdict(problems=(f"the template cannot render an assistant tool call: {refused[-1]}",))
+
+
+def _read_back(codec: TemplateCodec, parser: ToolParser, text: str, reply: Message) -> tuple[str, ...]:
+    body = codec.reply_text(codec.tokenizer.encode(text))
+    parsed = parser.parse(body, lambda i: f"probe_{i}", _TOOLS)
+    got = [(c.name, canonical_arguments(c.arguments)) for c in parsed.tool_calls]
+    want = [(c.name, canonical_arguments(c.arguments)) for c in reply.tool_calls]
+    if got == want:
+        return ()
+    why = f": {parsed.parse_error}" if parsed.parse_error else ""
+    shown = body if len(body) <= 160 else body[:160] + "..."
+    return (f"--tool-format {parser.name} does not match the template: the template renders tool calls as "
+            f"{shown!r}, which the parser reads as {[name for name, _ in got]}{why}",)
+
+
+# ---------------------------------------------------------------- the probe conversations
+
+
+def _call(call_id: str, name: str, arguments: dict[str, object]) -> ToolCall:
+    return ToolCall(id=call_id, name=name, arguments=json.dumps(arguments, ensure_ascii=False))
+
+
+def _user(text: str) -> Message:
+    return Message(role="user", content=text)
+
+
+def _tool(call_id: str, text: str) -> Message:
+    return Message(role="tool", content=text, tool_call_id=call_id)
+
+
+_TOOLS = (
+    ToolSpec(name="get_weather", description="Weather for a city.", parameters={
+        "type": "object", "required": ["city"],
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"}},
+    }),
+    ToolSpec(name="search", description="Search the news.", parameters={
+        "type": "object",
+        "properties": {"query": {"type": "string"}, "filters": {"type": "object"},
+                       "limit": {"type": ["integer", "null"]}},
+    }),
+)
+_WEATHER = _call("call_0", "get_weather", {"city": "Zürich", "days": 3, "metric": True})
+_SEARCH = _call("call_1", "search", {"query": "föhn 2025", "filters": {"lang": ["de", "en"], "safe": False},
+                                     "limit": None})
+_TOOL_REPLIES = (
+    Message(role="assistant", content="Let me check.", tool_calls=(_WEATHER, _SEARCH)),
+    Message(role="assistant", tool_calls=(_WEATHER,)),  # templates that allow one call and no content (Llama 3)
+)
+
+PROBES = (
+    Probe(
+        name="tools, reasoning, parallel calls",
+        tools=_TOOLS,
+        first=(Message(role="system", content="You are a probe."), _user("Weather in Zürich, and search the news?")),
+        rounds=(
+            Round(Message(role="assistant", content="Let me check.", reasoning="Two lookups.",
+                          tool_calls=(_WEATHER, _SEARCH)),
+                  (_tool("call_0", "Sunny, 21°C"), _tool("call_1", '{"hits": []}'))),
+            Round(Message(role="assistant", content="Sunny; no news.", reasoning="Both answered."),
+                  (_user("And tomorrow?"),)),
+            Round(Message(role="assistant", tool_calls=(_WEATHER,)), (_tool("call_0", "Rain"),)),
+            Round(Message(role="assistant", content="Rain tomorrow.", reasoning="")),
+        ),
+    ),
+    Probe(
+        name="tools, one call a turn",
+        tools=_TOOLS,
+        first=(_user("Weather in Zürich?"),),
+        rounds=(
+            Round(Message(role="assistant", reasoning="Look it up.", tool_calls=(_WEATHER,)),
+                  (_tool("call_0", "Sunny"),)),
+            Round(Message(role="assistant", tool_calls=(_SEARCH,)), (_tool("call_1", "[]"), _user("Thanks"))),
+            Round(Message(role="assistant", content="You're welcome.")),
+        ),
+    ),
+    Probe(
+        name="no tools, no system, a turn cut off by length",
+        tools=(),
+        first=(_user("hi"),),
+        rounds=(
+            Round(Message(role="assistant", content="Hello!", reasoning="Greet back."), (_user("again"),)),
+            Round(Message(role="assistant", content="Hello ag"), (_user("go on"),), ended=False),
+            Round(Message(role="assistant", content="ain.")),
+        ),
+    ),
+)

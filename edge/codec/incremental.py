@@ -23,6 +23,7 @@ does; Qwen3's official template strips it and is refused).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,15 @@ from schemas.errors import MalformedRequest
 
 _BASE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
 _REPLY = {"role": "assistant", "content": "A"}
+
+# Frames: increments of plain messages (no tool calls, no reasoning) are rendered once per
+# *shape* with placeholder contents, then filled in; see TemplateCodec._frame.
+Shape = tuple[tuple[str, bool, bool], ...]
+Frame = tuple[str, ...]
+_MAX_FRAMED = 8
+_SENTINEL = "\x01rollbus-field\x01"
+_PLACEHOLDER = re.compile("\x00(\\d+)\x00")
+_TRICKY = ("  \n x\t <b>&amp;</b> {{ y }}\n\n ", "", "\u00e9\u4e2d\U0001f600 ")
 
 
 class TemplateNotIncremental(MalformedRequest):
@@ -56,6 +66,7 @@ class TemplateCodec:
             raise TemplateNotIncremental("the chat template does not end assistant turns with the eos token")
         self.separator = self._history[reply_end:]
         self.generation_prompt = self._prompted[len(self._render(_BASE, add_generation_prompt=False)) :]
+        self._frames: dict[Shape, Frame | None] = {}
 
     def _render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
                 tools: list[dict[str, Any]] | None = None) -> str:
@@ -78,13 +89,48 @@ class TemplateCodec:
 
     def increment_text(self, new_messages: Sequence[Message], *, ended_with_eos: bool) -> str:
         """The text that follows a chain's last sampled token, up to the next generation prompt."""
-        rendered = self._render(
-            [*_BASE, _REPLY, *(template_message(m) for m in new_messages)], add_generation_prompt=True
-        )
+        lead = self.separator if ended_with_eos else self._eos + self.separator
+        frame = self._frame(new_messages)
+        if frame is not None:
+            return lead + frame[0] + "".join(m.content + part for m, part in zip(new_messages, frame[1:], strict=True))
+        return lead + self._rendered_tail([template_message(m) for m in new_messages])
+
+    def _rendered_tail(self, messages: list[dict[str, Any]]) -> str:
+        rendered = self._render([*_BASE, _REPLY, *messages], add_generation_prompt=True)
         if not rendered.startswith(self._history):
             raise TemplateNotIncremental("rendering new messages changed the rendering of earlier ones")
-        lead = self.separator if ended_with_eos else self._eos + self.separator
-        return lead + rendered[len(self._history) :]
+        return rendered[len(self._history) :]
+
+    def _frame(self, messages: Sequence[Message]) -> Frame | None:
+        """The literal text around each message's content, for messages of this shape, if the
+        template inserts contents verbatim (checked once per shape against a real render)."""
+        if len(messages) > _MAX_FRAMED or any(m.tool_calls or m.reasoning is not None for m in messages):
+            return None
+        shape: Shape = tuple((m.role, m.name is not None, m.tool_call_id is not None) for m in messages)
+        if shape not in self._frames:
+            self._frames[shape] = self._build_frame(shape)
+        return self._frames[shape]
+
+    def _build_frame(self, shape: Shape) -> Frame | None:
+        def messages(contents: Sequence[str]) -> list[dict[str, Any]]:
+            return [{"role": role, "content": content, **({"name": _SENTINEL} if named else {}),
+                     **({"tool_call_id": _SENTINEL} if with_id else {})}
+                    for (role, named, with_id), content in zip(shape, contents, strict=True)]
+
+        placeholders = [f"\x00{i}\x00" for i in range(len(shape))]
+        try:
+            tail = self._rendered_tail(messages(placeholders))
+            found = [int(i) for i in _PLACEHOLDER.findall(tail)]
+            if _SENTINEL in tail or found != list(range(len(shape))):
+                return None
+            frame = tuple(_PLACEHOLDER.split(tail)[::2])
+            for tricky in _TRICKY:  # the template must not trim, escape or reformat contents
+                filled = frame[0] + "".join(tricky + part for part in frame[1:])
+                if filled != self._rendered_tail(messages([tricky] * len(shape))):
+                    return None
+        except MalformedRequest:  # the template refuses this shape: render each time (and fail there)
+            return None
+        return frame
 
     def encode_increment(self, new_messages: Sequence[Message], *, last_token: int) -> list[int]:
         ended = last_token == self.tokenizer.eos_token_id

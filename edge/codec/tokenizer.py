@@ -46,6 +46,7 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
+from edge.codec.pieces import PiecewiseEncoder
 from edge.codec.template import ChatTemplate, builtin_template_source
 
 BUILD_VERSION = 1
@@ -132,6 +133,7 @@ class Tokenizer:
     ) -> None:
         self.name = name
         self._backend = backend
+        self._pieces = PiecewiseEncoder(backend)
         self.vocab_size = vocab_size
         self.eos_token = eos_token
         self.eos_token_id = self._require_id(eos_token)
@@ -148,7 +150,7 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; nothing is added, added tokens in the text are recognized."""
-        return self._backend.encode(text, add_special_tokens=False).ids
+        return self._pieces.encode(text)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -1,0 +1,41 @@
+"""Piecewise, cached encoding is exactly the tokenizer's own encoding."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edge.codec.tokenizer import load_tokenizer
+
+TOKENIZER = load_tokenizer("builtin:qwen2.5")
+ADDED = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "<think>", "<|endoftext|>"]
+texts = st.lists(st.one_of(st.text(max_size=40), st.sampled_from(ADDED), st.sampled_from(["\n", " ", "\n\n", "é"])),
+                 max_size=12).map("".join)
+
+
+def whole(text: str) -> list[int]:
+    return TOKENIZER._backend.encode(text, add_special_tokens=False).ids
+
+
+@settings(max_examples=400, deadline=None)
+@given(texts)
+def test_piecewise_equals_whole(text):
+    assert TOKENIZER.encode(text) == whole(text)
+    assert TOKENIZER.encode(text) == whole(text)  # the second time from the cache
+
+
+def test_rendered_conversation_is_identical_and_cached():
+    text = TOKENIZER.chat_template.render(
+        [{"role": "system", "content": "sys " * 50}, {"role": "user", "content": "hi\n\n  there"},
+         {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+                                                               "function": {"name": "f", "arguments": {"a": 1}}}]},
+         {"role": "tool", "content": "  41  def f():\n"}], add_generation_prompt=True)
+    assert TOKENIZER.encode(text) == whole(text)
+    assert any(piece.startswith("system\n") for piece in TOKENIZER._pieces._cache)
+
+
+def test_cache_is_bounded():
+    from edge.codec.pieces import PiecewiseEncoder
+
+    encoder = PiecewiseEncoder(TOKENIZER._backend, capacity=8)
+    for i in range(50):
+        assert encoder.encode(f"<|im_start|>piece {i}<|im_end|>") == whole(f"<|im_start|>piece {i}<|im_end|>")
+    assert len(encoder._cache) <= 8

@@ -27,7 +27,13 @@ class ParsedOutput(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ToolParser(Protocol):
+    """``start_markers``: the strings that can begin a tool call (``<tool_call>``). A
+    streamed reply shows content up to the first one and parses the rest at the end, so
+    ``parse(text).content`` must begin with the text before the first marker, trailing
+    whitespace aside."""
+
     name: str
+    start_markers: tuple[str, ...]
 
     def parse(self, text: str, call_id: CallId) -> ParsedOutput: ...
 
@@ -36,6 +42,7 @@ class HermesParser:
     """Qwen2.5 / Hermes: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``."""
 
     name = "hermes"
+    start_markers = ("<tool_call>",)
     _block = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
     def parse(self, text: str, call_id: CallId) -> ParsedOutput:
@@ -79,6 +86,7 @@ class PlainParser:
     """No tool calls: everything is content (``tool_choice: none``)."""
 
     name = "none"
+    start_markers: tuple[str, ...] = ()
 
     def parse(self, text: str, call_id: CallId) -> ParsedOutput:
         return ParsedOutput(content=text)

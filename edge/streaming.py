@@ -76,11 +76,19 @@ class TurnStream:
             raise RollbusError("stream ended before it started")
         return stream, first
 
-    async def events(self) -> AsyncIterator[Item]:
-        """The events after the first; leaving early (a client gone) abandons the turn."""
+    async def events(self) -> AsyncIterator[list[Item]]:
+        """The events after the first, in batches of those already waiting (one write each);
+        leaving early (a client gone) abandons the turn."""
         try:
-            while (item := await self._queue.get()) is not _END:
-                yield item
+            while True:
+                batch = [await self._queue.get()]
+                while not self._queue.empty():
+                    batch.append(self._queue.get_nowait())
+                if batch[-1] is _END:  # the producer's last item: nothing is put after it
+                    if len(batch) > 1:
+                        yield batch[:-1]
+                    return
+                yield batch
         finally:
             self.abandon()
 

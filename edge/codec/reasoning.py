@@ -53,9 +53,11 @@ def split_reasoning(text: str, *, starts_open: bool = False, open_marker: str = 
 
 def marker_prefix_len(text: str, marker: str) -> int:
     """The length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
-    for size in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:size]):
-            return size
+    start = text.find(marker[0], max(0, len(text) - len(marker) + 1))
+    while start >= 0:
+        if marker.startswith(text[start:]):
+            return len(text) - start
+        start = text.find(marker[0], start + 1)
     return 0
 
 

@@ -56,37 +56,40 @@ class ToolCallStream:
         self._parser = parser
         self._call_id = call_id
         self._markers = parser.start_markers
-        self._text = ""
-        self._sent = 0  # length of the content already shown
-        self._held = False  # a marker was seen: nothing more is shown before the end
+        self._shown: list[str] = []  # content already shown
+        self._pending = ""  # text not shown yet: trailing whitespace, a (partial) marker and what follows
+        self._held: list[str] | None = None  # text after the pending text, once a marker was seen
 
     def feed(self, text: str) -> str:
         """The content that can be shown now."""
-        self._text += text
-        if self._held:
+        if self._held is not None:
+            self._held.append(text)
             return ""
-        end = self._safe_end()
-        shown = self._text[self._sent:end]
-        self._sent = max(self._sent, end)
+        pending = self._pending + text
+        end = self._safe_end(pending)
+        shown, self._pending = pending[:end], pending[end:]
+        if shown:
+            self._shown.append(shown)
         return shown
 
-    def _safe_end(self) -> int:
+    def _safe_end(self, pending: str) -> int:
         if not self._markers:
-            return len(self._text)
-        found = [i for i in (self._text.find(m, self._sent) for m in self._markers) if i >= 0]
+            return len(pending)
+        found = [i for i in (pending.find(m) for m in self._markers) if i >= 0]
         if found:
-            self._held = True
             end = min(found)
+            self._held = []  # from now on, text joins the pending text unseen
         else:
-            end = len(self._text) - max(marker_prefix_len(self._text, m) for m in self._markers)
-        return max(self._sent, len(self._text[:end].rstrip()))
+            end = len(pending) - max(marker_prefix_len(pending, m) for m in self._markers)
+        return len(pending[:end].rstrip())
 
     def finish(self) -> tuple[str, ParsedOutput]:
         """The content not shown yet, and the parse of the whole text."""
-        parsed = self._parser.parse(self._text, self._call_id)
-        shown = self._text[:self._sent]
+        shown = "".join(self._shown)
+        held = "".join(self._held) if self._held is not None else ""
+        parsed = self._parser.parse(shown + self._pending + held, self._call_id)
         if parsed.content.startswith(shown):
-            return parsed.content[self._sent:], parsed
+            return parsed.content[len(shown):], parsed
         log.warning("tool parser %s changed content already streamed; recording what was shown", self._parser.name)
         return "", msgspec.structs.replace(parsed, content=shown)
 

@@ -50,8 +50,8 @@ async def _sse(encoder: StreamEncoder, first: Item, stream: TurnStream) -> Async
     events = stream.events()
     try:
         yield _encode(encoder, first)
-        async for item in events:
-            yield _encode(encoder, item)
+        async for batch in events:
+            yield b"".join(_encode(encoder, item) for item in batch)
     finally:
         await events.aclose()  # a client gone: the stream abandons its turn (synchronously)
         stream.abandon()

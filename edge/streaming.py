@@ -39,7 +39,7 @@ from typing import Any
 from edge.codec.deltas import StreamEvent, StreamFinished, StreamStarted
 from edge.codec.detokenize import IncrementalDecoder
 from edge.codec.reply import ReplyStream, call_ids
-from edge.engines.base import GenerateChunk, GenerateResult
+from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult
 from edge.live import LiveSession
 from edge.turns import PreparedTurn, TurnRequest, TurnRunner
 from schemas.errors import EngineError, RollbusError
@@ -109,7 +109,7 @@ class TurnStream:
                     outcome = await self._runner.refuse(self._live, turn)
                     self._put(self._started(turn), StreamFinished(outcome))
                 else:
-                    await self._sample(turn)
+                    await self._sample(turn, turn.generate)
         except RollbusError as exc:
             self._put(exc)
         except Exception:
@@ -118,11 +118,11 @@ class TurnStream:
         finally:
             self._put(_END)
 
-    async def _sample(self, turn: PreparedTurn) -> None:
+    async def _sample(self, turn: PreparedTurn, generate: GenerateRequest) -> None:
         runner, live = self._runner, self._live
         reply = runner.replies.stream(call_ids(turn.request_no), use_tools=turn.uses_tools)
         decoder = IncrementalDecoder(runner.codec.tokenizer.decode, runner.codec.tokenizer.stop_token_ids)
-        iterator = runner.engine.stream(turn.generate)  # type: ignore[arg-type]
+        iterator = runner.engine.stream(generate)
         self._reader = asyncio.create_task(self._read(turn, iterator, reply, decoder))
         try:
             result = await self._reader

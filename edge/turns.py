@@ -57,7 +57,7 @@ class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
     idempotency_key: str | None = None
 
 
-class Plan(msgspec.Struct, frozen=True, kw_only=True):
+class _Plan(msgspec.Struct, frozen=True, kw_only=True):
     """What the turn appends before sampling, and where."""
 
     chain: int | None  # None: a new chain
@@ -74,7 +74,7 @@ class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
     request: TurnRequest
     request_no: int
     received: RequestReceived
-    plan: Plan | None = None
+    plan: _Plan | None = None
     generate: GenerateRequest | None = None
     refusal: tuple[Event, ...] = ()
 
@@ -170,16 +170,16 @@ class TurnRunner:
         return self._outcome(live, request_no, plan, result, parsed, full)
 
     def _plan(self, state: SessionState, conversation: Conversation, selection: Continue | NewChain,
-              digests: list[str]) -> Plan:
+              digests: list[str]) -> _Plan:
         messages = conversation.messages
         if isinstance(selection, NewChain):
             prompt = self.codec.encode_prompt(messages, conversation.tools)
-            return Plan(chain=None, context_ids=prompt, input_ids=prompt, n_messages=len(messages),
+            return _Plan(chain=None, context_ids=prompt, input_ids=prompt, n_messages=len(messages),
                          chat_turns=_chat_turns(messages), prefix_digest=digests[-1])
         chain = selection.chain
         new = messages[selection.n_history:]
         increment = self.codec.encode_increment(new, last_token=chain.last_token())
-        return Plan(chain=chain.index, context_ids=increment, input_ids=chain.token_ids() + increment,
+        return _Plan(chain=chain.index, context_ids=increment, input_ids=chain.token_ids() + increment,
                      n_messages=len(messages), chat_turns=_chat_turns(new), prefix_digest=digests[-1])
 
     def _sampling(self, state: SessionState, conversation: Conversation, room: int) -> SamplingParams:
@@ -204,7 +204,7 @@ class TurnRunner:
         return RequestReceived(session_id=live.state.session_id, seq=0, time=self._clock(), request_no=request_no,
                                wire=request.wire, body=request.body, idempotency_key=request.idempotency_key)
 
-    def _context(self, live: LiveSession, plan: Plan, chain: int, request_no: int) -> Event:
+    def _context(self, live: LiveSession, plan: _Plan, chain: int, request_no: int) -> Event:
         common = {"session_id": live.state.session_id, "seq": 0, "time": self._clock(), "chain": chain,
                   "request_no": request_no, "prefix_digest": plan.prefix_digest, "n_messages": plan.n_messages,
                   "chat_turns": plan.chat_turns}
@@ -257,7 +257,7 @@ class TurnRunner:
         return TurnOutcome(session_id=live.state.session_id, request_no=turn.request_no, content="",
                            finish_reason="length", prompt_tokens=0, completion_tokens=0, created=int(self._clock()))
 
-    def _outcome(self, live: LiveSession, request_no: int, plan: Plan, result: GenerateResult,
+    def _outcome(self, live: LiveSession, request_no: int, plan: _Plan, result: GenerateResult,
                  parsed: ParsedOutput, full: bool) -> TurnOutcome:
         if parsed.tool_calls:
             finish = "tool_calls"

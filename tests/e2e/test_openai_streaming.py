@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -185,3 +186,15 @@ def _take(lines, count: int) -> list[str]:
         if sum(1 for x in out if x) >= count:
             break
     return out
+
+
+def test_a_prompt_with_no_room_left_streams_a_length_finish_without_sampling(stack, engine):
+    session = open_session(stack)
+    messages = [{"role": "user", "content": "word " * 5000}]  # past the stack's 4096-token trajectory length
+    chunks = list(client_for(session).chat.completions.create(model="m", messages=messages, stream=True))
+    assert [c.choices[0].finish_reason for c in chunks] == [None, "length"]
+    with anthropic.Anthropic(base_url=session["anthropic_base_url"], api_key=session["api_key"],
+                             max_retries=0).messages.stream(model="m", max_tokens=8, messages=messages) as events:
+        message = events.get_final_message()
+    assert message.stop_reason == "max_tokens" and message.content == []
+    assert engine.requests == []

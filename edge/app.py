@@ -8,7 +8,7 @@ from contextlib import AbstractAsyncContextManager
 from fastapi import FastAPI, Response
 
 from edge.metrics import Metrics
-from edge.routes import admin, openai, reward
+from edge.routes import admin, anthropic, openai, reward
 from edge.service import EdgeService
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
@@ -21,6 +21,7 @@ def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True
     app.state.metrics = metrics or Metrics()
     app.include_router(admin.router)
     app.include_router(openai.router)
+    app.include_router(anthropic.router)
     app.include_router(reward.router)
 
     @app.get("/healthz")

@@ -11,6 +11,7 @@ import hmac
 import secrets
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -18,6 +19,7 @@ import msgspec
 from edge.live import LiveSession, Registry
 from edge.publisher import EventLog
 from edge.settings import EdgeSettings
+from edge.streaming import Item, TurnStream
 from edge.turns import Clock, TurnOutcome, TurnRequest, TurnRunner
 from schemas.errors import (
     CapacityExceeded,
@@ -107,7 +109,12 @@ class EdgeService:
         live = await self.authorized(session_id, api_key)
         return await self._turns.run(live, request)
 
-    def token_strings(self, token_ids: tuple[int, ...]) -> list[str]:
+    async def stream(self, session_id: str, api_key: str | None, request: TurnRequest) -> tuple[TurnStream, Item]:
+        """Start a streamed turn: the stream and its first event (see :mod:`edge.streaming`)."""
+        live = await self.authorized(session_id, api_key)
+        return await TurnStream.open(self._turns, live, request)
+
+    def token_strings(self, token_ids: Sequence[int]) -> list[str]:
         """Each sampled token as text (for ``logprobs`` in replies)."""
         return [self._turns.codec.tokenizer.decode([t]) for t in token_ids]
 

@@ -1,16 +1,18 @@
 """One model turn: select a chain, encode, generate, commit, answer.
 
 The turn is decided from the session's fold state (pure helpers in :mod:`edge.chains`
-and :mod:`edge.codec`); the two pieces of I/O (the engine call and the append) stay in
-:meth:`TurnRunner.run`. The agent gets its answer only after the turn's events are
-acknowledged by the log.
+and :mod:`edge.codec`): :meth:`TurnRunner.begin` selects and plans, the engine samples,
+:meth:`TurnRunner.commit` appends. :meth:`TurnRunner.run` does the three for a plain
+request; :mod:`edge.streaming` does them for a streamed one. The agent gets its answer
+(or a stream's last event) only after the turn's events are acknowledged by the log.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import TypeVar
 
 import msgspec
@@ -19,7 +21,9 @@ from edge.chains import Continue, Exhausted, NewChain, select_chain
 from edge.codec.conversation import Conversation, Message, TurnOutcome
 from edge.codec.digest import extend, prefix_digests, tools_digest
 from edge.codec.incremental import TemplateCodec
-from edge.codec.tool_parsers import ParsedOutput, PlainParser, ToolParser
+from edge.codec.reasoning import opens_reasoning
+from edge.codec.reply import ReplyParser, call_ids
+from edge.codec.tool_parsers import ParsedOutput, ToolParser
 from edge.engines.base import Engine, GenerateRequest, GenerateResult, SamplingParams
 from edge.live import LiveSession
 from edge.publisher import EventLog
@@ -34,6 +38,7 @@ from schemas.events import (
     Event,
     RequestReceived,
     TokensGenerated,
+    TurnAbandoned,
     TurnCompleted,
 )
 from session_projector.fold import SessionState
@@ -63,6 +68,21 @@ class _Plan(msgspec.Struct, frozen=True, kw_only=True):
     prefix_digest: str
 
 
+class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """A turn decided up to the engine call: ``generate`` is None when it is refused (no room)."""
+
+    request: TurnRequest
+    request_no: int
+    received: RequestReceived
+    plan: _Plan | None = None
+    generate: GenerateRequest | None = None
+    refusal: tuple[Event, ...] = ()
+
+    @property
+    def uses_tools(self) -> bool:
+        return self.request.conversation.tool_choice != "none"
+
+
 def _chat_turns(messages: Sequence[Message]) -> int:
     return sum(1 for m in messages if m.role in ("user", "assistant"))
 
@@ -74,48 +94,74 @@ class TurnRunner:
         self.codec = codec
         self._engine = engine
         self._log = log
-        self._parser = parser
         self._clock = clock
+        self.replies = ReplyParser(parser, starts_in_reasoning=opens_reasoning(codec.generation_prompt))
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    def clock(self) -> float:
+        return self._clock()
 
     async def run(self, live: LiveSession, request: TurnRequest) -> TurnOutcome:
+        async with self.begin(live, request) as turn:
+            if turn.generate is None:
+                return await self.refuse(live, turn)
+            try:
+                result = await self._engine.generate(turn.generate)
+            except EngineError as exc:
+                await self.record_failure(live, turn, exc)
+                raise
+            return await self.commit(live, turn, result, self.parse(turn, result))
+
+    @asynccontextmanager
+    async def begin(self, live: LiveSession, request: TurnRequest) -> AsyncIterator[PreparedTurn]:
+        """Select the chain and plan the turn; a continued chain stays busy until the block ends."""
         conversation = request.conversation
         request_no = live.take_request_no()
         digests = [d.hex() for d in prefix_digests(tools_digest(conversation.tools), conversation.messages)]
         selection = select_chain(live.state, digests, live.busy)
         received = self._received(live, request, request_no)
         if isinstance(selection, Exhausted):
-            return await self._refuse(live, [received], request_no)
-        if isinstance(selection, NewChain):
-            return await self._sample(live, request, selection, digests, received, request_no)
-        live.busy.add(selection.chain.index)
+            yield PreparedTurn(request=request, request_no=request_no, received=received, refusal=(received,))
+            return
+        busy = selection.chain.index if isinstance(selection, Continue) else None
+        if busy is not None:
+            live.busy.add(busy)
         try:
-            return await self._sample(live, request, selection, digests, received, request_no)
+            yield self._prepare(live, request, selection, digests, received, request_no)
         finally:
-            live.busy.discard(selection.chain.index)
+            if busy is not None:
+                live.busy.discard(busy)
 
-    async def _sample(self, live: LiveSession, request: TurnRequest, selection: Continue | NewChain,
-                      digests: list[str], received: RequestReceived, request_no: int) -> TurnOutcome:
+    def _prepare(self, live: LiveSession, request: TurnRequest, selection: Continue | NewChain,
+                 digests: list[str], received: RequestReceived, request_no: int) -> PreparedTurn:
         plan = self._plan(live.state, request.conversation, selection, digests)
+        prepared = PreparedTurn(request=request, request_no=request_no, received=received, plan=plan)
         limit = self._settings.max_trajectory_length
         if len(plan.input_ids) >= limit:
-            closing = [] if plan.chain is None else [self._closed(live, plan.chain, request_no)]
-            return await self._refuse(live, [received, *closing], request_no)
+            closing = () if plan.chain is None else (self._closed(live, plan.chain, request_no),)
+            return msgspec.structs.replace(prepared, refusal=(received, *closing))
         sampling = self._sampling(live.state, request.conversation, limit - len(plan.input_ids))
         generate = GenerateRequest(request_id=f"{live.state.session_id}:{request_no}", input_ids=plan.input_ids,
                                    sampling=sampling)
-        try:
-            result = await self._engine.generate(generate)
-        except EngineError as exc:
-            await self._record_failure(live, received, plan.chain, exc)
-            raise
-        parsed = self._parse(request.conversation, result, request_no)
+        return msgspec.structs.replace(prepared, generate=generate)
+
+    async def commit(self, live: LiveSession, turn: PreparedTurn, result: GenerateResult,
+                     parsed: ParsedOutput) -> TurnOutcome:
+        """Append the turn (context, tokens, reply) in one envelope; answer once it is acknowledged."""
+        plan = turn.plan
+        if plan is None:
+            raise RollbusError("commit of a turn without a plan")
         reply = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
-        tip = extend(bytes.fromhex(digests[-1]), reply).hex()
-        full = len(plan.input_ids) + len(result.token_ids) >= limit
+        tip = extend(bytes.fromhex(plan.prefix_digest), reply).hex()
+        full = len(plan.input_ids) + len(result.token_ids) >= self._settings.max_trajectory_length
+        request_no = turn.request_no
 
         def draft(state: SessionState) -> list[Event]:
             chain = plan.chain if plan.chain is not None else len(state.chains)
-            events = [received, self._context(live, plan, chain, request_no),
+            events = [turn.received, self._context(live, plan, chain, request_no),
                       self._tokens(live, chain, request_no, result),
                       self._turn(live, chain, request_no, result, parsed, tip, plan.n_messages + 1)]
             return events + ([self._closed(live, chain, request_no)] if full else [])
@@ -148,10 +194,10 @@ class TurnRunner:
             stop_token_ids=self.codec.tokenizer.stop_token_ids,
         )
 
-    def _parse(self, conversation: Conversation, result: GenerateResult, request_no: int) -> ParsedOutput:
+    def parse(self, turn: PreparedTurn, result: GenerateResult) -> ParsedOutput:
         text = self.codec.reply_text(result.token_ids)
-        parser = self._parser if conversation.tool_choice != "none" else PlainParser()
-        return parser.parse(text, lambda i: f"call_{request_no}_{i}", conversation.tools)
+        return self.replies.parse(text, call_ids(turn.request_no), use_tools=turn.uses_tools,
+                                  tools=turn.request.conversation.tools)
 
     # --- events -------------------------------------------------------------------------
 
@@ -183,23 +229,33 @@ class TurnRunner:
         return ChainClosed(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
                            reason=CAPACITY, request_no=request_no)
 
-    async def _record_failure(self, live: LiveSession, received: RequestReceived, chain: int | None,
-                              exc: EngineError) -> None:
+    async def record_failure(self, live: LiveSession, turn: PreparedTurn, exc: EngineError) -> None:
         """Audit a failed engine call; the chain is left as it was, free for a retry."""
-        failed = EngineFailed(session_id=live.state.session_id, seq=0, time=self._clock(),
-                              request_no=received.request_no, chain=chain, error=type(exc).__name__,
-                              message=exc.message)
+        chain = turn.plan.chain if turn.plan is not None else None
+        await self._audit(live, turn, EngineFailed(
+            session_id=live.state.session_id, seq=0, time=self._clock(), request_no=turn.request_no, chain=chain,
+            error=type(exc).__name__, message=exc.message))
+
+    async def record_abandoned(self, live: LiveSession, turn: PreparedTurn, *, reason: str,
+                               tokens_sampled: int) -> None:
+        """Audit a turn given up before its end (its client left); the chain is left as it was."""
+        chain = turn.plan.chain if turn.plan is not None else None
+        await self._audit(live, turn, TurnAbandoned(
+            session_id=live.state.session_id, seq=0, time=self._clock(), request_no=turn.request_no, chain=chain,
+            reason=reason, tokens_sampled=tokens_sampled))
+
+    async def _audit(self, live: LiveSession, turn: PreparedTurn, event: Event) -> None:
         try:
-            await live.commit(self._log, lambda _: [received, failed])
-        except RollbusError as audit_exc:  # the agent still gets the engine's error
-            log.warning("could not record engine failure for %s: %s", live.state.session_id, audit_exc)
+            await live.commit(self._log, lambda _: [turn.received, event])
+        except RollbusError as audit_exc:  # the agent still gets the turn's own error
+            log.warning("could not record %s for %s: %s", type(event).__name__, live.state.session_id, audit_exc)
 
     # --- answers ------------------------------------------------------------------------
 
-    async def _refuse(self, live: LiveSession, events: list[Event], request_no: int) -> TurnOutcome:
+    async def refuse(self, live: LiveSession, turn: PreparedTurn) -> TurnOutcome:
         """No room: record the request (and the chain's closing) and answer ``length``."""
-        await live.commit(self._log, lambda _: events)
-        return TurnOutcome(session_id=live.state.session_id, request_no=request_no, content="",
+        await live.commit(self._log, lambda _: turn.refusal)
+        return TurnOutcome(session_id=live.state.session_id, request_no=turn.request_no, content="",
                            finish_reason="length", prompt_tokens=0, completion_tokens=0, created=int(self._clock()))
 
     def _outcome(self, live: LiveSession, request_no: int, plan: _Plan, result: GenerateResult,

@@ -143,6 +143,16 @@ class SessionAborted(Event, tag="session_aborted", kw_only=True):
     reason: str
 
 
+class TurnAbandoned(Event, tag="turn_abandoned", kw_only=True):
+    """A turn given up before it was committed (its client disconnected mid-stream): the
+    engine request was aborted and nothing reached the chain, which is left as it was."""
+
+    request_no: int
+    chain: int | None  # None: the request would have started a new chain
+    reason: str  # "client_disconnected"
+    tokens_sampled: int  # tokens the engine had produced when the turn was given up
+
+
 AnyEvent = (
     SessionOpened
     | RequestReceived
@@ -155,6 +165,7 @@ AnyEvent = (
     | ChainClosed
     | SessionFinalized
     | SessionAborted
+    | TurnAbandoned
 )
 
 # The last token of a subject, per event type: ``rollbus.<session_id>.<kind>``.
@@ -170,4 +181,5 @@ SUBJECT_KINDS: dict[type[Event], str] = {
     ChainClosed: "closed",
     SessionFinalized: "finalized",
     SessionAborted: "aborted",
+    TurnAbandoned: "abandoned",
 }

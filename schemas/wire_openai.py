@@ -140,3 +140,41 @@ class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
 
 class ErrorResponse(msgspec.Struct, frozen=True, kw_only=True):
     error: ErrorBody
+
+
+# --- streaming chunks ------------------------------------------------------------------
+
+
+class FunctionDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: FunctionDelta | None = None
+
+
+class Delta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChunkChoice(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    delta: Delta
+    finish_reason: str | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    object: str = "chat.completion.chunk"

@@ -31,6 +31,7 @@ from schemas.events import (
     SessionFinalized,
     SessionOpened,
     TokensGenerated,
+    TurnAbandoned,
     TurnCompleted,
 )
 
@@ -314,4 +315,5 @@ _HANDLERS = {
     RewardReported: _reward,
     SessionFinalized: _finalized,
     SessionAborted: _aborted,
+    TurnAbandoned: _touch,
 }

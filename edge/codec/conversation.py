@@ -51,6 +51,7 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True):
     tool_choice: Literal["auto", "none"] = "auto"
     sampling: SamplingOverrides = SamplingOverrides()
     stream: bool = False
+    stream_usage: bool = False  # OpenAI stream_options.include_usage
     logprobs: bool = False
     model: str = ""
 

@@ -3,28 +3,42 @@
 Decoding is strict about types and explicit about what rollbus does not serve
 (``n > 1``, forced tool choice, non-text content parts): those are 400s with the
 parameter named, never silently ignored.
+
+Streaming (``stream: true``) sends ``chat.completion.chunk`` events: the role, then
+``reasoning_content`` and ``content`` deltas as they come, each tool call as a delta with
+its id and name then one with its arguments, a last chunk with ``finish_reason`` (and
+the log probs of every token, when asked for), a usage chunk when
+``stream_options.include_usage``, then ``data: [DONE]``. A failure mid-stream is a
+``data: {"error": ...}`` event, which the OpenAI SDK raises.
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from edge.codec.adapter import TokenText, sse
 from edge.codec.conversation import Conversation, Message, SamplingOverrides, ToolSpec, TurnOutcome
+from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFinished, StreamStarted, ToolCallReady
 from edge.codec.strict import decode_strict
 from schemas.errors import MalformedRequest, RollbusError
 from schemas.events import ToolCall
 from schemas.wire_openai import (
     ChatCompletion,
+    ChatCompletionChunk,
     ChatCompletionRequest,
     Choice,
     ChoiceLogprobs,
+    ChunkChoice,
     ContentPart,
+    Delta,
     ErrorBody,
     ErrorResponse,
+    FunctionDelta,
     FunctionOut,
     MessageIn,
     MessageOut,
     TokenLogprob,
+    ToolCallDelta,
     ToolCallOut,
     Usage,
 )
@@ -102,9 +116,27 @@ def decode_request(body: bytes) -> Conversation:
         tool_choice=_tool_choice(req),  # type: ignore[arg-type]
         sampling=_sampling(req),
         stream=req.stream,
+        stream_usage=bool(req.stream and req.stream_options is not None and req.stream_options.include_usage),
         logprobs=bool(req.logprobs),
         model=req.model,
     )
+
+
+def _completion_id(session_id: str, request_no: int) -> str:
+    return f"chatcmpl-{session_id[:12]}-{request_no}"
+
+
+def _logprobs(outcome: TurnOutcome, token_text: list[str] | None) -> ChoiceLogprobs | None:
+    if outcome.logprobs is None or token_text is None:
+        return None
+    return ChoiceLogprobs(content=[
+        TokenLogprob(token=t, logprob=lp) for t, lp in zip(token_text, outcome.logprobs, strict=True)
+    ])
+
+
+def _usage(outcome: TurnOutcome) -> Usage:
+    return Usage(prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
+                 total_tokens=outcome.prompt_tokens + outcome.completion_tokens)
 
 
 def encode_completion(outcome: TurnOutcome, *, model: str, logprobs: bool, token_text: list[str] | None) -> bytes:
@@ -112,18 +144,13 @@ def encode_completion(outcome: TurnOutcome, *, model: str, logprobs: bool, token
              for c in outcome.tool_calls]
     message = MessageOut(role="assistant", content=outcome.content if outcome.content or not calls else None,
                          tool_calls=calls or None, reasoning_content=outcome.reasoning)
-    choice_logprobs = None
-    if logprobs and outcome.logprobs is not None and token_text is not None:
-        choice_logprobs = ChoiceLogprobs(content=[
-            TokenLogprob(token=t, logprob=lp) for t, lp in zip(token_text, outcome.logprobs, strict=True)
-        ])
     completion = ChatCompletion(
-        id=f"chatcmpl-{outcome.session_id[:12]}-{outcome.request_no}",
+        id=_completion_id(outcome.session_id, outcome.request_no),
         created=outcome.created,
         model=model or "rollbus",
-        choices=[Choice(index=0, message=message, finish_reason=outcome.finish_reason, logprobs=choice_logprobs)],
-        usage=Usage(prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
-                    total_tokens=outcome.prompt_tokens + outcome.completion_tokens),
+        choices=[Choice(index=0, message=message, finish_reason=outcome.finish_reason,
+                        logprobs=_logprobs(outcome, token_text) if logprobs else None)],
+        usage=_usage(outcome),
     )
     return _encoder.encode(completion)
 
@@ -132,3 +159,65 @@ def encode_error(exc: RollbusError) -> bytes:
     body = ErrorBody(message=exc.message, type=_ERROR_TYPES.get(exc.status, "api_error"), param=exc.param,
                      code=exc.code)
     return _encoder.encode(ErrorResponse(error=body))
+
+
+class OpenAIStream:
+    """The ``chat.completion.chunk`` events of one streamed turn."""
+
+    def __init__(self, conversation: Conversation, token_text: TokenText) -> None:
+        self._conversation = conversation
+        self._token_text = token_text
+        self._id = ""
+        self._created = 0
+
+    def _chunk(self, delta: Delta, finish_reason: str | None = None, logprobs: ChoiceLogprobs | None = None) -> bytes:
+        choice = ChunkChoice(index=0, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
+        return sse(_encoder.encode(ChatCompletionChunk(id=self._id, created=self._created,
+                                                       model=self._conversation.model or "rollbus",
+                                                       choices=[choice])))
+
+    def event(self, event: StreamEvent) -> bytes:
+        if isinstance(event, ContentDelta):
+            return self._chunk(Delta(content=event.text))
+        if isinstance(event, ReasoningDelta):
+            return self._chunk(Delta(reasoning_content=event.text))
+        if isinstance(event, ToolCallReady):
+            call = event.call
+            head = ToolCallDelta(index=event.index, id=call.id, type="function",
+                                 function=FunctionDelta(name=call.name, arguments=""))
+            body = ToolCallDelta(index=event.index, function=FunctionDelta(arguments=call.arguments))
+            return self._chunk(Delta(tool_calls=[head])) + self._chunk(Delta(tool_calls=[body]))
+        if isinstance(event, StreamStarted):
+            self._id, self._created = _completion_id(event.session_id, event.request_no), event.created
+            return self._chunk(Delta(role="assistant", content=""))
+        return self._finish(event)
+
+    def _finish(self, event: StreamFinished) -> bytes:
+        outcome = event.outcome
+        token_text = self._token_text(outcome.token_ids) if self._conversation.logprobs else None
+        out = self._chunk(Delta(), outcome.finish_reason, _logprobs(outcome, token_text))
+        if self._conversation.stream_usage:
+            out += sse(_encoder.encode(ChatCompletionChunk(id=self._id, created=self._created,
+                                                           model=self._conversation.model or "rollbus",
+                                                           choices=[], usage=_usage(outcome))))
+        return out + b"data: [DONE]\n\n"
+
+    def error(self, exc: RollbusError) -> bytes:
+        return sse(encode_error(exc))
+
+
+class OpenAIWire:
+    name = "openai"
+
+    def decode(self, body: bytes) -> Conversation:
+        return decode_request(body)
+
+    def encode(self, outcome: TurnOutcome, conversation: Conversation, token_text: TokenText) -> bytes:
+        text = token_text(outcome.token_ids) if conversation.logprobs else None
+        return encode_completion(outcome, model=conversation.model, logprobs=conversation.logprobs, token_text=text)
+
+    def encode_error(self, exc: RollbusError) -> bytes:
+        return encode_error(exc)
+
+    def stream(self, conversation: Conversation, token_text: TokenText) -> OpenAIStream:
+        return OpenAIStream(conversation, token_text)

@@ -33,7 +33,13 @@ class ParsedOutput(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ToolParser(Protocol):
+    """``start_markers``: the strings that can begin a tool call (``<tool_call>``). A
+    streamed reply shows content up to the first one and parses the rest at the end, so
+    ``parse(text).content`` must begin with the text before the first marker, trailing
+    whitespace aside."""
+
     name: str
+    start_markers: tuple[str, ...]
 
     def parse(self, text: str, call_id: CallId, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
         """``tools``: the request's tools (parsers that convert values by their schema use them)."""

@@ -48,7 +48,8 @@ class ScriptedReply(msgspec.Struct, frozen=True):
 
     ``logprobs`` default to ``-0.01 * (i + 1)`` at position ``i``; a list whose length
     differs from ``token_ids`` is sent as is (to test the client's count check).
-    ``delay_s`` sleeps before answering (to test timeouts).
+    ``delay_s`` sleeps before answering (to test timeouts); ``chunk_delay_s`` sleeps
+    between streamed events (to test clients that leave mid-stream).
     """
 
     token_ids: list[int]
@@ -57,6 +58,7 @@ class ScriptedReply(msgspec.Struct, frozen=True):
     weight_version: str = "scripted"
     delay_s: float = 0.0
     fault: Fault | None = None
+    chunk_delay_s: float = 0.0
 
 
 Responder = Callable[[list[int], dict[str, Any]], ScriptedReply]
@@ -132,6 +134,7 @@ class ScriptedEngineServer:
         self._incremental = incremental_streaming_output
         self.requests: list[dict[str, Any]] = []
         self.aborted: list[str] = []
+        self.cancelled: list[str] = []  # rids whose stream the client closed before its end
         self.healthy = True
         self.url = ""
         self._server: uvicorn.Server | None = None
@@ -167,7 +170,8 @@ class ScriptedEngineServer:
             return PlainTextResponse(message, status)
         plan = _plan(reply, body.get("sampling_params") or {})
         if body.get("stream"):
-            return StreamingResponse(self._sse(body, plan, reply), media_type="text/event-stream")
+            events = self._paced(body, reply, self._sse(body, plan, reply))
+            return StreamingResponse(events, media_type="text/event-stream")
         return _plain(_event(body, plan, reply, (0, len(plan.ids)), final=True), reply.fault)
 
     async def _sse(self, body: dict[str, Any], plan: _Plan, reply: ScriptedReply) -> AsyncIterator[bytes]:
@@ -184,6 +188,20 @@ class ScriptedEngineServer:
                 break
             start = end
         yield _STREAM_TAILS.get(reply.fault, b"data: [DONE]\n\n")
+
+    async def _paced(self, body: dict[str, Any], reply: ScriptedReply,
+                     events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """``events`` with ``chunk_delay_s`` between them; a stream closed early is noted in ``cancelled``."""
+        done = False
+        try:
+            async for index, event in _enumerate(events):
+                if index and reply.chunk_delay_s:
+                    await asyncio.sleep(reply.chunk_delay_s)
+                yield event
+            done = True
+        finally:
+            if not done:
+                self.cancelled.append(str(body.get("rid")))
 
     async def _health(self, request: Request) -> Response:
         return Response(status_code=200 if self.healthy else 503)
@@ -235,6 +253,13 @@ _STREAM_TAILS: dict[str | None, bytes] = {
     "engine_error": b'data: {"error": {"message": "scripted engine error"}}\n\ndata: [DONE]\n\n',
     "truncated_stream": b"",
 }
+
+
+async def _enumerate(items: AsyncIterator[bytes]) -> AsyncIterator[tuple[int, bytes]]:
+    index = 0
+    async for item in items:
+        yield index, item
+        index += 1
 
 
 def _plain(event: dict[str, Any], fault: Fault | None) -> Response:

@@ -1,0 +1,277 @@
+"""Anthropic Messages adapter: wire request -> :class:`Conversation`, outcome -> wire reply.
+
+Decoding, into the same neutral messages as OpenAI's (so the same conversation renders
+the same tokens on either wire):
+
+- ``system`` (a string or text blocks) becomes a leading system message;
+- a user message's blocks become, in order, a user message per run of text blocks
+  (empty text blocks are dropped) and a tool message per ``tool_result`` (its text, or
+  its text blocks joined; ``is_error`` is accepted but the chat template has no slot
+  for it);
+- an assistant message's ``thinking`` blocks become its reasoning, its text blocks its
+  content, its ``tool_use`` blocks its tool calls (``input`` as JSON text);
+- tools ``{name, description, input_schema}``; ``tool_choice`` ``auto`` / ``none``;
+  ``stop_sequences``, ``max_tokens`` (required), ``temperature``, ``top_p``, ``top_k``.
+
+Refused with a 400 naming the field: images, documents and other block types,
+``redacted_thinking``, server tools, ``tool_choice`` ``any`` / ``tool``, and a final
+assistant message (prefill). ``thinking`` (the request option) is accepted and has no
+effect: whether the model reasons is the chat template's business.
+
+Encoding: ``content`` is ``[thinking?, text?, tool_use...]`` (a thinking block carries
+an empty ``signature``: rollbus does not sign), ``stop_reason`` is ``tool_use``,
+``max_tokens``, ``stop_sequence`` (the reply ends with one of the request's
+``stop_sequences``) or ``end_turn``. A tool call whose arguments are not a JSON object
+(Anthropic's ``input`` must be one) is sent as ``{"arguments": <text>}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import msgspec
+
+from edge.codec.adapter import TokenText, sse
+from edge.codec.conversation import Conversation, Message, SamplingOverrides, ToolSpec, TurnOutcome
+from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFinished, StreamStarted, ToolCallReady
+from edge.codec.strict import decode_strict
+from schemas import wire_anthropic as w
+from schemas.errors import MalformedRequest, RollbusError
+from schemas.events import ToolCall
+
+log = logging.getLogger(__name__)
+_encoder = msgspec.json.Encoder()
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+_STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}
+
+
+def _unsupported(block: w.ContentBlock, where: str) -> MalformedRequest:
+    return MalformedRequest(f"content block type {block.type!r} is not supported", param=f"{where}.type")
+
+
+def _text_of(blocks: str | list[w.ContentBlock] | None, where: str) -> str:
+    if blocks is None or isinstance(blocks, str):
+        return blocks or ""
+    texts = []
+    for j, block in enumerate(blocks):
+        if block.type != "text" or block.text is None:
+            raise _unsupported(block, f"{where}[{j}]")
+        texts.append(block.text)
+    return "".join(texts)
+
+
+def _user(where: str, content: str | list[w.ContentBlock]) -> list[Message]:
+    if isinstance(content, str):
+        return [Message(role="user", content=content)]
+    out: list[Message] = []
+    texts: list[str] = []
+    for j, block in enumerate(content):
+        if block.type == "text" and block.text is not None:
+            texts.append(block.text)
+            continue
+        if block.type != "tool_result" or block.tool_use_id is None:
+            raise _unsupported(block, f"{where}[{j}]")
+        if "".join(texts):
+            out.append(Message(role="user", content="".join(texts)))
+        texts = []
+        out.append(Message(role="tool", content=_text_of(block.content, f"{where}[{j}].content"),
+                           tool_call_id=block.tool_use_id))
+    if "".join(texts) or not out:
+        out.append(Message(role="user", content="".join(texts)))
+    return out
+
+
+def _assistant(where: str, index: int, content: str | list[w.ContentBlock]) -> Message:
+    if isinstance(content, str):
+        return Message(role="assistant", content=content)
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ToolCall] = []
+    for j, block in enumerate(content):
+        if block.type == "text" and block.text is not None:
+            texts.append(block.text)
+        elif block.type == "thinking" and block.thinking is not None:
+            reasoning.append(block.thinking)
+        elif block.type == "tool_use" and block.name is not None:
+            arguments = json.dumps(block.input or {}, ensure_ascii=False)
+            calls.append(ToolCall(id=block.id or f"toolu_{index}_{j}", name=block.name, arguments=arguments))
+        else:
+            raise _unsupported(block, f"{where}[{j}]")
+    return Message(role="assistant", content="".join(texts), tool_calls=tuple(calls),
+                   reasoning="".join(reasoning) or None)
+
+
+def neutral_messages(req: w.MessagesRequest) -> tuple[Message, ...]:
+    """The request's system prompt and messages as neutral messages."""
+    out: list[Message] = []
+    if req.system is not None:
+        system = _text_of(req.system, "system")
+        if system:
+            out.append(Message(role="system", content=system))
+    for i, m in enumerate(req.messages):
+        where = f"messages[{i}].content"
+        out.extend(_user(where, m.content) if m.role == "user" else [_assistant(where, i, m.content)])
+    return tuple(out)
+
+
+def _tools(req: w.MessagesRequest) -> tuple[ToolSpec, ...]:
+    for i, tool in enumerate(req.tools or ()):
+        if tool.type not in (None, "custom"):
+            raise MalformedRequest(f"server tool {tool.type!r} is not supported", param=f"tools[{i}].type")
+    return tuple(ToolSpec(name=t.name, description=t.description, parameters=t.input_schema) for t in req.tools or ())
+
+
+def _tool_choice(req: w.MessagesRequest) -> str:
+    choice = req.tool_choice
+    if choice is None or choice.type in ("auto", "none"):
+        return choice.type if choice is not None else "auto"
+    raise MalformedRequest("tool_choice.type must be 'auto' or 'none'", param="tool_choice.type")
+
+
+def _sampling(req: w.MessagesRequest) -> SamplingOverrides:
+    if req.max_tokens < 1:
+        raise MalformedRequest("max_tokens must be >= 1", param="max_tokens")
+    if req.temperature is not None and req.temperature < 0:
+        raise MalformedRequest("temperature must be >= 0", param="temperature")
+    if req.top_p is not None and not 0 < req.top_p <= 1:
+        raise MalformedRequest("top_p must be in (0, 1]", param="top_p")
+    stop = tuple(req.stop_sequences) if req.stop_sequences else None
+    return SamplingOverrides(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                             max_tokens=req.max_tokens, stop=stop)
+
+
+def decode_request(body: bytes) -> Conversation:
+    req = decode_strict(body, w.MessagesRequest)
+    if not req.messages:
+        raise MalformedRequest("messages must not be empty", param="messages")
+    if req.messages[-1].role == "assistant":
+        raise MalformedRequest("a final assistant message (prefill) is not supported", param="messages")
+    return Conversation(messages=neutral_messages(req), tools=_tools(req), tool_choice=_tool_choice(req),  # type: ignore[arg-type]
+                        sampling=_sampling(req), stream=req.stream, model=req.model)
+
+
+# --- encoding -------------------------------------------------------------------------------
+
+
+def _input(call: ToolCall) -> dict[str, Any]:
+    try:
+        value = json.loads(call.arguments)
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    log.warning("tool call %s: arguments are not a JSON object; sent as {'arguments': text}", call.id)
+    return {"arguments": call.arguments}
+
+
+def _stop(outcome: TurnOutcome, conversation: Conversation) -> tuple[str, str | None]:
+    if outcome.finish_reason in _STOP_REASONS:
+        return _STOP_REASONS[outcome.finish_reason], None
+    for stop in conversation.sampling.stop or ():
+        if outcome.content.endswith(stop):
+            return "stop_sequence", stop
+    return "end_turn", None
+
+
+def _message_id(session_id: str, request_no: int) -> str:
+    return f"msg_{session_id[:12]}_{request_no}"
+
+
+def _blocks(outcome: TurnOutcome) -> list[w.BlockOut]:
+    blocks: list[w.BlockOut] = [w.ThinkingOut(thinking=outcome.reasoning)] if outcome.reasoning else []
+    if outcome.content:
+        blocks.append(w.TextOut(text=outcome.content))
+    blocks.extend(w.ToolUseOut(id=c.id, name=c.name, input=_input(c)) for c in outcome.tool_calls)
+    return blocks
+
+
+def encode_message(outcome: TurnOutcome, conversation: Conversation) -> bytes:
+    stop_reason, stop_sequence = _stop(outcome, conversation)
+    return _encoder.encode(w.Message(
+        id=_message_id(outcome.session_id, outcome.request_no), model=conversation.model or "rollbus",
+        content=_blocks(outcome), stop_reason=stop_reason, stop_sequence=stop_sequence,
+        usage=w.Usage(input_tokens=outcome.prompt_tokens, output_tokens=outcome.completion_tokens)))
+
+
+def encode_error(exc: RollbusError) -> bytes:
+    """Anthropic's shape has no ``param``: the field is named at the head of the message."""
+    kind = _ERROR_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "api_error")
+    message = f"{exc.param}: {exc.message}" if exc.param else exc.message
+    return _encoder.encode(w.ErrorResponse(error=w.ErrorBody(type=kind, message=message)))
+
+
+class AnthropicStream:
+    """``message_start``, content blocks (thinking, text, tool_use) as they come, then
+    ``message_delta`` and ``message_stop``."""
+
+    def __init__(self, conversation: Conversation) -> None:
+        self._conversation = conversation
+        self._index = -1
+        self._open: str | None = None  # type of the block being written
+
+    def _send(self, event: w.StreamEvent) -> bytes:
+        return sse(_encoder.encode(event), type(event).__struct_config__.tag)  # type: ignore[arg-type]
+
+    def _close(self) -> bytes:
+        if self._open is None:
+            return b""
+        self._open = None
+        return self._send(w.ContentBlockStop(index=self._index))
+
+    def _block(self, kind: str, start: w.BlockOut) -> bytes:
+        if self._open == kind:
+            return b""
+        out = self._close()
+        self._index += 1
+        self._open = kind
+        return out + self._send(w.ContentBlockStart(index=self._index, content_block=start))
+
+    def event(self, event: StreamEvent) -> bytes:
+        if isinstance(event, ReasoningDelta):
+            return self._block("thinking", w.ThinkingOut(thinking="")) + self._send(
+                w.ContentBlockDelta(index=self._index, delta=w.ThinkingDelta(thinking=event.text)))
+        if isinstance(event, ContentDelta):
+            return self._block("text", w.TextOut(text="")) + self._send(
+                w.ContentBlockDelta(index=self._index, delta=w.TextDelta(text=event.text)))
+        if isinstance(event, ToolCallReady):
+            call = event.call
+            out = self._block(f"tool_use:{event.index}", w.ToolUseOut(id=call.id, name=call.name, input={}))
+            partial = _encoder.encode(_input(call)).decode()
+            return out + self._send(w.ContentBlockDelta(index=self._index, delta=w.InputJsonDelta(
+                partial_json=partial))) + self._close()
+        if isinstance(event, StreamStarted):
+            return self._send(w.MessageStart(message=w.Message(
+                id=_message_id(event.session_id, event.request_no), model=self._conversation.model or "rollbus",
+                content=[], stop_reason=None, stop_sequence=None,
+                usage=w.Usage(input_tokens=event.prompt_tokens, output_tokens=0))))
+        return self._finish(event)
+
+    def _finish(self, event: StreamFinished) -> bytes:
+        outcome = event.outcome
+        stop_reason, stop_sequence = _stop(outcome, self._conversation)
+        return self._close() + self._send(w.MessageDelta(
+            delta=w.StopDelta(stop_reason=stop_reason, stop_sequence=stop_sequence),
+            usage=w.OutputUsage(output_tokens=outcome.completion_tokens))) + self._send(w.MessageStop())
+
+    def error(self, exc: RollbusError) -> bytes:
+        return sse(encode_error(exc), "error")
+
+
+class AnthropicWire:
+    name = "anthropic"
+
+    def decode(self, body: bytes) -> Conversation:
+        return decode_request(body)
+
+    def encode(self, outcome: TurnOutcome, conversation: Conversation, token_text: TokenText) -> bytes:
+        return encode_message(outcome, conversation)
+
+    def encode_error(self, exc: RollbusError) -> bytes:
+        return encode_error(exc)
+
+    def stream(self, conversation: Conversation, token_text: TokenText) -> AnthropicStream:
+        return AnthropicStream(conversation)

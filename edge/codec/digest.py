@@ -13,9 +13,11 @@ clients drop).
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import json
 from collections.abc import Sequence
+
+import msgspec
 
 from edge.codec.conversation import Message, ToolSpec
 
@@ -23,33 +25,49 @@ DIGEST_SIZE = 16
 _SEP = b"\x1f"
 
 
+_json = msgspec.json.Decoder()
+_json_encoder = msgspec.json.Encoder(order="sorted")
+_tools_cache: dict[bytes, bytes] = {}
+
+
 def _h(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=DIGEST_SIZE).digest()
 
 
-def canonical_arguments(text: str) -> str:
-    """Tool-call arguments with JSON formatting normalized; unparseable text as written."""
+_NO_TOOLS = _h(b"")
+
+
+@functools.lru_cache(maxsize=65536)
+def canonical_arguments(text: str) -> bytes:
+    """Tool-call arguments with JSON formatting normalized; unparseable text as written.
+
+    Cached: an agent echoes the same arguments back on every later turn."""
     try:
-        value = json.loads(text)
-    except ValueError:
-        return text.strip()
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        value = _json.decode(text)
+    except msgspec.DecodeError:
+        return text.strip().encode()
+    return _json_encoder.encode(value)
 
 
 def message_digest(message: Message) -> bytes:
     parts = [message.role.encode(), message.content.encode()]
     for call in message.tool_calls:
         parts.append(call.name.encode())
-        parts.append(canonical_arguments(call.arguments).encode())
+        parts.append(canonical_arguments(call.arguments))
     return _h(_SEP.join(parts))
 
 
 def tools_digest(tools: Sequence[ToolSpec]) -> bytes:
-    canonical = [
-        json.dumps([t.name, t.description or "", t.parameters or {}], sort_keys=True, separators=(",", ":"))
-        for t in tools
-    ]
-    return _h("\n".join(canonical).encode())
+    """Digest of the tool specs (key order and JSON formatting do not matter)."""
+    if not tools:
+        return _NO_TOOLS
+    canonical = _json_encoder.encode([[t.name, t.description or "", t.parameters or {}] for t in tools])
+    digest = _tools_cache.get(canonical)
+    if digest is None:
+        if len(_tools_cache) > 4096:
+            _tools_cache.clear()
+        digest = _tools_cache[canonical] = _h(canonical)
+    return digest
 
 
 def extend(previous: bytes, message: Message) -> bytes:

@@ -5,9 +5,10 @@
 * The per-session expected-last-subject-sequence check (filtered on the session's
   subjects) makes a stale writer fail with :class:`OwnershipLost` instead of
   interleaving.
-* Every awaited NATS future is bounded by ``asyncio.wait_for``; a publish that timed out
-  may still have been stored, so it is retried with the same headers and the server's
-  duplicate detection answers for it.
+* Every publish is bounded: ``js.publish`` is a request whose reply nats-py awaits with its
+  own timeout (a plain ``asyncio.wait_for`` on a future; wrapping the coroutine in a second
+  one would cost a task per append). A publish that timed out may still have been stored,
+  so it is retried with the same headers and the server's duplicate detection answers.
 """
 
 from __future__ import annotations
@@ -86,10 +87,7 @@ class JetStreamLog:
         subject = self._cfg.subject(session_id, envelope.kind_of(batch))
         for attempt in range(1, self._attempts + 1):
             try:
-                return await asyncio.wait_for(
-                    self._js.publish(subject, payload, headers=headers, timeout=self._timeout),
-                    self._timeout + 1.0,
-                )
+                return await self._js.publish(subject, payload, headers=headers, timeout=self._timeout)
             except APIError as exc:
                 if exc.err_code == WRONG_LAST_SEQUENCE:
                     raise OwnershipLost(f"session {session_id} was appended to by another writer") from exc

@@ -22,6 +22,8 @@ import msgspec
 from edge.codec.conversation import ToolSpec
 from schemas.events import ToolCall
 
+_json = msgspec.json.Decoder()
+
 CallId = Callable[[int], str]
 
 
@@ -75,8 +77,8 @@ class HermesParser:
 def json_call(body: str | dict[str, object], call_id: str) -> ToolCall | str:
     """A tool call from a JSON object ``{"name", "arguments" | "parameters"}``, or why it is not one."""
     try:
-        value = json.loads(body) if isinstance(body, str) else body
-    except ValueError as exc:
+        value = _json.decode(body) if isinstance(body, str) else body
+    except msgspec.DecodeError as exc:
         return f"tool call is not JSON: {exc}"
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return "tool call JSON has no string 'name'"
@@ -84,7 +86,7 @@ def json_call(body: str | dict[str, object], call_id: str) -> ToolCall | str:
     if isinstance(arguments, str):
         text = arguments
     elif isinstance(arguments, dict):
-        text = json.dumps(arguments, ensure_ascii=False)
+        text = json.dumps(arguments, ensure_ascii=False)  # the formatting chat templates' tojson uses
     else:
         return "tool call 'arguments' is neither an object nor a string"
     return ToolCall(id=call_id, name=value["name"], arguments=text)

@@ -1,49 +1,91 @@
-"""The model-facing handler, generic over the wire: one handler, one adapter per wire.
+"""The model-facing routes, generic over the wire: one handler, one adapter per wire.
 
-``POST`` a wire's request: decode it with the adapter, run the turn (plain or streamed)
+``POST /sessions/{id}/v1/chat/completions`` (OpenAI) and ``POST /sessions/{id}/v1/messages``
+(Anthropic): decode the wire's request with its adapter, run the turn (plain or streamed)
 through :class:`EdgeService`, answer in the adapter's shape. Errors raised before a
 stream starts (bad request, bad key, unknown or closed session, engine down) are HTTP
-errors in the wire's error shape (:func:`edge.routes.wire.wire_route`); a failure after
-it started is the wire's in-stream error event. A client that leaves a stream early
-abandons its turn (see :mod:`edge.streaming`).
+errors in the wire's error shape; a failure after it started is the wire's in-stream
+error event. A client that leaves a stream early abandons its turn (see
+:mod:`edge.streaming`).
+
+These routes are the hot path, so :class:`ModelRoutes` serves them as a thin ASGI front:
+it matches the two paths with string operations and calls the handler directly, and
+hands every other request to the FastAPI app (admin, reward, health, metrics).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any
 
-from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
 
 from edge.codec.adapter import StreamEncoder, WireAdapter
-from edge.routes.wire import bearer, json_response, read_body, wire_route
+from edge.metrics import Metrics
+from edge.routes.wire import bearer, guarded, json_response, read_body
 from edge.service import EdgeService
 from edge.streaming import Item, TurnStream
 from edge.turns import TurnRequest
 from schemas.errors import RollbusError
 
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_PREFIX = "/sessions/"
 
 
-def model_router(adapter: WireAdapter, path: str) -> APIRouter:
-    """A router serving ``path`` (with a ``{session_id}``) in ``adapter``'s wire."""
-    router = APIRouter(route_class=wire_route(adapter.encode_error))
+async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: str, request: Request) -> Response:
+    body = await read_body(request, service.settings.max_request_bytes)
+    conversation = adapter.decode(body)
+    turn = TurnRequest(conversation=conversation, wire=adapter.name, body=body,
+                       idempotency_key=request.headers.get("idempotency-key"))
+    if conversation.stream:
+        stream, first = await service.stream(session_id, bearer(request), turn)
+        events = _sse(adapter.stream(conversation, service.token_strings), first, stream)
+        return StreamingResponse(events, media_type="text/event-stream", headers=_SSE_HEADERS)
+    outcome = await service.complete(session_id, bearer(request), turn)
+    return json_response(adapter.encode(outcome, conversation, service.token_strings))
 
-    @router.post(path)
-    async def handle(session_id: str, request: Request) -> Response:
-        service: EdgeService = request.app.state.service
-        body = await read_body(request, service.settings.max_request_bytes)
-        conversation = adapter.decode(body)
-        turn = TurnRequest(conversation=conversation, wire=adapter.name, body=body,
-                           idempotency_key=request.headers.get("idempotency-key"))
-        if conversation.stream:
-            stream, first = await service.stream(session_id, bearer(request), turn)
-            events = _sse(adapter.stream(conversation, service.token_strings), first, stream)
-            return StreamingResponse(events, media_type="text/event-stream", headers=_SSE_HEADERS)
-        outcome = await service.complete(session_id, bearer(request), turn)
-        return json_response(adapter.encode(outcome, conversation, service.token_strings))
 
-    return router
+class ModelRoutes:
+    """ASGI front for the model routes; ``adapters`` maps the path after the session id
+    (``v1/chat/completions``, ``v1/messages``) to its wire adapter."""
+
+    def __init__(self, app: ASGIApp, service: EdgeService, metrics: Metrics, adapters: dict[str, WireAdapter]) -> None:
+        self.app = app
+        self._service = service
+        self._metrics = metrics
+        self._adapters = adapters
+
+    def __getattr__(self, name: str) -> Any:  # ``state``, ``router``, ... of the wrapped app
+        return getattr(self.app, name)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if scope["type"] == "http" and scope["method"] == "POST" and path.startswith(_PREFIX):
+            session_id, _, tail = path[len(_PREFIX):].partition("/")
+            adapter = self._adapters.get(tail)
+            if adapter is not None:
+                await self._serve(adapter, session_id, tail, scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    async def _serve(self, adapter: WireAdapter, session_id: str, tail: str, scope: Scope, receive: Receive,
+                     send: Send) -> None:
+        started = time.perf_counter()
+        request = Request(scope, receive)
+        response = await guarded(handle_model(self._service, adapter, session_id, request), request,
+                                 adapter.encode_error)
+        await response(scope, receive, send)
+        self._metrics.inc("rollbus_http_requests_total", help_text="HTTP requests by route and status",
+                          route=f"/sessions/{{session_id}}/{tail}", status=str(response.status_code))
+        self._metrics.observe("rollbus_http_request_seconds", time.perf_counter() - started,
+                              help_text="HTTP request latency")
 
 
 async def _sse(encoder: StreamEncoder, first: Item, stream: TurnStream) -> AsyncIterator[bytes]:

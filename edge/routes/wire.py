@@ -10,7 +10,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
@@ -29,6 +29,8 @@ def json_response(body: bytes, status: int = 200) -> Response:
 
 
 def wire_route(encode_error: ErrorEncoder) -> type[APIRoute]:
+    """A FastAPI route class answering errors in ``encode_error``'s wire shape, with metrics."""
+
     class WireRoute(APIRoute):
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
             handler = super().get_route_handler()
@@ -36,7 +38,7 @@ def wire_route(encode_error: ErrorEncoder) -> type[APIRoute]:
 
             async def handle(request: Request) -> Response:
                 started = time.perf_counter()
-                response = await _guarded(handler, request, encode_error)
+                response = await guarded(handler(request), request, encode_error)
                 metrics = request.app.state.metrics
                 metrics.inc("rollbus_http_requests_total", help_text="HTTP requests by route and status",
                             route=path, status=str(response.status_code))
@@ -49,10 +51,10 @@ def wire_route(encode_error: ErrorEncoder) -> type[APIRoute]:
     return WireRoute
 
 
-async def _guarded(handler: Callable[[Request], Coroutine[Any, Any, Response]], request: Request,
-                   encode_error: ErrorEncoder) -> Response:
+async def guarded(handling: Awaitable[Response], request: Request, encode_error: ErrorEncoder) -> Response:
+    """The handler's response, or its error in the wire's shape (a non-rollbus error is a logged 500)."""
     try:
-        return await handler(request)
+        return await handling
     except RollbusError as exc:
         if exc.status >= 500:
             log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)

@@ -31,6 +31,7 @@ class LiveSession:
         self.state = state
         self.stream_seq = stream_seq
         self.busy: set[int] = set()  # chains with a request in flight
+        self.verified_key: str | None = None  # the api key once checked against its digest
         self._next_request = state.requests + 1
         self._lock = asyncio.Lock()
 

@@ -101,8 +101,13 @@ class EdgeService:
         """The open session, if ``api_key`` is its key."""
         check_session_id(session_id)
         live = await self._registry.get(session_id)
-        if api_key is None or not hmac.compare_digest(key_digest(api_key), live.state.api_key_digest):
+        if api_key is None:
+            raise Unauthorized("missing api key (Authorization: Bearer or x-api-key)")
+        if live.verified_key is not None and hmac.compare_digest(api_key, live.verified_key):
+            return live
+        if not hmac.compare_digest(key_digest(api_key), live.state.api_key_digest):
             raise Unauthorized("invalid api key for this session")
+        live.verified_key = api_key
         return live
 
     async def complete(self, session_id: str, api_key: str | None, request: TurnRequest) -> TurnOutcome:

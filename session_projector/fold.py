@@ -96,10 +96,13 @@ class ChainState(msgspec.Struct, frozen=True, kw_only=True):
         last = self.segments[-1].token_ids if self.segments else self.prompt_ids
         return int(tokens.unpack_ids(last[-4:])[0]) if last else -1
 
+    def packed_ids(self) -> bytes:
+        """Prompt and response tokens, packed (what the engine must see next)."""
+        return b"".join([self.prompt_ids, *(s.token_ids for s in self.segments)])
+
     def token_ids(self) -> list[int]:
-        """Prompt and response tokens, as the engine must see them."""
-        parts = [self.prompt_ids, *(s.token_ids for s in self.segments)]
-        return tokens.unpack_ids(b"".join(parts)).tolist()
+        """Prompt and response tokens as a list."""
+        return tokens.unpack_ids(self.packed_ids()).tolist()
 
 
 class SessionState(msgspec.Struct, frozen=True, kw_only=True):

@@ -2,7 +2,7 @@
 
 A request continues a chain when its messages start with the chain's whole history
 (the chain's last reply included). Histories are compared by rolling digests:
-``d[i] = H(d[i-1] || H(canonical(message[i])))`` rooted at a digest of the tools, so a
+``d[i] = H(d[i-1] || canonical(message[i]))`` rooted at a digest of the tools, so a
 chain's tip is one 16-byte value and a request's prefixes are one pass over its messages.
 
 Canonical forms ignore what agents legitimately rewrite when they echo a conversation
@@ -22,7 +22,6 @@ import msgspec
 from edge.codec.conversation import Message, ToolSpec
 
 DIGEST_SIZE = 16
-_SEP = b"\x1f"
 
 
 _json = msgspec.json.Decoder()
@@ -49,12 +48,19 @@ def canonical_arguments(text: str) -> bytes:
     return _json_encoder.encode(value)
 
 
-def message_digest(message: Message) -> bytes:
-    parts = [message.role.encode(), message.content.encode()]
+def _field(value: bytes) -> bytes:
+    return len(value).to_bytes(4, "little") + value
+
+
+def extend(previous: bytes, message: Message) -> bytes:
+    """The digest of a history one message longer (one hash per message, fields length-prefixed)."""
+    h = hashlib.blake2b(previous, digest_size=DIGEST_SIZE)
+    h.update(_field(message.role.encode()))
+    h.update(_field(message.content.encode()))
     for call in message.tool_calls:
-        parts.append(call.name.encode())
-        parts.append(canonical_arguments(call.arguments))
-    return _h(_SEP.join(parts))
+        h.update(_field(call.name.encode()))
+        h.update(_field(canonical_arguments(call.arguments)))
+    return h.digest()
 
 
 def tools_digest(tools: Sequence[ToolSpec]) -> bytes:
@@ -68,10 +74,6 @@ def tools_digest(tools: Sequence[ToolSpec]) -> bytes:
             _tools_cache.clear()
         digest = _tools_cache[canonical] = _h(canonical)
     return digest
-
-
-def extend(previous: bytes, message: Message) -> bytes:
-    return _h(previous + message_digest(message))
 
 
 def prefix_digests(root: bytes, messages: Sequence[Message]) -> list[bytes]:

@@ -11,9 +11,10 @@ neighbouring whitespace or match whole words only are encoded whole, uncached.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import tokenizers
+import tokenizers.decoders
 
 Encode = Callable[[str], list[int]]
 
@@ -57,3 +58,41 @@ class PiecewiseEncoder:
                 self._cache.clear()
             self._cache[piece] = encoded
         return encoded
+
+
+class ByteLevelDecoder:
+    """Decoding for byte-level BPE without a round trip through the tokenizer: each id's
+    bytes come from a table built once, and the joined bytes are decoded as UTF-8 (invalid
+    sequences become U+FFFD, as the tokenizer's own ByteLevel decoder does).
+
+    :meth:`build` returns None for a tokenizer whose decoder is not plain ByteLevel."""
+
+    def __init__(self, table: list[bytes]) -> None:
+        self._table = table
+
+    @classmethod
+    def build(cls, backend: tokenizers.Tokenizer, byte_of: dict[str, int]) -> ByteLevelDecoder | None:
+        """``byte_of`` maps each character of the byte-level alphabet to its byte."""
+        if not isinstance(backend.decoder, tokenizers.decoders.ByteLevel):
+            return None
+        added = {token.content for token in backend.get_added_tokens_decoder().values()}
+        vocab = backend.get_vocab(with_added_tokens=True)
+        table = [b""] * (max(vocab.values()) + 1)
+        for token, token_id in vocab.items():
+            if token in added:
+                table[token_id] = token.encode()
+            elif all(char in byte_of for char in token):
+                table[token_id] = bytes(byte_of[char] for char in token)
+            else:
+                return None
+        return cls(table)
+
+    def decode(self, ids: Sequence[int]) -> str | None:
+        """The text, or None when an id is outside the vocabulary (let the tokenizer say why)."""
+        table = self._table
+        try:
+            if ids and min(ids) < 0:
+                return None
+            return b"".join([table[i] for i in ids]).decode("utf-8", errors="replace")
+        except (IndexError, TypeError):
+            return None

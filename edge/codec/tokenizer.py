@@ -46,7 +46,7 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
-from edge.codec.pieces import PiecewiseEncoder
+from edge.codec.pieces import ByteLevelDecoder, PiecewiseEncoder
 from edge.codec.template import ChatTemplate, builtin_template_source
 
 BUILD_VERSION = 1
@@ -134,6 +134,7 @@ class Tokenizer:
         self.name = name
         self._backend = backend
         self._pieces = PiecewiseEncoder(backend)
+        self._bytes = ByteLevelDecoder.build(backend, {char: byte for byte, char in _byte_level_table().items()})
         self.vocab_size = vocab_size
         self.eos_token = eos_token
         self.eos_token_id = self._require_id(eos_token)
@@ -153,6 +154,10 @@ class Tokenizer:
         return self._pieces.encode(text)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        if self._bytes is not None and not skip_special_tokens:
+            text = self._bytes.decode(ids)
+            if text is not None:
+                return text
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:

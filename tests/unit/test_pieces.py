@@ -39,3 +39,16 @@ def test_cache_is_bounded():
     for i in range(50):
         assert encoder.encode(f"<|im_start|>piece {i}<|im_end|>") == whole(f"<|im_start|>piece {i}<|im_end|>")
     assert len(encoder._cache) <= 8
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 151642), st.integers(151643, 151668), st.sampled_from([198, 220, 9707])),
+                max_size=40))
+def test_table_decoding_equals_the_tokenizer(ids):
+    assert TOKENIZER._bytes is not None
+    assert TOKENIZER.decode(ids) == TOKENIZER._backend.decode(ids, skip_special_tokens=False)
+
+
+def test_table_decoding_defers_on_ids_it_does_not_know():
+    assert TOKENIZER._bytes.decode([-1]) is None and TOKENIZER._bytes.decode([10**7]) is None
+    assert TOKENIZER.decode([9707, 151645]) == "Hello<|im_end|>"

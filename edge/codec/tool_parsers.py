@@ -63,6 +63,11 @@ def _json_call(body: str, call_id: str) -> ToolCall | str:
         value = json.loads(body)
     except ValueError as exc:
         return f"tool call is not JSON: {exc}"
+    return _call_from(value, call_id)
+
+
+def _call_from(value: object, call_id: str) -> ToolCall | str:
+    """A tool call from a decoded JSON value ``{"name", "arguments"}``, or why it is not one."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return "tool call JSON has no string 'name'"
     arguments = value.get("arguments", value.get("parameters", {}))
@@ -73,6 +78,36 @@ def _json_call(body: str, call_id: str) -> ToolCall | str:
     else:
         return "tool call 'arguments' is neither an object nor a string"
     return ToolCall(id=call_id, name=value["name"], arguments=text)
+
+
+class SmolLM2Parser:
+    """SmolLM2-Instruct: ``<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>``.
+
+    One block holding a JSON list of calls (a lone object is read as a list of one; ``[]``
+    is no call). Text around the block is the content.
+    """
+
+    name = "smollm2"
+    _block = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+    def parse(self, text: str, call_id: CallId) -> ParsedOutput:
+        match = self._block.search(text)
+        if match is None:
+            error = "unterminated <tool_call>" if "<tool_call>" in text else None
+            return ParsedOutput(content=text, parse_error=error)
+        try:
+            value = json.loads(match.group(1))
+        except ValueError as exc:
+            return ParsedOutput(content=text, parse_error=f"tool calls are not JSON: {exc}")
+        calls: list[ToolCall] = []
+        for index, item in enumerate(value if isinstance(value, list) else [value]):
+            call = _call_from(item, call_id(index))
+            if isinstance(call, str):
+                return ParsedOutput(content=text, parse_error=call)
+            calls.append(call)
+        before, after = text[: match.start()].rstrip("\n"), text[match.end() :].strip()
+        content = f"{before}\n{after}" if before and after else before or after
+        return ParsedOutput(content=content, tool_calls=tuple(calls))
 
 
 class PlainParser:
@@ -88,6 +123,7 @@ _PARSERS: dict[str, Callable[[], ToolParser]] = {
     "hermes": HermesParser,
     "qwen2_5": HermesParser,
     "qwen25": HermesParser,
+    "smollm2": SmolLM2Parser,
     "none": PlainParser,
 }
 

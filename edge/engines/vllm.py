@@ -32,6 +32,7 @@ Aborts: vLLM aborts a request whose connection closes; rollbus also posts
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
@@ -130,11 +131,13 @@ class VLLMEngine(HttpEngine):
 
     async def _stream_on(self, url: str, request: GenerateRequest) -> AsyncIterator[GenerateChunk | GenerateResult]:
         try:
-            async for item in super()._stream_on(url, request):
-                yield item
+            async with contextlib.aclosing(super()._stream_on(url, request)) as items:
+                async for item in items:
+                    yield item
         except RouteMissing:  # raised before anything was streamed
-            async for item in super()._stream_on(url, request):
-                yield item
+            async with contextlib.aclosing(super()._stream_on(url, request)) as items:
+                async for item in items:
+                    yield item
 
 
 def _sampling(request: GenerateRequest) -> dict[str, Any]:

@@ -10,7 +10,8 @@ re-placed at its next request.
 
 **Health**: from the first call on, a background task probes every server's
 ``GET /health`` every ``health_interval`` seconds (each probe bounded by
-``health_timeout``); a server that does not answer 200 gets no new sessions until a
+``health_timeout``); a server that fails ``unhealthy_after`` probes in a row (default 2,
+so one slow probe under load does not drain a busy server) gets no new sessions until a
 probe sees it healthy again. A refused connection marks the server unhealthy at once.
 
 **Retries**, bounded and only where nothing can have been generated: a request whose
@@ -91,6 +92,7 @@ class HttpEngine:
         connect_timeout: float = 5.0,
         health_interval: float = 5.0,
         health_timeout: float = 5.0,
+        unhealthy_after: int = 2,
         abort_timeout: float = 5.0,
         max_connections: int = 256,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
@@ -99,6 +101,8 @@ class HttpEngine:
         self.urls = self.pool.urls
         self._health_interval = min(MAX_HEALTH_INTERVAL, max(MIN_HEALTH_INTERVAL, health_interval))
         self._health_timeout = health_timeout
+        self._unhealthy_after = max(1, unhealthy_after)
+        self._failed_probes = dict.fromkeys(self.urls, 0)
         self._abort_timeout = abort_timeout
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
@@ -166,7 +170,9 @@ class HttpEngine:
     async def probe(self) -> dict[str, bool]:
         """Probe every server's ``/health`` now and update the pool; returns what each answered."""
         results = await asyncio.gather(*(self._probe_one(url) for url in self.urls))
-        for url, healthy in zip(self.urls, results, strict=True):
+        for url, answered in zip(self.urls, results, strict=True):
+            self._failed_probes[url] = 0 if answered else self._failed_probes[url] + 1
+            healthy = answered or (self.pool.is_healthy(url) and self._failed_probes[url] < self._unhealthy_after)
             if healthy != self.pool.is_healthy(url):
                 log.warning("%s server %s is now %s", self.label, url, "healthy" if healthy else "unhealthy")
             self.pool.set_health(url, healthy)

@@ -197,11 +197,15 @@ async def test_a_logprob_count_mismatch_is_an_error(server, engine, logprobs, st
         await run(engine, request(), streamed)
 
 
-async def test_health_follows_the_server(server, engine) -> None:
+async def test_health_follows_the_server_after_two_failed_probes(server, engine) -> None:
     assert await engine.health() is True
     server.healthy = False
     assert await engine.health() is False
+    assert engine.pool.healthy() == (server.url,)  # one slow or failed probe is not enough
+    assert await engine.health() is False
     assert engine.pool.healthy() == ()
+    server.healthy = True
+    assert await engine.health() is True and engine.pool.healthy() == (server.url,)
 
 
 async def test_closing_a_stream_early_aborts_it_on_the_server(backend, server, engine) -> None:

@@ -11,7 +11,7 @@
 # Knobs (environment): SESSIONS=16 TURNS=4 MAX_TOKENS=128 SGLANG_PORT=30000 EDGE_PORT=8000
 #   STARTUP_TIMEOUT=600 (seconds for SGLang to load) LOAD_TIMEOUT=900 (seconds for the whole load)
 #   SGLANG_URL=http://host:port  use a running SGLang server instead of starting one
-#   SGLANG_ARGS="..."            extra arguments for sglang.launch_server
+#   SGLANG_ARGS="..."            extra arguments for sglang.launch_server (e.g. "--mem-fraction-static 0.5")
 set -euo pipefail
 
 MODEL_DIR=${1:?"usage: $0 MODEL_DIR [OUT_DIR]   (see the header of this script)"}
@@ -61,7 +61,7 @@ else
   SGLANG_URL=http://127.0.0.1:$SGLANG_PORT
   # shellcheck disable=SC2086
   "$PYTHON" -m sglang.launch_server --model-path "$MODEL_DIR" --host 127.0.0.1 --port "$SGLANG_PORT" \
-    --weight-version gpu-smoke ${SGLANG_ARGS:-} >"$OUT_DIR/sglang.log" 2>&1 &
+    ${SGLANG_ARGS:-} >"$OUT_DIR/sglang.log" 2>&1 &
   PIDS+=($!)
   echo "gpu_smoke: starting SGLang (log: $OUT_DIR/sglang.log) ..."
 fi

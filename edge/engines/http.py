@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import httpx
@@ -65,16 +66,12 @@ class Assembler(Protocol):
     def result(self) -> GenerateResult: ...
 
 
-class Call(Protocol):
+@dataclass(frozen=True)
+class Call:
     """One HTTP request: its URL and JSON body."""
 
     url: str
     body: bytes
-
-
-class HttpCall:
-    def __init__(self, url: str, body: bytes) -> None:
-        self.url, self.body = url, body
 
 
 class HttpEngine:
@@ -315,7 +312,6 @@ __all__ = [
     "JSON_HEADERS",
     "Assembler",
     "Call",
-    "HttpCall",
     "HttpEngine",
     "Refused",
     "new_items",

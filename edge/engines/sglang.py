@@ -33,7 +33,7 @@ from typing import Any
 import msgspec
 
 from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult
-from edge.engines.http import Call, HttpCall, HttpEngine, new_items
+from edge.engines.http import Call, HttpEngine, new_items
 from edge.engines.pool import session_of
 from schemas.errors import EngineError
 
@@ -82,13 +82,13 @@ class SGLangEngine(HttpEngine):
         return self.pool.server_of(session_of(request_id))
 
     def _generate_call(self, url: str, request: GenerateRequest, *, stream: bool) -> Call:
-        return HttpCall(f"{url}/generate", payload(request, stream=stream))
+        return Call(f"{url}/generate", payload(request, stream=stream))
 
     def _assembler(self, url: str, request: GenerateRequest) -> _Assembler:
         return _Assembler(request.return_logprob)
 
     def _abort_call(self, url: str, request_id: str) -> Call:
-        return HttpCall(f"{url}/abort_request", msgspec.json.encode({"rid": request_id}))
+        return Call(f"{url}/abort_request", msgspec.json.encode({"rid": request_id}))
 
 
 def payload(request: GenerateRequest, *, stream: bool) -> bytes:

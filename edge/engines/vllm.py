@@ -40,7 +40,7 @@ import httpx
 import msgspec
 
 from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult
-from edge.engines.http import Call, HttpCall, HttpEngine, Refused, raise_for_status
+from edge.engines.http import Call, HttpEngine, Refused, raise_for_status
 from schemas.errors import EngineError
 
 Api = Literal["generate", "completions"]
@@ -108,14 +108,14 @@ class VLLMEngine(HttpEngine):
         api = self.api[url]
         body = _generate_body(request, stream) if api == "generate" else _completions_body(request, stream, self._model)
         path = "/inference/v1/generate" if api == "generate" else "/v1/completions"
-        return HttpCall(url + path, msgspec.json.encode(body))
+        return Call(url + path, msgspec.json.encode(body))
 
     def _assembler(self, url: str, request: GenerateRequest) -> _Assembler:
         return _Assembler(request.return_logprob, chat_logprobs=self.api[url] == "generate")
 
     def _abort_call(self, url: str, request_id: str) -> Call:
         ids = [_PREFIX[self.api[url]] + request_id]
-        return HttpCall(f"{url}/abort_requests", msgspec.json.encode({"request_ids": ids}))
+        return Call(f"{url}/abort_requests", msgspec.json.encode({"request_ids": ids}))
 
     def _check(self, response: httpx.Response, url: str) -> None:
         if response.status_code == 404 and self._auto and self.api[url] == "generate":

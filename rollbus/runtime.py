@@ -21,7 +21,8 @@ from nats.js.client import JetStreamContext
 
 from edge.app import create_app
 from edge.codec.fidelity import load_codec
-from edge.engines import make_engine
+from edge.codec.tokenizer import load_tokenizer
+from edge.engines import local_model, make_engine
 from edge.engines.base import Engine
 from edge.live import Registry
 from edge.publisher import JetStreamLog
@@ -48,12 +49,44 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     nats_url: str | None = None  # None: start an embedded nats-server in <data_dir>/nats
     engine: str = "local"
     engine_urls: tuple[str, ...] = ()
+    model: str | None = None  # the local engine's model: None (tiny-qwen2), "smollm2", or a path
+    engine_timeout: float = 300.0  # HTTP engines: seconds to wait for a reply (or the next streamed event)
+    health_interval: float = 5.0  # HTTP engines: seconds between /health probes of each server
     tokenizer: str = "builtin:qwen2.5"
     tool_format: str = "hermes"
     admin_token: str = ""
     max_trajectory_length: int = 32768
     components: tuple[str, ...] = COMPONENTS
     log: LogConfig = LogConfig()
+
+
+def model_defaults(engine: str, model: str | None, tokenizer: str | None,
+                   tool_format: str | None) -> tuple[str, str]:
+    """The tokenizer and tool format to use: the given ones, else the local model's, else Qwen2.5's."""
+    spec = local_model(model) if engine == "local" else None
+    return (tokenizer or (spec.tokenizer if spec else "builtin:qwen2.5"),
+            tool_format or (spec.tool_format if spec else "hermes"))
+
+
+def engine_summary(options: StackOptions) -> str:
+    """One line naming the engine: ``local smollm2 (...)`` or ``sglang http://a:30000 http://b:30000``."""
+    if options.engine != "local":
+        return " ".join([options.engine, *options.engine_urls])
+    spec = local_model(options.model)
+    return f"local {spec.name} ({spec.summary})" if spec else f"local {options.model}"
+
+
+def build_engine(options: StackOptions) -> Engine:
+    """The engine ``options`` name (slow for a real local model: call it off the event loop)."""
+    if options.engine != "local":
+        if options.model is not None:
+            raise ValueError("--model selects the local engine's model; a remote engine serves its own")
+        return make_engine(options.engine, list(options.engine_urls), timeout=options.engine_timeout,
+                           health_interval=options.health_interval)
+    spec = local_model(options.model)
+    if spec is not None and options.tokenizer != spec.tokenizer:
+        raise ValueError(f"the local model {spec.name} needs --tokenizer {spec.tokenizer} (got {options.tokenizer})")
+    return make_engine("local", model=options.model, decode=load_tokenizer(options.tokenizer).decode)
 
 
 def build_edge_service(settings: EdgeSettings, js: JetStreamContext, engine: Engine) -> EdgeService:
@@ -85,8 +118,10 @@ def bind(host: str, port: int) -> socket.socket:
 class Stack:
     """The selected components, started in order and stopped in reverse."""
 
-    def __init__(self, options: StackOptions) -> None:
+    def __init__(self, options: StackOptions, *, engine: Engine | None = None) -> None:
+        """``engine``: use this one instead of building ``options.engine`` (e.g. a :class:`VerlEngine`)."""
         self.options = options
+        self._given_engine = engine
         self.stop_event = asyncio.Event()
         self.nats: EmbeddedNats | None = None
         self.nc: Client | None = None
@@ -126,13 +161,13 @@ class Stack:
 
     async def _start_edge(self, js: JetStreamContext) -> None:
         options = self.options
+        self._engine = self._given_engine or await asyncio.to_thread(build_engine, options)
         sock = bind(options.host, options.port)
         host, port = sock.getsockname()[:2]
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         settings = EdgeSettings(public_url=self.url, admin_token=options.admin_token, tokenizer=options.tokenizer,
                                 tool_format=options.tool_format, max_trajectory_length=options.max_trajectory_length,
                                 log=options.log)
-        self._engine = make_engine(options.engine, list(options.engine_urls))
         app = create_app(build_edge_service(settings, js, self._engine), ready=self.ready)
         config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, loop="none")
         self._server = _Server(config)

@@ -10,12 +10,14 @@ import asyncio
 import threading
 from pathlib import Path
 
+from edge.engines.base import Engine
 from rollbus.runtime import Stack, StackOptions
 
 
 class StackThread:
-    def __init__(self, options: StackOptions) -> None:
+    def __init__(self, options: StackOptions, *, engine: Engine | None = None) -> None:
         self.options = options
+        self._engine = engine
         self.stack: Stack | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
@@ -45,7 +47,7 @@ class StackThread:
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self.stack = Stack(self.options)
+        self.stack = Stack(self.options, engine=self._engine)
         try:
             await self.stack.start()
         except BaseException as exc:

@@ -208,9 +208,13 @@ def load_tokenizer(spec: str) -> Tokenizer:
 
 
 def _load_builtin(name: str) -> Tokenizer:
+    if name == "smollm2":  # built from a GGUF's vocabulary, not tiktoken ranks
+        from edge.codec.gguf import load_smollm2
+
+        return load_smollm2()
     builtin = _BUILTINS.get(name)
     if builtin is None:
-        raise ValueError(f"unknown builtin tokenizer {name!r}; available: {', '.join(sorted(_BUILTINS))}")
+        raise ValueError(f"unknown builtin tokenizer {name!r}; available: {', '.join(sorted(_BUILTINS))}, smollm2")
     backend = tokenizers.Tokenizer.from_file(str(_cached_build(builtin.vocabulary, builtin)))
     template = ChatTemplate(builtin_template_source(builtin.template), eos_token=builtin.eos_token)
     return Tokenizer(

@@ -80,6 +80,11 @@ def json_call(body: str | dict[str, object], call_id: str) -> ToolCall | str:
         value = _json.decode(body) if isinstance(body, str) else body
     except msgspec.DecodeError as exc:
         return f"tool call is not JSON: {exc}"
+    return call_from(value, call_id)
+
+
+def call_from(value: object, call_id: str) -> ToolCall | str:
+    """A tool call from a decoded JSON value ``{"name", "arguments"}``, or why it is not one."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return "tool call JSON has no string 'name'"
     arguments = value.get("arguments", value.get("parameters", {}))

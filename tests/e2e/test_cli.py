@@ -16,9 +16,11 @@ from edge.engines.scripted import ScriptedEngineServer
 
 
 class Up:
-    def __init__(self, data_dir: Path, engine_url: str) -> None:
+    def __init__(self, data_dir: Path, engine_url: str | None = None, *args: str, engine: str = "sglang") -> None:
         cmd = [sys.executable, "-m", "rollbus.cli", "up", "--port", "0", "--data-dir", str(data_dir),
-               "--engine", "sglang", "--engine-url", engine_url, "--admin-token", "tok"]
+               "--admin-token", "tok", *args]
+        if engine_url is not None:
+            cmd += ["--engine", engine, "--engine-url", engine_url]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self.url = self._read_until(r"edge:\s+(http://\S+)")

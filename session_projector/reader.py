@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
@@ -45,13 +45,18 @@ async def last_stream_seq(js: JetStreamContext, cfg: LogConfig, subject_filter: 
 
 
 async def iter_envelopes(
-    js: JetStreamContext, cfg: LogConfig, subject_filter: str, until: int, timeout: float = 5.0
+    js: JetStreamContext, cfg: LogConfig, subject_filter: str, until: int, timeout: float = 5.0, *, start: int = 1
 ) -> AsyncIterator[tuple[int, list[AnyEvent]]]:
-    """(stream seq, events) of every message matching the filter, up to stream seq ``until``."""
-    if until <= 0:
+    """(stream seq, events) of every message matching the filter, from stream seq ``start`` to ``until``."""
+    if until <= 0 or start > until:
         return
-    sub = await js.subscribe(subject_filter, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL,
-                             stream=cfg.stream)
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start) if start > 1 \
+        else ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+    try:
+        sub = await asyncio.wait_for(
+            js.subscribe(subject_filter, ordered_consumer=True, stream=cfg.stream, config=config), timeout)
+    except (TimeoutError, NatsTimeoutError) as exc:
+        raise LogUnavailable(f"could not open a reader on {subject_filter}") from exc
     try:
         while True:
             try:
@@ -66,11 +71,15 @@ async def iter_envelopes(
         await sub.unsubscribe()
 
 
-async def read_session(js: JetStreamContext, cfg: LogConfig, session_id: str) -> SessionLog:
-    """Every event of a session, in order. Raises :class:`SessionNotFound` when it has none."""
+async def read_session(js: JetStreamContext, cfg: LogConfig, session_id: str, *, until: int | None = None
+                       ) -> SessionLog:
+    """Every event of a session, in order (up to stream seq ``until`` when given).
+
+    Raises :class:`SessionNotFound` when it has none.
+    """
     check_session_id(session_id)
     subject_filter = cfg.session_filter(session_id)
-    last = await last_stream_seq(js, cfg, subject_filter)
+    last = until if until is not None else await last_stream_seq(js, cfg, subject_filter)
     if last == 0:
         raise SessionNotFound(f"no session {session_id!r}", param="session_id")
     events: list[AnyEvent] = []
@@ -79,9 +88,10 @@ async def read_session(js: JetStreamContext, cfg: LogConfig, session_id: str) ->
     return SessionLog(events=events, last_stream_seq=last)
 
 
-async def load_state(js: JetStreamContext, cfg: LogConfig, session_id: str) -> tuple[SessionState, int]:
+async def load_state(js: JetStreamContext, cfg: LogConfig, session_id: str, *, until: int | None = None
+                     ) -> tuple[SessionState, int]:
     """A session rebuilt from the log alone, and the stream sequence it was read up to."""
-    session_log = await read_session(js, cfg, session_id)
+    session_log = await read_session(js, cfg, session_id, until=until)
     state = fold(session_log.events)
     if state is None:  # pragma: no cover - read_session never returns an empty log
         raise SessionNotFound(f"no session {session_id!r}")

@@ -57,6 +57,13 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
     parser.add_argument("--max-trajectory-length", type=int, default=32768)
     parser.add_argument("--admin-token", default=os.environ.get("ROLLBUS_ADMIN_TOKEN", ""),
                         help="admin bearer token [$ROLLBUS_ADMIN_TOKEN; generated when absent]")
+    parser.add_argument("--edge-id", default="",
+                        help="unique among running edges; a restarted edge with the same id takes its sessions "
+                             "back at once [<hostname>:<port>]")
+    parser.add_argument("--lease-ttl", type=float, default=15.0, metavar="SECONDS",
+                        help="session lease: another edge may take over a dead edge's sessions after it [15]")
+    parser.add_argument("--idle-timeout", type=float, default=3600.0, metavar="SECONDS",
+                        help="abort open sessions nothing touched for this long; 0: never [3600]")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +92,9 @@ def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOpti
         admin_token=(args.admin_token or secrets.token_urlsafe(18)) if edge else "",
         max_trajectory_length=args.max_trajectory_length if edge else 32768,
         components=components,
+        edge_id=args.edge_id if edge else "",
+        lease_ttl=args.lease_ttl if edge else 15.0,
+        idle_timeout=args.idle_timeout if edge else 3600.0,
     )
 
 

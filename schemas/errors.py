@@ -4,7 +4,8 @@
 
     RollbusError
     ├── MalformedRequest          400  the request does not decode or makes no sense
-    │   └── ContextTooLong        400  the prompt alone exceeds the trajectory length
+    │   ├── ContextTooLong        400  the prompt alone exceeds the trajectory length
+    │   └── IdempotencyKeyReused  400  an Idempotency-Key repeated with a different body
     ├── Unauthorized              401  missing or wrong api key / admin token
     ├── SessionNotFound           404
     ├── SessionClosed             409  finalized or aborted
@@ -44,6 +45,10 @@ class MalformedRequest(RollbusError):
 
 class ContextTooLong(MalformedRequest):
     code = "context_length_exceeded"
+
+
+class IdempotencyKeyReused(MalformedRequest):
+    code = "idempotency_key_reused"
 
 
 class Unauthorized(RollbusError):

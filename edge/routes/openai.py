@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from edge.codec.openai_wire import decode_request, encode_completion, encode_error
+from edge.idempotency import retry_count
 from edge.routes.wire import bearer, json_response, read_body, wire_route
 from edge.service import EdgeService
 from edge.turns import TurnRequest
@@ -21,7 +22,8 @@ async def chat_completions(session_id: str, request: Request) -> Response:
     if conversation.stream:
         raise MalformedRequest("stream=true is not supported yet", param="stream")
     turn = TurnRequest(conversation=conversation, wire="openai", body=body,
-                       idempotency_key=request.headers.get("idempotency-key"))
+                       idempotency_key=request.headers.get("idempotency-key"),
+                       retry_count=retry_count(request.headers))
     outcome = await service.complete(session_id, bearer(request), turn)
     token_text = service.token_strings(outcome.token_ids) if conversation.logprobs else None
     return json_response(encode_completion(outcome, model=conversation.model, logprobs=conversation.logprobs,

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from edge.ownership import KvLeases
 from edge.publisher import JetStreamLog
 from edge.service import EdgeService
 from edge.settings import EdgeSettings
-from edge.turns import TurnRunner
+from edge.turns import Clock, TurnRunner
 from materializer.parquet import ParquetSink
 from materializer.service import Materializer
 from rollbus.nats_server import EmbeddedNats
@@ -64,25 +65,27 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     idle_timeout: float = 3600.0
 
 
-def build_edge_service(settings: EdgeSettings, js: JetStreamContext, engine: Engine) -> EdgeService:
+def build_edge_service(settings: EdgeSettings, js: JetStreamContext, engine: Engine, *,
+                       clock: Clock = time.time) -> EdgeService:
     """An :class:`EdgeService` writing to JetStream under leases, taking unknown sessions over from it."""
     cfg = settings.log
     codec = TemplateCodec(load_tokenizer(settings.tokenizer))
     event_log = JetStreamLog(js, cfg)
-    leases = KvLeases(js, cfg, edge_id=settings.edge_id, url=settings.public_url, ttl=settings.lease_ttl_s)
+    leases = KvLeases(js, cfg, edge_id=settings.edge_id, url=settings.public_url, ttl=settings.lease_ttl_s,
+                      clock=clock)
     registry = Registry(lambda session_id: load_state(js, cfg, session_id), leases=leases,
                         position=lambda session_id: last_stream_seq(js, cfg, cfg.session_filter(session_id)),
-                        summaries=lambda session_id: current_summary(js, cfg, session_id))
+                        summaries=lambda session_id: current_summary(js, cfg, session_id), clock=clock)
     turns = TurnRunner(settings=settings, codec=codec, engine=engine, log=event_log,
-                       parser=get_parser(settings.tool_format))
-    return EdgeService(settings=settings, registry=registry, log=event_log, turns=turns, leases=leases)
+                       parser=get_parser(settings.tool_format), clock=clock)
+    return EdgeService(settings=settings, registry=registry, log=event_log, turns=turns, leases=leases, clock=clock)
 
 
-def build_keeper(service: EdgeService, js: JetStreamContext) -> SessionKeeper:
+def build_keeper(service: EdgeService, js: JetStreamContext, *, clock: Clock = time.time) -> SessionKeeper:
     """Lease renewal, idle timeout and orphan sweeps for an edge's sessions."""
     settings = service.settings
     return SessionKeeper(service, idle_timeout=settings.idle_timeout_s, leases=service.leases,
-                         orphans=lambda: iter_projections(js, settings.log, heads_only=True))
+                         orphans=lambda: iter_projections(js, settings.log, heads_only=True), clock=clock)
 
 
 def default_edge_id(port: int) -> str:

@@ -56,8 +56,8 @@ class SessionScript:
         self._add(TurnCompleted, chain=chain, request_no=no, finish_reason=finish, text="t", tip_digest=tip,
                   n_messages=n_messages + 1)
 
-    def close(self, chain: int, reason: str = "max_trajectory_length") -> None:
-        self._add(ChainClosed, chain=chain, reason=reason)
+    def close(self, chain: int, reason: str = "max_trajectory_length", request_no: int | None = None) -> None:
+        self._add(ChainClosed, chain=chain, reason=reason, request_no=request_no)
 
     def reward(self, reward: float | None, **extra: object) -> None:
         self._add(RewardReported, reward=reward, extra=dict(extra))

@@ -267,11 +267,11 @@ def _chain_started(state: SessionState, e: ChainStarted) -> SessionState:
 def _context(state: SessionState, e: ContextAppended) -> SessionState:
     _require_open(state, e)
     chain = _open_chain(state, e.chain)
-    segment = Segment(token_ids=e.token_ids, generated=False)
+    count = tokens.count(e.token_ids)
     chain = msgspec.structs.replace(
         chain,
-        segments=(*chain.segments, segment) if segment.length else chain.segments,
-        response_len=chain.response_len + segment.length,
+        segments=(*chain.segments, Segment(token_ids=e.token_ids, generated=False)) if count else chain.segments,
+        response_len=chain.response_len + count,
         n_messages=e.n_messages,
         chat_turns=chain.chat_turns + e.chat_turns,
         pending_request=e.request_no,
@@ -291,12 +291,13 @@ def _tokens(state: SessionState, e: TokensGenerated) -> SessionState:
     if e.logprobs is not None and len(e.logprobs) != len(e.token_ids):
         raise FoldError(f"session {state.session_id}: {tokens.count(e.token_ids)} tokens but "
                         f"{tokens.count(e.logprobs)} log probs")
-    segment = Segment(token_ids=e.token_ids, generated=True, logprobs=e.logprobs)
-    if not segment.length:
+    count = tokens.count(e.token_ids)
+    if not count:
         return _touch(state, e)
+    segment = Segment(token_ids=e.token_ids, generated=True, logprobs=e.logprobs)
     chain = msgspec.structs.replace(
-        chain, segments=(*chain.segments, segment), response_len=chain.response_len + segment.length,
-        generated_len=chain.generated_len + segment.length,
+        chain, segments=(*chain.segments, segment), response_len=chain.response_len + count,
+        generated_len=chain.generated_len + count,
     )
     return _replace_chain(state, e, chain)
 

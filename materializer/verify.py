@@ -46,9 +46,12 @@ def derived_digests(state: SessionState, options: RecordOptions = RecordOptions(
 
 def compare(state: SessionState, marker: MaterializedMarker | None,
             options: RecordOptions = RecordOptions()) -> list[Difference]:
-    """What differs between the records the log derives and the marker (empty: nothing)."""
+    """What differs between the records the log derives and the marker (empty: nothing).
+
+    Only a finalized session has records: an open or aborted one is expected to have none.
+    """
     sid = state.session_id
-    derived = derived_digests(state, options)
+    derived = derived_digests(state, options) if state.status == "finalized" else {}
     if marker is None:
         return [Difference(session_id=sid, kind="missing_marker", detail=f"{len(derived)} records derived")] \
             if derived else []

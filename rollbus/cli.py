@@ -7,6 +7,8 @@
     rollbus projector     the session projector alone    (--nats URL)
     rollbus materializer  the materializer alone         (--nats URL)
     rollbus demo          sample agent sessions through a running or embedded stack
+    rollbus replay        a session rebuilt from the log; --verify checks what was materialized
+    rollbus sessions      sessions with status, turns, chains, reward (from the projections)
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from pathlib import Path
 
 import msgspec
 
-from rollbus import demo
+from rollbus import demo, replay, sessions
 from rollbus.runtime import COMPONENTS, Stack, StackOptions
 
 # Commands beyond the stack itself: each module has ``register(subparsers)`` and sets
 # ``run(args) -> int`` as the parser default.
-TOOL_COMMANDS = [demo]
+TOOL_COMMANDS = [demo, replay, sessions]
 
 STATE_FILE = "edge.json"  # <data-dir>/edge.json: where a running `rollbus up` can be reached
 

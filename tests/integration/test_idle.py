@@ -19,7 +19,7 @@ from session_projector.projections import iter_projections
 from session_projector.reader import read_session
 from session_projector.service import Projector
 from tests.integration.edges import Agent, FakeClock, make_edge, responder
-from tests.integration.test_projector import running, wait_projected
+from tests.integration.projecting import running, wait_projected
 
 
 @pytest.fixture(scope="module")

@@ -3,23 +3,18 @@ projector restart in the middle of sessions, are rebuilt when lost, and skip red
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator
-
 import msgspec
 import pytest
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 
 from edge.publisher import JetStreamLog
 from schemas.log import LogConfig
 from session_projector.fold import fold
-from session_projector.projections import ProjectionStore, current_summary, iter_projections, read_projection
+from session_projector.projections import ProjectionStore, current_summary, read_projection
 from session_projector.service import Projector, ReadySignal
 from session_projector.summary import summarize
 from tests.helpers import SessionScript, append_all, envelopes
+from tests.integration.projecting import running, wait_drained, wait_projected
 
 
 def _script(index: int, turns: int, end: str | None) -> SessionScript:
@@ -38,40 +33,6 @@ def _script(index: int, turns: int, end: str | None) -> SessionScript:
 
 
 SCRIPTS = [_script(i, 2 + i % 4, (None, "finalized", "aborted")[i % 3]) for i in range(9)]
-
-
-@contextlib.asynccontextmanager
-async def running(projector: Projector) -> AsyncIterator[Projector]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(projector.run(stop))
-    try:
-        yield projector
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
-
-
-async def wait_projected(js: JetStreamContext, cfg: LogConfig, expected: dict[str, int], timeout: float = 20) -> None:
-    """Until each session's projection holds event #expected[sid]."""
-    deadline = time.monotonic() + timeout
-    while True:
-        seen = {p.session_id: p.state.seq async for p in iter_projections(js, cfg)}
-        if all(seen.get(sid) == seq for sid, seq in expected.items()):
-            return
-        assert time.monotonic() < deadline, f"projections stuck at {seen}, want {expected}"
-        await asyncio.sleep(0.05)
-
-
-async def wait_drained(js: JetStreamContext, stream: str, durable: str, timeout: float = 20) -> None:
-    """Until the durable consumer exists and has nothing pending or unacknowledged."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(NotFoundError):
-            info = await js.consumer_info(stream, durable)
-            if info.num_pending == 0 and info.num_ack_pending == 0:
-                return
-        assert time.monotonic() < deadline, f"consumer {durable} did not drain"
-        await asyncio.sleep(0.05)
 
 
 async def _write(js: JetStreamContext, cfg: LogConfig, scripts: list[SessionScript], upto: float = 1.0,

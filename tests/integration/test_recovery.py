@@ -18,8 +18,12 @@ from edge.service import EdgeService
 from edge.turns import TurnOutcome
 from schemas.errors import IdempotencyKeyReused, OwnershipLost, SessionOwned
 from schemas.events import RewardReported
+from session_projector.fold import fold
 from session_projector.reader import load_state, read_session
+from session_projector.service import Projector
+from session_projector.summary import summarize
 from tests.integration.edges import Agent, FakeClock, make_edge, responder
+from tests.integration.projecting import running, wait_projected
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +133,21 @@ async def test_retries_get_the_recorded_completion_also_after_a_restart(js, log_
         assert len(engine.requests) == calls + 1 and sibling.request_no != original.request_no
     events = (await read_session(js, log_config, agent.session_id)).events
     assert sum(type(e).__name__ == "TurnCompleted" for e in events) == 2
+
+
+async def test_a_summary_of_a_session_held_elsewhere_comes_from_its_projection_without_taking_it(
+        js, log_config, engine, clock):
+    async with edges(js, log_config, engine, clock, "a", "b") as (a, b):
+        agent = await Agent.open(a)
+        await agent.turn(a, "one")
+        unprojected = await b.summary(agent.session_id)  # no projection yet: replayed
+        async with running(Projector(js, log_config)):
+            await wait_projected(js, log_config, {agent.session_id: 5})
+        await agent.turn(a, "two")  # past the projection: b folds the log's tail onto it
+        summary = await b.summary(agent.session_id)
+        log = (await read_session(js, log_config, agent.session_id)).events
+        assert summary == summarize(fold(log)) == await a.summary(agent.session_id)
+        assert unprojected.turns == 1 and summary.turns == 2
+        assert not b.registry.holds(agent.session_id)
+        lease, _ = await b.leases.read(agent.session_id)
+        assert lease is not None and lease.edge_id == "a"  # reading took nothing over

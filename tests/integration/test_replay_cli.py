@@ -19,7 +19,7 @@ from schemas.records import MaterializedMarker, record_digest
 from session_projector.fold import fold
 from session_projector.service import Projector
 from tests.helpers import SessionScript, append_all, envelopes
-from tests.integration.test_projector import running, wait_projected
+from tests.integration.projecting import running, wait_projected
 
 SESSIONS = 300
 

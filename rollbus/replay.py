@@ -94,7 +94,7 @@ def replay_table(state: SessionState, info: dict[str, int]) -> str:
     lines = [f"session {state.session_id}  uid {state.uid}  index {state.session_index}  "
              f"agent {state.agent_name or '-'}  {state.status}{closed}  reward {reward}{extra}",
              f"log: {info['events']} events, last at stream seq {info['last_stream_seq']}; "
-             f"{summary.requests} requests, {summary.turns} turns, {len(state.chains)} chains"]
+             f"requests {summary.requests}, turns {summary.turns}, chains {len(state.chains)}"]
     for view in chain_views(state):
         lines += ["", *_chain_lines(view)]
     records = _records(state)
@@ -138,9 +138,8 @@ async def verify_one(js: JetStreamContext, cfg: LogConfig, state: SessionState, 
         print(msgspec.json.encode({"sessions": 1, "differences": differences}).decode())
     else:
         _print_differences(differences)
-        records = len(marker.digests) if marker is not None else 0
-        print(f"verified {state.session_id} ({state.status}, {records} records in its marker): "
-              f"{len(differences)} differences")
+        held = f"{len(marker.digests)} records in its marker" if marker is not None else "no marker"
+        print(f"verified {state.session_id} ({state.status}, {held}): {len(differences)} differences")
     return EXIT_DIFFERENT if differences else EXIT_OK
 
 

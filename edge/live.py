@@ -166,9 +166,12 @@ class Registry:
         return live
 
     async def summary(self, session_id: str) -> SessionSummary:
-        """From the live state, the closed cache, the projection (plus the log's tail), or a replay."""
+        """From the live state, the closed cache, the projection (plus the log's tail), or a replay.
+
+        A live state whose lease has lapsed may have been taken over elsewhere: not trusted for reads.
+        """
         live = self._live.get(session_id)
-        if live is not None:
+        if live is not None and (live.lease is None or live.lease.remaining() > 0):
             return summarize(live.state)
         closed = self._closed.get(session_id)
         if closed is not None:

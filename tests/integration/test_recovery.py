@@ -78,7 +78,9 @@ async def test_another_edge_takes_over_once_the_lease_lapses_and_the_old_one_sto
         assert engine.requests[-1]["input_ids"][: len(before)] == before  # b continued the stored tokens
         assert len((await load_state(js, log_config, agent.session_id))[0].chains) == 1
 
-        # a still holds its stale live state: its next write is refused and the state dropped.
+        # a still holds its stale live state: not trusted for reads, its lease having lapsed ...
+        assert (await a.summary(agent.session_id)).turns == 2
+        # ... and its next write is refused and the state dropped.
         with pytest.raises(OwnershipLost):
             await agent.send(a, agent.request(None, key="x"))
         assert not a.registry.holds(agent.session_id)

@@ -60,10 +60,13 @@ class SessionKeeper:
                 await asyncio.wait_for(stop.wait(), self.tick_s)
             if stop.is_set():
                 return
-            await self.tick()
-            if self._orphans is not None and self._idle_timeout > 0 and self._clock() >= next_sweep:
-                await self.sweep()
-                next_sweep = self._clock() + self.sweep_s
+            try:
+                await self.tick()
+                if self._orphans is not None and self._idle_timeout > 0 and self._clock() >= next_sweep:
+                    next_sweep = self._clock() + self.sweep_s
+                    await self.sweep()
+            except RollbusError as exc:  # NATS away for a while: try again next tick
+                log.warning("session keeper: %s", exc)
 
     async def tick(self) -> None:
         for live in self._registry.live_sessions():

@@ -4,6 +4,7 @@ registry, leases instance and engine client), as a separate process would have."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -153,3 +154,18 @@ async def test_a_summary_of_a_session_held_elsewhere_comes_from_its_projection_w
         assert not b.registry.holds(agent.session_id)
         lease, _ = await b.leases.read(agent.session_id)
         assert lease is not None and lease.edge_id == "a"  # reading took nothing over
+
+
+async def test_concurrent_takeovers_have_exactly_one_winner(js, log_config, engine, clock):
+    async with edges(js, log_config, engine, clock, "a", "b", "c", "d") as (a, *others):
+        agent = await Agent.open(a)
+        await agent.turn(a, "one")
+        clock.advance(13)
+        results = await asyncio.gather(*(edge.registry.get(agent.session_id) for edge in others),
+                                       return_exceptions=True)
+        winners = [edge for edge, result in zip(others, results, strict=True) if not isinstance(result, Exception)]
+        assert len(winners) == 1, results
+        assert all(isinstance(r, SessionOwned) for r in results if isinstance(r, Exception))
+        await agent.turn(winners[0], "two")
+    state, _ = await load_state(js, log_config, agent.session_id)
+    assert state.turns == 2

@@ -177,7 +177,9 @@ def test_sigkill_mid_conversation_the_sdk_retry_lands_on_a_new_edge(nats, engine
         first.stop()
     calls_before = len(engine.server.requests)
     # "restarted": same address, so the same edge id (<host>:<port>): it takes the session back at once.
-    # "another": a different edge id: it waits out the dead edge's lease (409 + Retry-After, retried by the SDK).
+    # "another": a different edge id: it takes over once the dead edge's lease has lapsed (answering 409 with
+    # Retry-After until then, which the SDK honours; whether it has lapsed by the time the edge is up depends
+    # on how fast it starts, so this test does not say which).
     extra = ("--edge-id", "another-edge") if second_edge == "another" else ()
     second = Edge(nats.url, engine.server.url, port, tmp_path / "edge2.log", *extra)
     try:
@@ -185,9 +187,6 @@ def test_sigkill_mid_conversation_the_sdk_retry_lands_on_a_new_edge(nats, engine
         assert results == ["tool_calls"], (tmp_path / "edge2.log").read_text()
         assert talk.turn() == "stop"
         talk.finish(second.url)
-        refused = [line for line in httpx.get(f"{second.url}/metrics").text.splitlines()
-                   if "chat/completions" in line and 'status="409"' in line]
-        assert bool(refused) == (second_edge == "another"), refused  # only "another" waited for the lease
     finally:
         second.stop()
 

@@ -24,6 +24,9 @@ def test_the_sdk_retry_of_a_timed_out_request_gets_the_original_completion(stack
     completion = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     assert completion.choices[0].message.content == "slow but sure"
     assert len(engine.requests) == 1  # the retries were answered from the original, not sampled again
+    served = [line for line in httpx.get(f"{stack.url}/metrics").text.splitlines()
+              if line.startswith("rollbus_http_requests_total") and "chat/completions" in line]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in served) >= 2  # the 1 s timeout made the SDK retry
     summary = httpx.get(f"{stack.url}/sessions/{session['session_id']}", headers=stack.admin).json()
     assert summary["turns"] == 1 and summary["requests"] == 1
 

@@ -103,10 +103,12 @@ class SessionKeeper:
         before = self.aborted
         candidates = [head.session_id async for head in self._orphans() if self._orphaned(head)]
         for session_id in candidates:
-            if await self._lease_quiet(session_id):
-                await self._abort(session_id)
-                if self._registry.holds(session_id):  # active after all: let it go again
-                    await self._registry.drop(session_id)
+            if self._registry.holds(session_id) or not await self._lease_quiet(session_id):
+                continue
+            await self._abort(session_id)
+            taken = self._registry.peek(session_id)
+            if taken is not None and not taken.active:  # not idle after all: let it go again
+                await self._registry.drop(session_id)
         return self.aborted - before
 
     def _orphaned(self, head: ProjectionHead) -> bool:

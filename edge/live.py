@@ -140,6 +140,10 @@ class Registry:
     def holds(self, session_id: str) -> bool:
         return session_id in self._live
 
+    def peek(self, session_id: str) -> LiveSession | None:
+        """The live session if this edge holds it (no loading)."""
+        return self._live.get(session_id)
+
     def live_sessions(self) -> list[LiveSession]:
         return list(self._live.values())
 

@@ -14,7 +14,8 @@ import pytest
 from edge.codec.tokenizer import load_tokenizer
 from edge.engines.scripted import ScriptedEngineServer
 from edge.keeper import SessionKeeper
-from schemas.events import SessionAborted
+from edge.publisher import JetStreamLog
+from schemas.events import RewardReported, SessionAborted
 from session_projector.projections import iter_projections
 from session_projector.reader import read_session
 from session_projector.service import Projector
@@ -123,3 +124,26 @@ async def test_the_running_keeper_aborts_an_idle_session(js, log_config, engine)
         assert await aborted_reason(js, log_config, agent.session_id) == "idle_timeout"
     finally:
         await edge._turns._engine.aclose()
+
+
+async def test_a_sweep_lets_go_of_a_session_that_is_not_idle_after_all(js, log_config, engine):
+    clock = FakeClock()
+    dead = make_edge(js, log_config, engine.url, edge_id="dead", clock=clock, idle=60)
+    other = make_edge(js, log_config, engine.url, edge_id="other", clock=clock, idle=60)
+    try:
+        agent = await Agent.open(dead)
+        await agent.turn(dead, "hello")
+        async with running(Projector(js, log_config)):
+            await wait_projected(js, log_config, {agent.session_id: 5})
+        clock.advance(61)
+        live = await dead.registry.get(agent.session_id)
+        late = RewardReported(session_id=agent.session_id, seq=live.state.seq + 1, time=clock(), reward=1.0)
+        await JetStreamLog(js, log_config).append(agent.session_id, [late], live.stream_seq)  # the projection lags
+        assert await keeper(other, js, log_config, clock, 60).sweep() == 0
+        assert await aborted_reason(js, log_config, agent.session_id) is None
+        assert not other.registry.holds(agent.session_id)
+        lease, _ = await other.leases.read(agent.session_id)
+        assert lease is None  # let go: the next edge asked for it takes it at once
+    finally:
+        for edge in (dead, other):
+            await edge._turns._engine.aclose()

@@ -32,13 +32,13 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import msgspec
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
 from schemas.errors import LogUnavailable, OwnershipLost, SessionOwned
 from schemas.log import LogConfig
+from session_projector.projections import UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -164,5 +164,5 @@ class KvLeases:
     async def _bounded(self, call: Awaitable[T]) -> T:
         try:
             return await asyncio.wait_for(call, self._timeout)
-        except (TimeoutError, NatsTimeoutError) as exc:
+        except UNAVAILABLE as exc:
             raise LogUnavailable("JetStream did not answer a lease operation") from exc

@@ -26,10 +26,11 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 import msgspec
+from nats.errors import ConnectionClosedError, ConnectionDrainingError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 
 from schemas.errors import Conflict, LogUnavailable
@@ -75,10 +76,15 @@ def decode(data: bytes) -> Projection:
     return _decoder.decode(data)
 
 
+# What "JetStream is not there right now" looks like from nats-py (its timeouts are TimeoutErrors).
+UNAVAILABLE = (TimeoutError, NoRespondersError, ServiceUnavailableError, ConnectionClosedError,
+               ConnectionDrainingError)
+
+
 async def _bounded(call: Awaitable[T], timeout: float, what: str) -> T:
     try:
         return await asyncio.wait_for(call, timeout)
-    except (TimeoutError, NatsTimeoutError) as exc:
+    except UNAVAILABLE as exc:
         raise LogUnavailable(f"JetStream did not answer ({what})") from exc
 
 

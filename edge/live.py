@@ -1,65 +1,135 @@
 """Live sessions: the edge's in-memory view of the sessions it writes.
 
-A :class:`LiveSession` holds the fold state of one session and the stream sequence of
-its last envelope. :meth:`LiveSession.commit` is the only way state changes: under the
-session's lock it drafts events from the current state, applies the fold (so an event
-that does not fit is refused before it reaches the log), appends them, and only then
-swaps the state in. The :class:`Registry` finds a session in memory or rebuilds it from
-the log (the same fold), so a restarted edge picks up where the log says.
+A :class:`LiveSession` holds the fold state of one session, the stream sequence of its
+last envelope and the session's lease (:mod:`edge.ownership`). :meth:`LiveSession.commit`
+is the only way state changes: under the session's lock it drafts events from the
+current state, numbers them (and seals each request body's digest into its
+``request_received``), applies the fold (so an event that does not fit is refused before
+it reaches the log), makes sure the lease is still this edge's, appends, and only then
+swaps the state in.
+
+An append refused with :class:`OwnershipLost` (another writer appended: the log's
+per-session sequence check) or a lease that changed hands marks the live session *lost*:
+the registry forgets it at once, without publishing anything, and the next request
+rebuilds the session from the log (or is refused while another edge holds it).
+
+The :class:`Registry` finds a session in memory or takes it over: it rebuilds it from the
+log (the same fold) and acquires its lease, so a restarted edge, or another one, picks
+up where the log says. Closed sessions are kept only as summaries; a finalized or aborted
+session's live state (its token buffers) is dropped and its lease deleted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import msgspec
 
+from edge.idempotency import InFlight
+from edge.ownership import KvLeases, LeaseHandle
 from edge.publisher import EventLog
-from schemas.errors import SessionClosed
-from schemas.events import Event
+from schemas.errors import OwnershipLost, SessionClosed
+from schemas.events import Event, RequestReceived, body_digest
 from session_projector.fold import SessionState, apply
 from session_projector.summary import SessionSummary, summarize
 
 Draft = Callable[[SessionState], Sequence[Event]]
 Loader = Callable[[str], Awaitable[tuple[SessionState, int]]]
+Position = Callable[[str], Awaitable[int]]  # stream seq of the session's last envelope
+Summaries = Callable[[str], Awaitable[SessionSummary | None]]  # from projections, without replaying
+Clock = Callable[[], float]
+
+
+def _numbered(event: Event, seq: int) -> Event:
+    if isinstance(event, RequestReceived) and not event.body_digest:
+        return msgspec.structs.replace(event, seq=seq, body_digest=body_digest(event.body))
+    return msgspec.structs.replace(event, seq=seq)
 
 
 class LiveSession:
-    def __init__(self, state: SessionState, stream_seq: int) -> None:
+    def __init__(self, state: SessionState, stream_seq: int, lease: LeaseHandle | None = None, *,
+                 clock: Clock = time.time) -> None:
         self.state = state
         self.stream_seq = stream_seq
+        self.lease = lease
         self.busy: set[int] = set()  # chains with a request in flight
         self.verified_key: str | None = None  # the api key once checked against its digest
+        self.inflight = InFlight()  # requests in flight, by identity (edge.idempotency)
+        self.active = 0  # requests in flight
+        self.touched = state.updated_at  # last activity: a request started or an event committed
+        self.lost = False
+        self.on_lost: Callable[[LiveSession], None] | None = None
+        self._clock = clock
         self._next_request = state.requests + 1
         self._lock = asyncio.Lock()
+
+    @property
+    def session_id(self) -> str:
+        return self.state.session_id
 
     def take_request_no(self) -> int:
         number = self._next_request
         self._next_request += 1
         return number
 
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[None]:
+        """Marks a request in flight: the session is not idle, and its lease is kept renewed."""
+        self.active += 1
+        self.touched = self._clock()
+        try:
+            yield
+        finally:
+            self.active -= 1
+            self.touched = self._clock()
+
+    def idle_for(self) -> float:
+        return 0.0 if self.active else self._clock() - self.touched
+
     async def commit(self, log: EventLog, draft: Draft, *, allow_closed: bool = False) -> list[Event]:
         """Append the drafted events (their ``seq`` assigned here) and apply them."""
         async with self._lock:
             state = self.state
+            if self.lost:
+                raise OwnershipLost(f"session {state.session_id} is no longer written by this edge; retry")
             if state.status != "open" and not allow_closed:
                 raise SessionClosed(f"session {state.session_id} is {state.status}")
-            events = [msgspec.structs.replace(e, seq=state.seq + i + 1) for i, e in enumerate(draft(state))]
+            events = [_numbered(e, state.seq + i + 1) for i, e in enumerate(draft(state))]
             for event in events:
                 state = apply(state, event)
-            appended = await log.append(state.session_id, events, self.stream_seq)
+            try:
+                if self.lease is not None:
+                    await self.lease.ensure()
+                appended = await log.append(state.session_id, events, self.stream_seq)
+            except OwnershipLost:
+                self.lose()
+                raise
             self.stream_seq = appended.stream_seq
             self.state = state
+            self.touched = self._clock()
             return events
+
+    def lose(self) -> None:
+        """Another writer has the session: stop writing, and let the registry forget this state."""
+        self.lost = True
+        if self.on_lost is not None:
+            self.on_lost(self)
 
 
 class Registry:
-    """Open sessions held live; closed ones kept only as summaries; anything else loaded from the log."""
+    """Open sessions held live; closed ones kept only as summaries; anything else taken over from the log."""
 
-    def __init__(self, loader: Loader, *, closed_cache: int = 4096) -> None:
+    def __init__(self, loader: Loader, *, leases: KvLeases | None = None, position: Position | None = None,
+                 summaries: Summaries | None = None, closed_cache: int = 4096, clock: Clock = time.time) -> None:
         self._loader = loader
+        self._leases = leases
+        self._position = position
+        self._summaries = summaries
+        self._clock = clock
         self._live: dict[str, LiveSession] = {}
         self._loading: dict[str, asyncio.Future[LiveSession]] = {}
         self._closed: OrderedDict[str, SessionSummary] = OrderedDict()
@@ -68,11 +138,22 @@ class Registry:
     def __len__(self) -> int:
         return len(self._live)
 
+    def holds(self, session_id: str) -> bool:
+        return session_id in self._live
+
+    def peek(self, session_id: str) -> LiveSession | None:
+        """The live session if this edge holds it (no loading)."""
+        return self._live.get(session_id)
+
+    def live_sessions(self) -> list[LiveSession]:
+        return list(self._live.values())
+
     def add(self, session: LiveSession) -> None:
-        self._live[session.state.session_id] = session
+        session.on_lost = self._forget
+        self._live[session.session_id] = session
 
     async def get(self, session_id: str) -> LiveSession:
-        """The live session; rebuilt from the log when this edge does not hold it."""
+        """The live session; taken over from the log when this edge does not hold it."""
         live = self._live.get(session_id)
         if live is not None:
             return live
@@ -90,31 +171,67 @@ class Registry:
         return live
 
     async def summary(self, session_id: str) -> SessionSummary:
+        """From the live state, the closed cache, the projection (plus the log's tail), or a replay.
+
+        A live state whose lease has lapsed may have been taken over elsewhere: not trusted for reads.
+        """
         live = self._live.get(session_id)
-        if live is not None:
+        if live is not None and (live.lease is None or live.lease.remaining() > 0):
             return summarize(live.state)
         closed = self._closed.get(session_id)
         if closed is not None:
             return closed
-        state, _ = await self._loader(session_id)
-        if state.status != "open":
-            self._remember(summarize(state))
-        return summarize(state)
+        summary = await self._summaries(session_id) if self._summaries is not None else None
+        if summary is None:  # not projected (yet): replay
+            state, _ = await self._loader(session_id)
+            summary = summarize(state)
+        if summary.status != "open":
+            self._remember(summary)
+        return summary
 
     async def _load(self, session_id: str) -> LiveSession:
         state, stream_seq = await self._loader(session_id)
-        live = LiveSession(state, stream_seq)
-        if state.status == "open":
-            self._live[session_id] = live
-        else:
+        if state.status != "open":
             self._remember(summarize(state))
+            return LiveSession(state, stream_seq, clock=self._clock)
+        lease = await self._leases.acquire(session_id) if self._leases is not None else None
+        if self._position is not None and await self._position(session_id) != stream_seq:
+            state, stream_seq = await self._loader(session_id)  # it moved before the lease was ours
+        live = LiveSession(state, stream_seq, lease, clock=self._clock)
+        if state.status != "open":
+            await self._drop_lease(live)
+            self._remember(summarize(state))
+            return live
+        self.add(live)
         return live
 
-    def release(self, session_id: str) -> None:
-        """Drop a closed session's live state (its tokens), keeping its summary for reads."""
+    async def release(self, session_id: str) -> None:
+        """Drop a closed session's live state (its tokens) and lease, keeping its summary for reads."""
         live = self._live.pop(session_id, None)
         if live is not None:
             self._remember(summarize(live.state))
+            await self._drop_lease(live)
+
+    async def drop(self, session_id: str) -> None:
+        """Let an open session go (to be taken over elsewhere): forget its live state, delete its lease."""
+        live = self._live.pop(session_id, None)
+        if live is not None:
+            live.lost = True
+            await self._drop_lease(live)
+
+    async def close(self) -> None:
+        """On shutdown: let every open session go, so that any edge can take it over at once."""
+        for session_id in list(self._live):
+            await self.drop(session_id)
+
+    async def _drop_lease(self, live: LiveSession) -> None:
+        if live.lease is not None:
+            await live.lease.release()
+            live.lease = None
+
+    def _forget(self, live: LiveSession) -> None:
+        if self._live.get(live.session_id) is live:
+            del self._live[live.session_id]
 
     def _remember(self, summary: SessionSummary) -> None:
         self._closed[summary.session_id] = summary

@@ -1,7 +1,9 @@
 """The edge's application service: sessions, turns, rewards. Load, decide, append, answer.
 
 Routes call these methods with decoded, wire-neutral arguments; the methods raise the
-:mod:`schemas.errors` family and never know about HTTP.
+:mod:`schemas.errors` family and never know about HTTP. A new session is created with its
+lease (:mod:`edge.ownership`); a model request that repeats a recorded one is answered
+from the log (:mod:`edge.idempotency`); a finalized or aborted session is released.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import Any
 
 import msgspec
 
+from edge.idempotency import identify, recorded_outcome, repeated_request
 from edge.live import LiveSession, Registry
+from edge.ownership import KvLeases
 from edge.publisher import EventLog
 from edge.settings import EdgeSettings
 from edge.streaming import Item, TurnStream
@@ -64,12 +68,21 @@ def _check_open_request(spec: OpenSession) -> str:
 
 class EdgeService:
     def __init__(self, *, settings: EdgeSettings, registry: Registry, log: EventLog, turns: TurnRunner,
-                 clock: Clock = time.time) -> None:
+                 clock: Clock = time.time, leases: KvLeases | None = None) -> None:
         self.settings = settings
         self._registry = registry
         self._log = log
         self._turns = turns
         self._clock = clock
+        self._leases = leases
+
+    @property
+    def registry(self) -> Registry:
+        return self._registry
+
+    @property
+    def leases(self) -> KvLeases | None:
+        return self._leases
 
     async def open_session(self, spec: OpenSession) -> OpenedSession:
         uid = _check_open_request(spec)
@@ -80,10 +93,11 @@ class EdgeService:
             session_id = uuid.uuid4().hex
             opened = self._opened(session_id, uid, spec, api_key)
             try:
+                lease = await self._leases.create(session_id) if self._leases is not None else None
                 appended = await self._log.append(session_id, [opened], 0)
             except OwnershipLost:  # the id is taken: draw another
                 continue
-            self._registry.add(LiveSession(apply(None, opened), appended.stream_seq))
+            self._registry.add(LiveSession(apply(None, opened), appended.stream_seq, lease, clock=self._clock))
             return OpenedSession(session_id=session_id, api_key=api_key)
         raise Conflict("could not allocate a session id")
 
@@ -111,8 +125,17 @@ class EdgeService:
         return live
 
     async def complete(self, session_id: str, api_key: str | None, request: TurnRequest) -> TurnOutcome:
+        """Run a model turn, or answer a repeated request with the completion recorded for it."""
         live = await self.authorized(session_id, api_key)
-        return await self._turns.run(live, request)
+        identity = identify(request.body, request.idempotency_key, request.retry_count)
+        with live.in_use():
+            await live.inflight.settled(identity)
+            earlier = repeated_request(live.state, identity)
+            outcome = recorded_outcome(live.state, earlier) if earlier is not None else None
+            if outcome is not None:
+                return outcome
+            with live.inflight.running(identity):
+                return await self._turns.run(live, request)
 
     async def stream(self, session_id: str, api_key: str | None, request: TurnRequest) -> tuple[TurnStream, Item]:
         """Start a streamed turn: the stream and its first event (see :mod:`edge.streaming`)."""
@@ -131,7 +154,8 @@ class EdgeService:
         live = await self.authorized(session_id, api_key)
         event = RewardReported(session_id=session_id, seq=0, time=self._clock(),
                                reward=None if reward is None else float(reward), extra=extra)
-        await live.commit(self._log, lambda _: [event])
+        with live.in_use():
+            await live.commit(self._log, lambda _: [event])
 
     async def summary(self, session_id: str) -> SessionSummary:
         return await self._registry.summary(check_session_id(session_id))
@@ -146,7 +170,7 @@ class EdgeService:
         live = await self._registry.get(session_id)
         event = SessionFinalized(session_id=session_id, seq=0, time=self._clock(), reason=reason)
         await live.commit(self._log, lambda _: [event])
-        self._registry.release(session_id)
+        await self._registry.release(session_id)
         return summarize(live.state)
 
     async def abort(self, session_id: str, reason: str) -> SessionSummary:
@@ -158,5 +182,15 @@ class EdgeService:
         live = await self._registry.get(session_id)
         event = SessionAborted(session_id=session_id, seq=0, time=self._clock(), reason=reason)
         await live.commit(self._log, lambda _: [event])
-        self._registry.release(session_id)
+        await self._registry.release(session_id)
         return summarize(live.state)
+
+    async def abort_if_idle(self, session_id: str, idle_timeout: float, reason: str = "idle_timeout") -> bool:
+        """Abort the session if nothing touched it for ``idle_timeout`` seconds (taking it over if needed)."""
+        live = await self._registry.get(check_session_id(session_id))
+        if live.idle_for() < idle_timeout:
+            return False
+        event = SessionAborted(session_id=session_id, seq=0, time=self._clock(), reason=reason)
+        await live.commit(self._log, lambda _: [event])
+        await self._registry.release(session_id)
+        return True

@@ -16,5 +16,7 @@ class EdgeSettings(msgspec.Struct, frozen=True, kw_only=True):
     default_max_tokens: int = 4096  # per turn, when neither request nor session says
     max_request_bytes: int = 16 * 1024 * 1024
     max_open_sessions: int = 100_000
-    edge_id: str = "edge-0"
+    edge_id: str = "edge-0"  # unique among running edges (a restarted edge with the same id takes over at once)
+    lease_ttl_s: float = 15.0  # a crashed edge's open sessions can be taken over this long after its last renewal
+    idle_timeout_s: float = 3600.0  # open sessions untouched this long are aborted ("idle_timeout"); 0: never
     log: LogConfig = LogConfig()

@@ -55,6 +55,7 @@ class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
     wire: str
     body: bytes
     idempotency_key: str | None = None
+    retry_count: int = 0  # the SDK's x-stainless-retry-count (edge.idempotency)
 
 
 class _Plan(msgspec.Struct, frozen=True, kw_only=True):

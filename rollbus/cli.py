@@ -7,6 +7,8 @@
     rollbus projector     the session projector alone    (--nats URL)
     rollbus materializer  the materializer alone         (--nats URL)
     rollbus demo          sample agent sessions through a running or embedded stack
+    rollbus replay        a session rebuilt from the log; --verify checks what was materialized
+    rollbus sessions      sessions with status, turns, chains, reward (from the projections)
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from pathlib import Path
 import msgspec
 
 from edge.codec.fidelity import load_codec
-from rollbus import demo
+from rollbus import demo, replay, sessions
 from rollbus.runtime import COMPONENTS, Stack, StackOptions, engine_summary, model_defaults
 
 # Commands beyond the stack itself: each module has ``register(subparsers)`` and sets
 # ``run(args) -> int`` as the parser default.
-TOOL_COMMANDS = [demo]
+TOOL_COMMANDS = [demo, replay, sessions]
 
 STATE_FILE = "edge.json"  # <data-dir>/edge.json: where a running `rollbus up` can be reached
 
@@ -68,6 +70,13 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
     parser.add_argument("--max-trajectory-length", type=int, default=32768)
     parser.add_argument("--admin-token", default=os.environ.get("ROLLBUS_ADMIN_TOKEN", ""),
                         help="admin bearer token [$ROLLBUS_ADMIN_TOKEN; generated when absent]")
+    parser.add_argument("--edge-id", default="",
+                        help="unique among running edges; a restarted edge with the same id takes its sessions "
+                             "back at once [<hostname>:<port>]")
+    parser.add_argument("--lease-ttl", type=float, default=15.0, metavar="SECONDS",
+                        help="session lease: another edge may take over a dead edge's sessions after it [15]")
+    parser.add_argument("--idle-timeout", type=float, default=3600.0, metavar="SECONDS",
+                        help="abort open sessions nothing touched for this long; 0: never [3600]")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,6 +110,9 @@ def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOpti
         admin_token=(args.admin_token or secrets.token_urlsafe(18)) if edge else "",
         max_trajectory_length=args.max_trajectory_length if edge else 32768,
         components=components,
+        edge_id=args.edge_id if edge else "",
+        lease_ttl=args.lease_ttl if edge else 15.0,
+        idle_timeout=args.idle_timeout if edge else 3600.0,
     )
 
 

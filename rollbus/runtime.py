@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,17 +25,20 @@ from edge.codec.fidelity import load_codec
 from edge.codec.tokenizer import load_tokenizer
 from edge.engines import local_model, make_engine
 from edge.engines.base import Engine
+from edge.keeper import SessionKeeper
 from edge.live import Registry
+from edge.ownership import KvLeases
 from edge.publisher import JetStreamLog
 from edge.service import EdgeService
 from edge.settings import EdgeSettings
-from edge.turns import TurnRunner
+from edge.turns import Clock, TurnRunner
 from materializer.parquet import ParquetSink
 from materializer.service import Materializer
 from rollbus.nats_server import EmbeddedNats
 from rollbus.provision import connect, provision
 from schemas.log import LogConfig
-from session_projector.reader import load_state
+from session_projector.projections import current_summary, iter_projections
+from session_projector.reader import last_stream_seq, load_state
 from session_projector.service import Projector
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,9 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_trajectory_length: int = 32768
     components: tuple[str, ...] = COMPONENTS
     log: LogConfig = LogConfig()
+    edge_id: str = ""  # "": <hostname>:<port>, so an edge restarted on its port takes its sessions back at once
+    lease_ttl: float = 15.0
+    idle_timeout: float = 3600.0
 
 
 def model_defaults(engine: str, model: str | None, tokenizer: str | None,
@@ -89,13 +96,30 @@ def build_engine(options: StackOptions) -> Engine:
     return make_engine("local", model=options.model, decode=load_tokenizer(options.tokenizer).decode)
 
 
-def build_edge_service(settings: EdgeSettings, js: JetStreamContext, engine: Engine) -> EdgeService:
-    """An :class:`EdgeService` writing to JetStream, rebuilding unknown sessions from it."""
+def build_edge_service(settings: EdgeSettings, js: JetStreamContext, engine: Engine, *,
+                       clock: Clock = time.time) -> EdgeService:
+    """An :class:`EdgeService` writing to JetStream under leases, taking unknown sessions over from it."""
+    cfg = settings.log
     codec, parser = load_codec(settings.tokenizer, settings.tool_format)  # refuses a mismatched pair
-    event_log = JetStreamLog(js, settings.log)
-    registry = Registry(lambda session_id: load_state(js, settings.log, session_id))
-    turns = TurnRunner(settings=settings, codec=codec, engine=engine, log=event_log, parser=parser)
-    return EdgeService(settings=settings, registry=registry, log=event_log, turns=turns)
+    event_log = JetStreamLog(js, cfg)
+    leases = KvLeases(js, cfg, edge_id=settings.edge_id, url=settings.public_url, ttl=settings.lease_ttl_s,
+                      clock=clock)
+    registry = Registry(lambda session_id: load_state(js, cfg, session_id), leases=leases,
+                        position=lambda session_id: last_stream_seq(js, cfg, cfg.session_filter(session_id)),
+                        summaries=lambda session_id: current_summary(js, cfg, session_id), clock=clock)
+    turns = TurnRunner(settings=settings, codec=codec, engine=engine, log=event_log, parser=parser, clock=clock)
+    return EdgeService(settings=settings, registry=registry, log=event_log, turns=turns, leases=leases, clock=clock)
+
+
+def build_keeper(service: EdgeService, js: JetStreamContext, *, clock: Clock = time.time) -> SessionKeeper:
+    """Lease renewal, idle timeout and orphan sweeps for an edge's sessions."""
+    settings = service.settings
+    return SessionKeeper(service, idle_timeout=settings.idle_timeout_s, leases=service.leases,
+                         orphans=lambda: iter_projections(js, settings.log, heads_only=True), clock=clock)
+
+
+def default_edge_id(port: int) -> str:
+    return f"{socket.gethostname()}:{port}"
 
 
 class _Server(uvicorn.Server):
@@ -129,6 +153,7 @@ class Stack:
         self._tasks: list[asyncio.Task[None]] = []
         self._server: _Server | None = None
         self._engine: Engine | None = None
+        self._service: EdgeService | None = None
         self._ready = False
 
     @property
@@ -167,8 +192,11 @@ class Stack:
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         settings = EdgeSettings(public_url=self.url, admin_token=options.admin_token, tokenizer=options.tokenizer,
                                 tool_format=options.tool_format, max_trajectory_length=options.max_trajectory_length,
-                                log=options.log)
-        app = create_app(build_edge_service(settings, js, self._engine), ready=self.ready)
+                                log=options.log, edge_id=options.edge_id or default_edge_id(port),
+                                lease_ttl_s=options.lease_ttl, idle_timeout_s=options.idle_timeout)
+        service = self._service = build_edge_service(settings, js, self._engine)
+        self._spawn(build_keeper(service, js).run(self.stop_event), "keeper")
+        app = create_app(service, ready=self.ready)
         config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, loop="none")
         self._server = _Server(config)
         self._spawn(self._server.serve(sockets=[sock]), "edge")
@@ -195,6 +223,9 @@ class Stack:
         if self._server is not None:
             self._server.should_exit = True
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._service is not None:
+            with contextlib.suppress(Exception):  # leases lapse anyway
+                await asyncio.wait_for(self._service.registry.close(), 5)
         if self._engine is not None:
             await self._engine.aclose()
         if self.nc is not None:

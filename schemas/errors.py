@@ -4,12 +4,14 @@
 
     RollbusError
     ├── MalformedRequest          400  the request does not decode or makes no sense
-    │   └── ContextTooLong        400  the prompt alone exceeds the trajectory length
+    │   ├── ContextTooLong        400  the prompt alone exceeds the trajectory length
+    │   └── IdempotencyKeyReused  400  an Idempotency-Key repeated with a different body
     ├── Unauthorized              401  missing or wrong api key / admin token
     ├── SessionNotFound           404
     ├── SessionClosed             409  finalized or aborted
     ├── Conflict                  409  e.g. a reward after materialization
-    │   └── OwnershipLost         409  another writer appended to this session
+    │   ├── OwnershipLost         409  another writer appended to this session
+    │   └── SessionOwned          409  another edge holds the session's lease (Retry-After)
     ├── PayloadTooLarge           413
     ├── CapacityExceeded          429  too many open sessions or requests
     ├── EngineError               502  the engine answered nonsense or failed
@@ -28,6 +30,7 @@ class RollbusError(Exception):
 
     status: int = 500
     code: str = "internal_error"
+    retry_after: float | None = None  # seconds; answered as a Retry-After header when set
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -42,6 +45,10 @@ class MalformedRequest(RollbusError):
 
 class ContextTooLong(MalformedRequest):
     code = "context_length_exceeded"
+
+
+class IdempotencyKeyReused(MalformedRequest):
+    code = "idempotency_key_reused"
 
 
 class Unauthorized(RollbusError):
@@ -66,6 +73,16 @@ class Conflict(RollbusError):
 
 class OwnershipLost(Conflict):
     code = "ownership_lost"
+
+
+class SessionOwned(Conflict):
+    """Another live edge holds the session's lease; it can be taken over once the lease lapses."""
+
+    code = "session_owned_elsewhere"
+
+    def __init__(self, message: str, *, retry_after: float, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.retry_after = max(0.0, retry_after)
 
 
 class PayloadTooLarge(RollbusError):

@@ -13,6 +13,7 @@ See ``schemas/EVENTS.md`` for the catalog with subjects.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import msgspec
@@ -61,12 +62,18 @@ class SessionOpened(Event, tag="session_opened", kw_only=True):
 
 
 class RequestReceived(Event, tag="request_received", kw_only=True):
-    """The raw wire request, kept for audit."""
+    """The raw wire request, kept for audit (and to recognize a retried request)."""
 
     request_no: int
     wire: str  # "openai" | "anthropic"
     body: bytes
     idempotency_key: str | None = None
+    body_digest: str = ""  # body_digest(body); "" in events written before it was recorded
+
+
+def body_digest(body: bytes) -> str:
+    """The digest that says two requests carry the same body: sha256 hex of the raw bytes."""
+    return hashlib.sha256(body).hexdigest()
 
 
 class ChainStarted(Event, tag="chain_started", kw_only=True):

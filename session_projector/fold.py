@@ -7,6 +7,14 @@ log, the materializer applies it before deriving records. They cannot disagree.
 States are frozen. A chain keeps its tokens as a tuple of immutable packed segments, so
 a new state shares every segment of the old one (appending a turn copies a tuple of
 references, never the tokens) and chains that start from the same prompt share it.
+
+The state also indexes the session's requests by ``Idempotency-Key`` and by body digest,
+so a retried request can be answered with the turn already recorded for it.
+
+:func:`release_buffers` drops what only the edge and the materializer need (token
+buffers, reply texts, the request index) and keeps every counter and status: the fold
+goes on from a released state, and :func:`session_projector.summary.summarize` of it is
+the summary of the full state. That is what the projector stores per session.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from schemas.events import (
     TokensGenerated,
     TurnAbandoned,
     TurnCompleted,
+    body_digest,
 )
 
 SessionStatus = Literal["open", "finalized", "aborted"]
@@ -50,8 +59,15 @@ class Segment(msgspec.Struct, frozen=True, array_like=True):
         return tokens.count(self.token_ids)
 
 
+class RecordedRequest(msgspec.Struct, frozen=True, array_like=True):
+    """A request as the idempotency index knows it."""
+
+    request_no: int
+    body_digest: str
+
+
 class Turn(msgspec.Struct, frozen=True, kw_only=True):
-    """What a completed assistant turn left on its chain (enough to answer and to roll back)."""
+    """What a completed assistant turn left on its chain (enough to answer, again, and to roll back)."""
 
     request_no: int
     finish_reason: str
@@ -62,13 +78,18 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     n_prefix_messages: int
     response_len_before: int  # response length before this turn's context and tokens
     weight_version: str | None
+    time: float = 0.0  # when the turn completed
+    first_segment: int = 0  # the chain's segments[first_segment:end_segment] are this turn's
+    end_segment: int = 0
 
 
 class ChainState(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     prompt_ids: bytes
+    prompt_len: int = 0
     segments: tuple[Segment, ...] = ()
     response_len: int = 0
+    generated_len: int = 0  # sampled tokens (mask 1) among the response's
     n_messages: int = 0
     chat_turns: int = 0
     tip_digest: str = ""  # history digest at the chain's tip: "" until its first reply
@@ -77,19 +98,13 @@ class ChainState(msgspec.Struct, frozen=True, kw_only=True):
     pending_prefix: str = ""
     pending_prefix_messages: int = 0
     pending_response_len: int = 0
+    pending_segment: int = 0  # where the pending request's segments start
     closed: str | None = None  # materialization reason once closed
-
-    @property
-    def prompt_len(self) -> int:
-        return tokens.count(self.prompt_ids)
+    closed_by: int | None = None  # the request whose turn closed it, if one did
 
     @property
     def length(self) -> int:
         return self.prompt_len + self.response_len
-
-    @property
-    def generated_len(self) -> int:
-        return sum(s.length for s in self.segments if s.generated)
 
     def last_token(self) -> int:
         """The chain's last token id (its last sampled token, once it has a turn)."""
@@ -124,6 +139,8 @@ class SessionState(msgspec.Struct, frozen=True, kw_only=True):
     requests: int = 0  # highest request number recorded
     reward: RewardReported | None = None
     close_reason: str | None = None
+    idempotency_keys: dict[str, RecordedRequest] = {}  # Idempotency-Key -> latest request carrying it
+    request_bodies: dict[str, int] = {}  # body digest -> latest request number with that body
 
     @property
     def turns(self) -> int:
@@ -137,6 +154,14 @@ class SessionState(msgspec.Struct, frozen=True, kw_only=True):
         if not 0 <= index < len(self.chains):
             raise FoldError(f"session {self.session_id}: no chain {index}")
         return self.chains[index]
+
+    def turn_of(self, request_no: int) -> tuple[ChainState, Turn] | None:
+        """The chain and turn a request completed, if it completed one."""
+        for chain in self.chains:
+            for turn in chain.turns:
+                if turn.request_no == request_no:
+                    return chain, turn
+        return None
 
 
 def apply(state: SessionState | None, event: Event) -> SessionState:
@@ -162,6 +187,19 @@ def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionS
             continue
         state = apply(state, event)
     return state
+
+
+def release_buffers(state: SessionState) -> SessionState:
+    """The state without token buffers, reply texts or request index; counters and statuses kept."""
+    chains = tuple(
+        msgspec.structs.replace(c, prompt_ids=b"", segments=(), turns=tuple(_bare(t) for t in c.turns))
+        for c in state.chains
+    )
+    return msgspec.structs.replace(state, chains=chains, idempotency_keys={}, request_bodies={})
+
+
+def _bare(turn: Turn) -> Turn:
+    return msgspec.structs.replace(turn, text="", reasoning=None, tool_calls=())
 
 
 def _opened(e: SessionOpened) -> SessionState:
@@ -205,7 +243,12 @@ def _require_open(state: SessionState, e: Event) -> None:
 
 def _request(state: SessionState, e: RequestReceived) -> SessionState:
     _require_open(state, e)
-    return _touch(state, e, requests=max(state.requests, e.request_no))
+    digest = e.body_digest or body_digest(e.body)
+    keys = state.idempotency_keys
+    if e.idempotency_key is not None:
+        keys = {**keys, e.idempotency_key: RecordedRequest(request_no=e.request_no, body_digest=digest)}
+    return _touch(state, e, requests=max(state.requests, e.request_no), idempotency_keys=keys,
+                  request_bodies={**state.request_bodies, digest: e.request_no})
 
 
 def _chain_started(state: SessionState, e: ChainStarted) -> SessionState:
@@ -215,6 +258,7 @@ def _chain_started(state: SessionState, e: ChainStarted) -> SessionState:
     chain = ChainState(
         index=e.chain,
         prompt_ids=e.prompt_ids,
+        prompt_len=tokens.count(e.prompt_ids),
         n_messages=e.n_messages,
         chat_turns=e.chat_turns,
         pending_request=e.request_no,
@@ -227,17 +271,18 @@ def _chain_started(state: SessionState, e: ChainStarted) -> SessionState:
 def _context(state: SessionState, e: ContextAppended) -> SessionState:
     _require_open(state, e)
     chain = _open_chain(state, e.chain)
-    segment = Segment(token_ids=e.token_ids, generated=False)
+    count = tokens.count(e.token_ids)
     chain = msgspec.structs.replace(
         chain,
-        segments=(*chain.segments, segment) if segment.length else chain.segments,
-        response_len=chain.response_len + segment.length,
+        segments=(*chain.segments, Segment(token_ids=e.token_ids, generated=False)) if count else chain.segments,
+        response_len=chain.response_len + count,
         n_messages=e.n_messages,
         chat_turns=chain.chat_turns + e.chat_turns,
         pending_request=e.request_no,
         pending_prefix=e.prefix_digest,
         pending_prefix_messages=e.n_messages,
         pending_response_len=chain.response_len,
+        pending_segment=len(chain.segments),
     )
     return _replace_chain(state, e, chain)
 
@@ -250,11 +295,13 @@ def _tokens(state: SessionState, e: TokensGenerated) -> SessionState:
     if e.logprobs is not None and len(e.logprobs) != len(e.token_ids):
         raise FoldError(f"session {state.session_id}: {tokens.count(e.token_ids)} tokens but "
                         f"{tokens.count(e.logprobs)} log probs")
-    segment = Segment(token_ids=e.token_ids, generated=True, logprobs=e.logprobs)
-    if not segment.length:
+    count = tokens.count(e.token_ids)
+    if not count:
         return _touch(state, e)
+    segment = Segment(token_ids=e.token_ids, generated=True, logprobs=e.logprobs)
     chain = msgspec.structs.replace(
-        chain, segments=(*chain.segments, segment), response_len=chain.response_len + segment.length
+        chain, segments=(*chain.segments, segment), response_len=chain.response_len + count,
+        generated_len=chain.generated_len + count,
     )
     return _replace_chain(state, e, chain)
 
@@ -274,6 +321,9 @@ def _turn(state: SessionState, e: TurnCompleted) -> SessionState:
         n_prefix_messages=chain.pending_prefix_messages,
         response_len_before=chain.pending_response_len,
         weight_version=e.weight_version,
+        time=e.time,
+        first_segment=chain.pending_segment,
+        end_segment=len(chain.segments),
     )
     chain = msgspec.structs.replace(
         chain,
@@ -290,7 +340,8 @@ def _chain_closed(state: SessionState, e: ChainClosed) -> SessionState:
     chain = state.chain(e.chain)
     if chain.closed is not None:
         return _touch(state, e)
-    return _replace_chain(state, e, msgspec.structs.replace(chain, closed=e.reason, pending_request=None))
+    closed = msgspec.structs.replace(chain, closed=e.reason, closed_by=e.request_no, pending_request=None)
+    return _replace_chain(state, e, closed)
 
 
 def _reward(state: SessionState, e: RewardReported) -> SessionState:

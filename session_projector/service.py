@@ -1,14 +1,28 @@
-"""The projector service: notices finalized sessions and signals "ready to materialize".
+"""The projector service: keeps a projection per session, and signals "ready to materialize".
 
-It consumes the ``finalized`` events of the log with a durable consumer and publishes one
-ready signal per session to the ready stream, deduplicated by ``Nats-Msg-Id =
-ready:<session_id>`` (a redelivered finalize publishes a duplicate the server drops).
+It reads every envelope of the log with a durable consumer, in batches. The envelopes of
+one session in a batch are folded together onto the session's stored projection (the one
+fold, on a released state: see :mod:`session_projector.projections`) and written back
+once, compare-and-set on the KV revision; then they are acked. A session's envelopes are
+acked or nak'ed together, independently of the other sessions in the batch.
+
+* Redelivery: an envelope whose events the projection already holds (``seq`` at or below
+  the stored one) is skipped.
+* A gap (the projection is missing, or behind the envelope by more than the envelope
+  itself: a lost bucket, a message redelivered late) is closed by rebuilding the session
+  from the log up to that envelope, so the projector never needs to have seen a session
+  from its start, and it holds no session in memory beyond a small cache of released
+  states.
+* For every ``session_finalized`` it publishes one ready signal to the ready stream,
+  deduplicated by ``Nats-Msg-Id = ready:<session_id>``, after the projection is written
+  (a redelivered finalize publishes a duplicate the server drops).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 import msgspec
 from nats.aio.msg import Msg
@@ -16,10 +30,12 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
 
 from schemas.errors import LogUnavailable
-from schemas.events import SessionFinalized
+from schemas.events import AnyEvent, SessionFinalized
 from schemas.log import HDR_MSG_ID, LogConfig
-from session_projector.consumer import consume
-from session_projector.reader import decode_message
+from session_projector.consumer import pull_batches, settle
+from session_projector.fold import SessionState, fold
+from session_projector.projections import ProjectionStore, project
+from session_projector.reader import decode_message, load_state
 
 log = logging.getLogger(__name__)
 
@@ -30,20 +46,47 @@ class ReadySignal(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Projector:
-    def __init__(self, js: JetStreamContext, cfg: LogConfig, *, durable: str = "rollbus-projector") -> None:
+    def __init__(self, js: JetStreamContext, cfg: LogConfig, *, durable: str = "rollbus-projections",
+                 batch: int = 256, cache: int = 1024) -> None:
         self._js = js
         self._cfg = cfg
         self._durable = durable
+        self._batch = batch
+        self.store = ProjectionStore(js, cfg, cache=cache)
+        self.rebuilt = 0  # sessions rebuilt from the log to close a gap (observability, tests)
 
     async def run(self, stop: asyncio.Event) -> None:
-        await consume(self._js, stream=self._cfg.stream, durable=self._durable,
-                      subject=self._cfg.kind_filter("finalized"), handler=self._on_finalized, stop=stop)
+        async for msgs in pull_batches(self._js, stream=self._cfg.stream, durable=self._durable,
+                                       subject=self._cfg.subjects, stop=stop, batch=self._batch):
+            for group in _by_session(self._cfg, msgs):
+                await settle(group, self._project(group))
 
-    async def _on_finalized(self, msg: Msg) -> None:
-        events = decode_message(msg.data, msg.headers)
-        for event in events:
-            if isinstance(event, SessionFinalized):
-                await self._signal(ReadySignal(session_id=event.session_id, stream_seq=msg.metadata.sequence.stream))
+    async def _project(self, msgs: Sequence[Msg]) -> None:
+        session_id = self._cfg.session_of(msgs[0].subject)
+        envelopes = [(msg.metadata.sequence.stream, decode_message(msg.data, msg.headers)) for msg in msgs]
+        projection, revision = await self.store.get(session_id)
+        start = projection.state if projection is not None else None
+        state, stream_seq = start, projection.stream_seq if projection is not None else 0
+        for position, events in envelopes:
+            state, stream_seq = await self._apply(session_id, state, stream_seq, position, events)
+        if state is not None and state is not start:
+            await self.store.put(project(state, stream_seq), revision)
+        for position, events in envelopes:
+            if any(isinstance(e, SessionFinalized) for e in events):
+                await self._signal(ReadySignal(session_id=session_id, stream_seq=position))
+
+    async def _apply(self, session_id: str, state: SessionState | None, stream_seq: int, position: int,
+                     events: list[AnyEvent]) -> tuple[SessionState | None, int]:
+        if state is not None and events[-1].seq <= state.seq:
+            return state, stream_seq  # already folded in: a redelivery
+        expected = 1 if state is None else state.seq + 1
+        if events[0].seq > expected:
+            log.info("session %s: projection at #%d, envelope starts at #%d; rebuilding from the log",
+                     session_id, expected - 1, events[0].seq)
+            self.rebuilt += 1
+            rebuilt, _ = await load_state(self._js, self._cfg, session_id, until=position)
+            return rebuilt, position
+        return fold(events, state), position
 
     async def _signal(self, ready: ReadySignal) -> None:
         subject = self._cfg.ready_subject(ready.session_id)
@@ -53,3 +96,11 @@ class Projector:
         except (TimeoutError, NatsTimeoutError) as exc:
             raise LogUnavailable(f"ready signal for {ready.session_id} not acknowledged") from exc
         log.info("session %s ready to materialize", ready.session_id)
+
+
+def _by_session(cfg: LogConfig, msgs: Sequence[Msg]) -> list[list[Msg]]:
+    """The batch's messages grouped by session, each group in stream order."""
+    groups: dict[str, list[Msg]] = {}
+    for msg in msgs:
+        groups.setdefault(cfg.session_of(msg.subject), []).append(msg)
+    return list(groups.values())

@@ -6,12 +6,14 @@ from collections.abc import Sequence
 
 from schemas import tokens
 from schemas.events import (
+    AnyEvent,
     ChainClosed,
     ChainStarted,
     ContextAppended,
     Event,
     RequestReceived,
     RewardReported,
+    SessionAborted,
     SessionFinalized,
     SessionOpened,
     TokensGenerated,
@@ -39,10 +41,10 @@ class SessionScript:
 
     def turn(self, chain: int, context: Sequence[int], generated: Sequence[int], *, new_chain: bool = False,
              logprobs: Sequence[float] | None = None, n_messages: int = 2, tip: str = "tip", chat_turns: int = 1,
-             finish: str = "stop") -> None:
+             finish: str = "stop", body: bytes = b"{}", key: str | None = None) -> None:
         self.requests += 1
         no = self.requests
-        self._add(RequestReceived, request_no=no, wire="openai", body=b"{}")
+        self._add(RequestReceived, request_no=no, wire="openai", body=body, idempotency_key=key)
         if new_chain:
             self._add(ChainStarted, chain=chain, request_no=no, prompt_ids=tokens.pack_ids(context),
                       prefix_digest=f"p{no}", n_messages=n_messages, chat_turns=chat_turns)
@@ -54,11 +56,35 @@ class SessionScript:
         self._add(TurnCompleted, chain=chain, request_no=no, finish_reason=finish, text="t", tip_digest=tip,
                   n_messages=n_messages + 1)
 
-    def close(self, chain: int, reason: str = "max_trajectory_length") -> None:
-        self._add(ChainClosed, chain=chain, reason=reason)
+    def close(self, chain: int, reason: str = "max_trajectory_length", request_no: int | None = None) -> None:
+        self._add(ChainClosed, chain=chain, reason=reason, request_no=request_no)
 
     def reward(self, reward: float | None, **extra: object) -> None:
         self._add(RewardReported, reward=reward, extra=dict(extra))
 
     def finalize(self) -> None:
         self._add(SessionFinalized)
+
+    def abort(self, reason: str = "aborted") -> None:
+        self._add(SessionAborted, reason=reason)
+
+
+# Events that start an envelope, as the edge groups them (a turn's events travel together).
+_STARTS = (SessionOpened, RequestReceived, RewardReported, SessionFinalized, SessionAborted)
+
+
+def envelopes(events: Sequence[Event]) -> list[list[Event]]:
+    """Events grouped into envelopes the way the edge appends them."""
+    groups: list[list[Event]] = []
+    for event in events:
+        if not groups or isinstance(event, _STARTS):
+            groups.append([])
+        groups[-1].append(event)
+    return groups
+
+
+async def append_all(log, session_id: str, groups: Sequence[Sequence[Event | AnyEvent]], after: int = 0) -> int:
+    """Append envelopes to a ``JetStreamLog`` in order; returns the last stream sequence."""
+    for group in groups:
+        after = (await log.append(session_id, list(group), after)).stream_seq
+    return after

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from edge.codec.adapter import StreamEncoder, WireAdapter
+from edge.idempotency import retry_count
 from edge.metrics import Metrics
 from edge.routes.wire import bearer, guarded, json_response, read_body
 from edge.service import EdgeService
@@ -43,7 +44,8 @@ async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: s
     body = await read_body(request, service.settings.max_request_bytes)
     conversation = adapter.decode(body)
     turn = TurnRequest(conversation=conversation, wire=adapter.name, body=body,
-                       idempotency_key=request.headers.get("idempotency-key"))
+                       idempotency_key=request.headers.get("idempotency-key"),
+                       retry_count=retry_count(request.headers))
     if conversation.stream:
         stream, first = await service.stream(session_id, bearer(request), turn)
         events = _sse(adapter.stream(conversation, service.token_strings), first, stream)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -58,7 +59,11 @@ async def guarded(handling: Awaitable[Response], request: Request, encode_error:
     except RollbusError as exc:
         if exc.status >= 500:
             log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
-        return json_response(encode_error(exc), exc.status)
+        response = json_response(encode_error(exc), exc.status)
+        if exc.retry_after is not None:  # honoured by the openai and anthropic SDKs' retries
+            response.headers["Retry-After"] = str(math.ceil(exc.retry_after))
+            response.headers["retry-after-ms"] = str(math.ceil(exc.retry_after * 1000))
+        return response
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
         return json_response(encode_error(RollbusError("internal error")), 500)

@@ -1,0 +1,168 @@
+"""Session ownership: one edge writes an open session, under a lease in the leases KV bucket.
+
+A lease is the KV entry ``<session_id>`` of ``cfg.leases_bucket``: which edge writes the
+session (its ``edge_id``, the process ``instance``, its URL) and until when (``expires``,
+unix seconds). Every change is a compare-and-set on the entry's revision:
+
+* **create**: an edge opening a session creates its lease (refused if the key exists).
+* **acquire** (takeover): an edge asked for a session it does not hold reads the lease and
+  takes it (CAS) when there is none, when it has lapsed (``expires + grace`` is past), or
+  when it names this edge's own ``edge_id`` (a restarted edge: edge ids are unique among
+  running edges; the default is ``<hostname>:<port>``). Otherwise it refuses with
+  :class:`SessionOwned`, whose ``retry_after`` is the time left on the lease.
+* **ensure / renew**: the holder renews (CAS on the revision it holds) before a commit when
+  less than half the TTL is left, and while a request is in flight (see
+  :mod:`edge.keeper`). An idle session's lease may lapse: if nobody took it meanwhile the
+  revision is unchanged and the next renewal succeeds; if somebody did, it fails with
+  :class:`OwnershipLost` and the holder drops its live state.
+* **release**: on finalize or abort the holder deletes the entry (CAS).
+
+Time: the holder renews while at least half the TTL is left and a taker waits ``grace``
+past expiry, so clocks may disagree by up to ``grace``. Whatever the clocks, the log's
+per-session expected-last-subject-sequence check refuses a write that races a takeover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import msgspec
+from nats.js.client import JetStreamContext
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
+
+from schemas.errors import LogUnavailable, OwnershipLost, SessionOwned
+from schemas.log import LogConfig
+from session_projector.projections import UNAVAILABLE
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Clock = Callable[[], float]
+
+
+class Lease(msgspec.Struct, frozen=True, kw_only=True):
+    """The value of a lease entry."""
+
+    edge_id: str
+    instance: str  # one per edge process: tells a restarted edge from its previous life
+    url: str = ""
+    expires: float
+
+
+_decoder = msgspec.json.Decoder(Lease)
+
+
+class LeaseHandle:
+    """A lease this edge holds: the revision it wrote and the expiry it set."""
+
+    def __init__(self, leases: KvLeases, session_id: str, revision: int, expires: float) -> None:
+        self._leases = leases
+        self.session_id = session_id
+        self.revision = revision
+        self.expires = expires
+
+    def remaining(self) -> float:
+        return self.expires - self._leases.clock()
+
+    async def ensure(self) -> None:
+        """Renew when less than half the TTL is left; :class:`OwnershipLost` if it was taken."""
+        if self.remaining() < self._leases.ttl / 2:
+            await self.renew()
+
+    async def renew(self) -> None:
+        self.revision, self.expires = await self._leases.write(self.session_id, self.revision)
+
+    async def release(self) -> None:
+        """Delete the lease (best effort: a lease that cannot be deleted lapses anyway)."""
+        try:
+            await self._leases.delete(self.session_id, self.revision)
+        except (OwnershipLost, LogUnavailable) as exc:
+            log.info("lease of %s not released: %s", self.session_id, exc)
+
+
+class KvLeases:
+    def __init__(self, js: JetStreamContext, cfg: LogConfig, *, edge_id: str, url: str = "", ttl: float = 15.0,
+                 grace: float = 2.0, clock: Clock = time.time, timeout: float = 5.0) -> None:
+        self._js = js
+        self._cfg = cfg
+        self.edge_id = edge_id
+        self.instance = secrets.token_hex(6)
+        self.url = url
+        self.ttl = ttl
+        self.grace = grace
+        self.clock = clock
+        self._timeout = timeout
+        self._kv: KeyValue | None = None
+
+    async def create(self, session_id: str) -> LeaseHandle:
+        """The lease of a new session; :class:`OwnershipLost` if the id already has one."""
+        revision, expires = await self.write(session_id, 0)
+        return LeaseHandle(self, session_id, revision, expires)
+
+    async def acquire(self, session_id: str) -> LeaseHandle:
+        """Take the session's lease, or raise :class:`SessionOwned` while another edge holds it."""
+        current, revision = await self.read(session_id)
+        if current is not None and not self._may_take(current):
+            raise SessionOwned(
+                f"session {session_id} is served by edge {current.edge_id} ({current.url or 'no url'}); "
+                f"retry after its lease lapses", retry_after=current.expires + self.grace - self.clock())
+        try:
+            new_revision, expires = await self.write(session_id, revision)
+        except OwnershipLost as exc:  # another edge took it between our read and our write
+            raise SessionOwned(f"session {session_id} was just taken by another edge",
+                               retry_after=self.ttl) from exc
+        if current is not None and current.instance != self.instance:
+            log.info("took over session %s from edge %s", session_id, current.edge_id)
+        return LeaseHandle(self, session_id, new_revision, expires)
+
+    def _may_take(self, lease: Lease) -> bool:
+        return lease.edge_id == self.edge_id or lease.expires + self.grace < self.clock()
+
+    async def read(self, session_id: str) -> tuple[Lease | None, int]:
+        """The current lease and its revision (``None, 0``: there is none)."""
+        kv = await self._bucket()
+        try:
+            entry = await self._bounded(kv.get(session_id))
+        except KeyNotFoundError as exc:
+            # A deleted lease leaves a marker: its revision is what the next write must name.
+            return None, int(exc.entry.revision or 0) if exc.entry is not None else 0
+        return _decoder.decode(entry.value or b""), int(entry.revision or 0)
+
+    async def write(self, session_id: str, revision: int) -> tuple[int, float]:
+        """Write this edge's lease over ``revision`` (0: the key must not exist)."""
+        kv = await self._bucket()
+        expires = self.clock() + self.ttl
+        value = msgspec.json.encode(Lease(edge_id=self.edge_id, instance=self.instance, url=self.url,
+                                          expires=expires))
+        try:
+            new = await self._bounded(kv.update(session_id, value, last=revision))
+        except KeyWrongLastSequenceError as exc:
+            raise OwnershipLost(f"the lease of session {session_id} changed hands") from exc
+        return new, expires
+
+    async def delete(self, session_id: str, revision: int) -> None:
+        kv = await self._bucket()
+        try:
+            await self._bounded(kv.delete(session_id, last=revision))
+        except KeyWrongLastSequenceError as exc:
+            raise OwnershipLost(f"the lease of session {session_id} changed hands") from exc
+
+    async def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            try:
+                self._kv = await self._bounded(self._js.key_value(self._cfg.leases_bucket))
+            except NotFoundError as exc:
+                raise LogUnavailable(f"KV bucket {self._cfg.leases_bucket} does not exist") from exc
+        return self._kv
+
+    async def _bounded(self, call: Awaitable[T]) -> T:
+        try:
+            return await asyncio.wait_for(call, self._timeout)
+        except UNAVAILABLE as exc:
+            raise LogUnavailable("JetStream did not answer a lease operation") from exc

@@ -1,0 +1,83 @@
+"""Verification: re-derive a session's training records from the log and compare them with
+what the materializer recorded (its marker: :class:`schemas.records.MaterializedMarker`,
+one per session in the markers KV bucket, ``digests[key] = record_digest(record)``).
+
+Kinds of difference, per session:
+
+* ``missing_marker``: a finalized session with records but no marker;
+* ``missing_key``: a record the log derives that the marker does not list;
+* ``extra_key``: a key the marker lists that the log does not derive;
+* ``digest_mismatch``: the same key, different content;
+* ``unreadable``: the session's events do not fold (a corrupt log);
+* ``orphan_marker``: a marker for a session the log never finalized (``--all`` only).
+
+:func:`compare` is pure; the reading is :func:`load_markers` / :func:`read_marker`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.client import JetStreamContext
+from nats.js.errors import KeyNotFoundError
+
+from materializer.records import RecordOptions, derive_records
+from schemas.errors import LogUnavailable
+from schemas.log import LogConfig
+from schemas.records import MaterializedMarker, record_digest
+from session_projector.fold import SessionState
+from session_projector.projections import bucket, iter_bucket
+
+_marker = msgspec.json.Decoder(MaterializedMarker)
+
+
+class Difference(msgspec.Struct, frozen=True, kw_only=True):
+    session_id: str
+    kind: str
+    key: str | None = None
+    detail: str = ""
+
+
+def derived_digests(state: SessionState, options: RecordOptions = RecordOptions()) -> dict[str, str]:
+    return {record.key: record_digest(record) for record in derive_records(state, options)}
+
+
+def compare(state: SessionState, marker: MaterializedMarker | None,
+            options: RecordOptions = RecordOptions()) -> list[Difference]:
+    """What differs between the records the log derives and the marker (empty: nothing).
+
+    Only a finalized session has records: an open or aborted one is expected to have none.
+    """
+    sid = state.session_id
+    derived = derived_digests(state, options) if state.status == "finalized" else {}
+    if marker is None:
+        return [Difference(session_id=sid, kind="missing_marker", detail=f"{len(derived)} records derived")] \
+            if derived else []
+    recorded = marker.digests
+    out = [Difference(session_id=sid, kind="missing_key", key=k, detail="derived from the log, not in the marker")
+           for k in sorted(derived.keys() - recorded.keys())]
+    out += [Difference(session_id=sid, kind="extra_key", key=k, detail="in the marker, not derived from the log")
+            for k in sorted(recorded.keys() - derived.keys())]
+    out += [Difference(session_id=sid, kind="digest_mismatch", key=k,
+                       detail=f"log {derived[k][:16]} marker {recorded[k][:16]}")
+            for k in sorted(derived.keys() & recorded.keys()) if derived[k] != recorded[k]]
+    return out
+
+
+async def read_marker(js: JetStreamContext, cfg: LogConfig, session_id: str,
+                      timeout: float = 5.0) -> MaterializedMarker | None:
+    kv = await bucket(js, cfg.markers_bucket, timeout)
+    try:
+        entry = await asyncio.wait_for(kv.get(session_id), timeout)
+    except KeyNotFoundError:
+        return None
+    except (TimeoutError, NatsTimeoutError) as exc:
+        raise LogUnavailable(f"no answer reading the marker of {session_id}") from exc
+    return _marker.decode(entry.value or b"")
+
+
+async def load_markers(js: JetStreamContext, cfg: LogConfig) -> dict[str, MaterializedMarker]:
+    """Every marker, in one pass over the bucket."""
+    return {key: _marker.decode(value) async for key, value in iter_bucket(js, cfg.markers_bucket)}

@@ -1,0 +1,202 @@
+"""``rollbus replay``: a session rebuilt from the log alone; ``--verify`` checks what was materialized.
+
+::
+
+    rollbus replay SESSION_ID             its chains: turns, token counts, masks, reward
+    rollbus replay SESSION_ID --json      the same with every token id, mask and log prob
+    rollbus replay --verify SESSION_ID    re-derive its records, compare digests with its marker
+    rollbus replay --verify --all         the same for every session of the log, in one pass
+
+Exit status: 0 (no difference), 1 (differences, each printed), 2 (no such session, no NATS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+import msgspec
+from nats.js.client import JetStreamContext
+
+from materializer.records import derive_records
+from materializer.verify import Difference, compare, load_markers, read_marker
+from rollbus.tools import EXIT_DIFFERENT, EXIT_ERROR, EXIT_OK, add_connection_args, run_tool
+from schemas.errors import SessionNotFound
+from schemas.log import LogConfig
+from schemas.records import record_digest
+from session_projector.fold import SessionState, fold
+from session_projector.reader import read_session
+from session_projector.replay import ChainView, ReplayStats, chain_tokens, chain_views, replay_all
+from session_projector.summary import summarize
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("replay", help="rebuild a session from the log; --verify checks materialized records")
+    parser.add_argument("session_id", nargs="?", help="the session to replay or verify")
+    parser.add_argument("--verify", action="store_true", help="compare re-derived records with the markers")
+    parser.add_argument("--all", action="store_true", help="with --verify: every session in the log")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    add_connection_args(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.all and not args.verify:
+        print("rollbus replay: --all goes with --verify", file=sys.stderr)
+        return EXIT_ERROR
+    if bool(args.session_id) == bool(args.all):
+        print("rollbus replay: name one SESSION_ID, or --verify --all", file=sys.stderr)
+        return EXIT_ERROR
+    return asyncio.run(run_tool(args, replay_main))
+
+
+async def replay_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Namespace) -> int:
+    if args.all:
+        return await verify_all(js, cfg, as_json=args.json)
+    try:
+        session_log = await read_session(js, cfg, args.session_id)
+    except SessionNotFound:
+        print(f"rollbus replay: no session {args.session_id} in the log", file=sys.stderr)
+        return EXIT_ERROR
+    state = fold(session_log.events)
+    assert state is not None  # read_session never returns an empty log
+    if args.verify:
+        return await verify_one(js, cfg, state, as_json=args.json)
+    info = {"events": len(session_log.events), "last_stream_seq": session_log.last_stream_seq}
+    print(replay_json(state, info) if args.json else replay_table(state, info))
+    return EXIT_OK
+
+
+# --- showing one session ------------------------------------------------------------------
+
+def replay_json(state: SessionState, info: dict[str, int]) -> str:
+    chains = []
+    for view, chain in zip(chain_views(state), state.chains, strict=True):
+        chains.append({**msgspec.to_builtins(view), **chain_tokens(chain)})
+    body = {"session": msgspec.to_builtins(summarize(state)), **info, "chains": chains, "records": _records(state)}
+    return msgspec.json.encode(body).decode()
+
+
+def _records(state: SessionState) -> list[dict[str, object]]:
+    if state.status != "finalized":
+        return []
+    return [{"key": r.key, "digest": record_digest(r), "reward": r.reward, "response_len": r.response_len,
+             "materialization_reason": r.materialization_reason} for r in derive_records(state)]
+
+
+def replay_table(state: SessionState, info: dict[str, int]) -> str:
+    summary = summarize(state)
+    reward = "-" if summary.reward is None else f"{summary.reward:g}"
+    extra = f" {msgspec.json.encode(summary.reward_info).decode()}" if summary.reward_info else ""
+    closed = f" ({state.close_reason})" if state.close_reason and state.close_reason != state.status else ""
+    lines = [f"session {state.session_id}  uid {state.uid}  index {state.session_index}  "
+             f"agent {state.agent_name or '-'}  {state.status}{closed}  reward {reward}{extra}",
+             f"log: {info['events']} events, last at stream seq {info['last_stream_seq']}; "
+             f"requests {summary.requests}, turns {summary.turns}, chains {len(state.chains)}"]
+    for view in chain_views(state):
+        lines += ["", *_chain_lines(view)]
+    records = _records(state)
+    if records:
+        lines += ["", "records (as the materializer derives them):"]
+        lines += [f"  {r['key']}  digest {str(r['digest'])[:16]}  reward {r['reward']:g} on the last of "
+                  f"{r['response_len']} response tokens" for r in records]
+    elif state.status == "open":
+        lines += ["", "open: no records until the session is finalized"]
+    return "\n".join(lines)
+
+
+def _chain_lines(view: ChainView) -> list[str]:
+    status = f"closed ({view.materialization_reason})" if view.materialization_reason else view.status
+    lines = [f"chain {view.index}  {status}  prompt {view.prompt_len}  response {view.response_len} "
+             f"(sampled {view.sampled_len}, context {view.response_len - view.sampled_len})  "
+             f"log probs {'yes' if view.has_logprobs else 'no'}  {len(view.turns)} turns",
+             f"  {'turn':>4} {'req':>4} {'context':>7} {'sampled':>7}  {'finish':<7} reply"]
+    for number, turn in enumerate(view.turns, 1):
+        reply = turn.text.replace("\n", "\\n")
+        reply = reply if len(reply) <= 48 else reply[:47] + "…"
+        calls = f"  [tools: {', '.join(turn.tool_calls)}]" if turn.tool_calls else ""
+        lines.append(f"  {number:>4} {turn.request_no:>4} {turn.context_tokens:>7} {turn.sampled_tokens:>7}  "
+                     f"{turn.finish_reason:<7} {reply}{calls}")
+    runs = " ".join(f"{value}x{length}" for value, length in view.mask_runs) or "-"
+    lines.append(f"  mask (response): {runs}")
+    return lines
+
+
+# --- verifying ----------------------------------------------------------------------------
+
+def _print_differences(differences: list[Difference]) -> None:
+    for d in differences:
+        print(f"DIFF {d.session_id} {d.kind} {d.key or '-'} {d.detail}".rstrip())
+
+
+async def verify_one(js: JetStreamContext, cfg: LogConfig, state: SessionState, *, as_json: bool) -> int:
+    marker = await read_marker(js, cfg, state.session_id)
+    differences = compare(state, marker)
+    if as_json:
+        print(msgspec.json.encode({"sessions": 1, "differences": differences}).decode())
+    else:
+        _print_differences(differences)
+        held = f"{len(marker.digests)} records in its marker" if marker is not None else "no marker"
+        print(f"verified {state.session_id} ({state.status}, {held}): {len(differences)} differences")
+    return EXIT_DIFFERENT if differences else EXIT_OK
+
+
+class _Tally(msgspec.Struct, kw_only=True):
+    sessions: int = 0
+    finalized: int = 0
+    records: int = 0
+    open: int = 0
+    aborted: int = 0
+    unreadable: int = 0
+
+
+async def verify_all(js: JetStreamContext, cfg: LogConfig, *, as_json: bool, progress_s: float = 1.0) -> int:
+    """One pass over the log, every finalized session compared with its marker."""
+    markers = await load_markers(js, cfg)
+    stats, tally = ReplayStats(), _Tally()
+    differences: list[Difference] = []
+    seen: set[str] = set()
+    next_report = time.monotonic() + progress_s
+    async for replayed in replay_all(js, cfg, stats):
+        tally.sessions += 1
+        seen.add(replayed.session_id)
+        state = replayed.state
+        if state is None:
+            tally.unreadable += 1
+            differences.append(Difference(session_id=replayed.session_id, kind="unreadable",
+                                          detail=replayed.error or ""))
+        elif state.status == "finalized":
+            tally.finalized += 1
+            marker = markers.get(state.session_id)
+            tally.records += len(marker.digests) if marker is not None else 0
+            differences += compare(state, marker)
+        else:
+            tally.open += state.status == "open"
+            tally.aborted += state.status == "aborted"
+            differences += compare(state, markers.get(state.session_id))
+        if time.monotonic() >= next_report:
+            _progress(stats, tally, len(differences))
+            next_report = time.monotonic() + progress_s
+    differences += [Difference(session_id=sid, kind="orphan_marker", detail="no such session in the log")
+                    for sid in sorted(markers.keys() - seen)]
+    _progress(stats, tally, len(differences))
+    _report(tally, differences, as_json=as_json)
+    return EXIT_DIFFERENT if differences else EXIT_OK
+
+
+def _progress(stats: ReplayStats, tally: _Tally, differences: int) -> None:
+    print(f"verify: {stats.envelopes} envelopes read (the log ends at {stats.last_stream_seq}), "
+          f"{tally.sessions} sessions, {tally.finalized} finalized checked, {differences} differences",
+          file=sys.stderr, flush=True)
+
+
+def _report(tally: _Tally, differences: list[Difference], *, as_json: bool) -> None:
+    if as_json:
+        print(msgspec.json.encode({**msgspec.to_builtins(tally), "differences": differences}).decode())
+        return
+    _print_differences(differences)
+    print(f"verified {tally.finalized} finalized sessions ({tally.records} records in their markers); "
+          f"{tally.open} open and {tally.aborted} aborted not materialized; {tally.unreadable} unreadable; "
+          f"{len(differences)} differences")

@@ -1,0 +1,79 @@
+"""``rollbus sessions``: every session the projector knows, from the projections bucket (no replay).
+
+::
+
+    rollbus sessions                       the latest 50, newest last
+    rollbus sessions --status open         only open ones (or finalized, aborted)
+    rollbus sessions --uid prompt42 --all  every session of one prompt
+    rollbus sessions --json                one JSON array of summaries
+
+Projections follow the log a moment behind (the projector's lag): a session opened an
+instant ago may not be listed yet; ``GET /sessions/{id}`` and ``rollbus replay`` read the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections import Counter
+
+import msgspec
+from nats.js.client import JetStreamContext
+
+from rollbus.tools import EXIT_OK, add_connection_args, run_tool
+from schemas.log import LogConfig
+from session_projector.projections import iter_projections
+from session_projector.summary import SessionSummary, summarize
+
+STATUSES = ("open", "finalized", "aborted")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("sessions", help="list sessions with status, turns, chains and reward")
+    parser.add_argument("--status", choices=STATUSES, help="only sessions with this status")
+    parser.add_argument("--uid", help="only sessions of this prompt uid")
+    parser.add_argument("--limit", type=int, default=50, help="show the latest N [50]")
+    parser.add_argument("--all", action="store_true", help="no limit")
+    parser.add_argument("--json", action="store_true", help="a JSON array of session summaries")
+    add_connection_args(parser)
+    parser.set_defaults(run=lambda args: asyncio.run(run_tool(args, sessions_main)))
+
+
+async def sessions_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Namespace) -> int:
+    summaries = [summarize(p.state) async for p in iter_projections(js, cfg)]
+    counts = Counter(s.status for s in summaries)
+    chosen = sorted((s for s in summaries if _wanted(s, args)), key=lambda s: (s.opened_at, s.session_id))
+    shown = chosen if args.all or args.limit <= 0 else chosen[-args.limit:]
+    if args.json:
+        print(msgspec.json.encode(shown).decode())
+        return EXIT_OK
+    print(table(shown, now=time.time()))
+    tallies = ", ".join(f"{counts[s]} {s}" for s in STATUSES)
+    print(f"{len(shown)} of {len(chosen)} matching sessions shown; {len(summaries)} in all ({tallies})")
+    return EXIT_OK
+
+
+def _wanted(summary: SessionSummary, args: argparse.Namespace) -> bool:
+    return (args.status is None or summary.status == args.status) and (args.uid is None or summary.uid == args.uid)
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def table(summaries: list[SessionSummary], *, now: float) -> str:
+    header = (f"{'session':<32}  {'status':<9} {'uid':<16} {'idx':>3} {'turns':>5} {'chains':>6} {'traj':>4} "
+              f"{'reward':>7}  {'updated':<9} reason")
+    lines = [header, "-" * len(header)]
+    for s in summaries:
+        reward = "-" if s.reward is None else f"{s.reward:.3g}"
+        uid = s.uid if len(s.uid) <= 16 else s.uid[:15] + "…"
+        lines.append(f"{s.session_id:<32}  {s.status:<9} {uid:<16} {s.session_index:>3} {s.turns:>5} "
+                     f"{len(s.chains):>6} {s.trajectories:>4} {reward:>7}  {_ago(now - s.updated_at):<9} "
+                     f"{s.close_reason if s.close_reason not in (None, s.status) else ''}".rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,79 @@
+"""In-process edges for recovery tests: real JetStream, real leases, a scripted SGLang server,
+and a clock the test moves (so lease expiry and idle timeouts need no sleeping)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from edge.codec.openai_wire import decode_request
+from edge.codec.tokenizer import Tokenizer
+from edge.engines.scripted import ScriptedReply
+from edge.engines.sglang import SGLangEngine
+from edge.service import EdgeService, OpenSession
+from edge.settings import EdgeSettings
+from edge.turns import TurnOutcome, TurnRequest
+from rollbus.runtime import build_edge_service
+from schemas.log import LogConfig
+
+IM_END = 151645
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def responder(tokenizer: Tokenizer):
+    """Deterministic replies: the reply depends only on the engine's input."""
+
+    def reply(input_ids: list[int], body: dict[str, Any]) -> ScriptedReply:
+        text = f"reply to {len(input_ids)} tokens ending {input_ids[-1]}"
+        return ScriptedReply(token_ids=[*tokenizer.encode(text), IM_END])
+
+    return reply
+
+
+def make_edge(js, cfg: LogConfig, engine_url: str, *, edge_id: str, clock: FakeClock, ttl: float = 10.0,
+              idle: float = 3600.0) -> EdgeService:
+    settings = EdgeSettings(edge_id=edge_id, lease_ttl_s=ttl, idle_timeout_s=idle, log=cfg, max_trajectory_length=4096)
+    return build_edge_service(settings, js, SGLangEngine([engine_url]), clock=clock)
+
+
+class Agent:
+    """One conversation, driven through an edge service the way a route would."""
+
+    def __init__(self, session_id: str, api_key: str) -> None:
+        self.session_id = session_id
+        self.api_key = api_key
+        self.messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
+
+    @classmethod
+    async def open(cls, edge: EdgeService, uid: str = "u1") -> Agent:
+        opened = await edge.open_session(OpenSession(uid=uid))
+        return cls(opened.session_id, opened.api_key)
+
+    def request(self, user: str | None, *, key: str | None = None, retries: int = 0) -> TurnRequest:
+        if user is not None:
+            self.messages.append({"role": "user", "content": user})
+        body = json.dumps({"model": "m", "messages": self.messages}).encode()
+        return TurnRequest(conversation=decode_request(body), wire="openai", body=body, idempotency_key=key,
+                           retry_count=retries)
+
+    async def send(self, edge: EdgeService, request: TurnRequest) -> TurnOutcome:
+        outcome = await edge.complete(self.session_id, self.api_key, request)
+        return outcome
+
+    def heard(self, outcome: TurnOutcome) -> None:
+        self.messages.append({"role": "assistant", "content": outcome.content})
+
+    async def turn(self, edge: EdgeService, user: str, **opts: Any) -> TurnOutcome:
+        outcome = await self.send(edge, self.request(user, **opts))
+        self.heard(outcome)
+        return outcome

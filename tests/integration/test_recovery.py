@@ -1,0 +1,171 @@
+"""Ownership and recovery of open sessions across edges, and idempotent retries, against a real
+nats-server and a scripted SGLang engine. Each "edge" is an EdgeService of its own (its own
+registry, leases instance and engine client), as a separate process would have."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import msgspec
+import numpy as np
+import pytest
+
+from edge.codec.tokenizer import load_tokenizer
+from edge.engines.scripted import ScriptedEngineServer
+from edge.publisher import JetStreamLog
+from edge.service import EdgeService
+from edge.turns import TurnOutcome
+from schemas.errors import IdempotencyKeyReused, OwnershipLost, SessionOwned
+from schemas.events import RewardReported
+from session_projector.fold import fold
+from session_projector.reader import load_state, read_session
+from session_projector.service import Projector
+from session_projector.summary import summarize
+from tests.integration.edges import Agent, FakeClock, make_edge, responder
+from tests.integration.projecting import running, wait_projected
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("builtin:qwen2.5")
+
+
+@pytest.fixture
+def engine(tokenizer):
+    with ScriptedEngineServer(responder=responder(tokenizer)) as server:
+        yield server
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@contextlib.asynccontextmanager
+async def edges(js, cfg, engine, clock, *ids: str, **opts) -> AsyncIterator[list[EdgeService]]:
+    made = [make_edge(js, cfg, engine.url, edge_id=edge_id, clock=clock, **opts) for edge_id in ids]
+    try:
+        yield made
+    finally:
+        for edge in made:
+            await edge._turns._engine.aclose()
+
+
+def same(replayed: TurnOutcome, original: TurnOutcome) -> bool:
+    """Equal, log probs as stored (float32; the engine's own values may carry more digits)."""
+    stored = np.float32(original.logprobs or ())
+    return (msgspec.structs.replace(replayed, logprobs=None) == msgspec.structs.replace(original, logprobs=None)
+            and np.array_equal(np.float32(replayed.logprobs or ()), stored))
+
+
+async def stored_tokens(js, cfg, session_id: str) -> list[int]:
+    state, _ = await load_state(js, cfg, session_id)
+    return state.chains[0].token_ids()
+
+
+async def test_another_edge_takes_over_once_the_lease_lapses_and_the_old_one_stops(js, log_config, engine, clock):
+    async with edges(js, log_config, engine, clock, "a", "b") as (a, b):
+        agent = await Agent.open(a)
+        await agent.turn(a, "one")
+        before = await stored_tokens(js, log_config, agent.session_id)
+
+        with pytest.raises(SessionOwned) as refused:
+            await agent.send(b, agent.request("two"))
+        assert 0 < refused.value.retry_after <= 10 + 2
+        clock.advance(13)  # a's lease lapses (ttl 10 + grace 2)
+        await agent.send(b, agent.request(None))
+        assert engine.requests[-1]["input_ids"][: len(before)] == before  # b continued the stored tokens
+        assert len((await load_state(js, log_config, agent.session_id))[0].chains) == 1
+
+        # a still holds its stale live state: not trusted for reads, its lease having lapsed ...
+        assert (await a.summary(agent.session_id)).turns == 2
+        # ... and its next write is refused and the state dropped.
+        with pytest.raises(OwnershipLost):
+            await agent.send(a, agent.request(None, key="x"))
+        assert not a.registry.holds(agent.session_id)
+        with pytest.raises(SessionOwned):  # b's lease is fresh
+            await agent.send(a, agent.request(None, key="y"))
+    state, _ = await load_state(js, log_config, agent.session_id)
+    assert state.turns == 2 and state.requests == 2
+
+
+async def test_an_edge_restarted_with_the_same_id_takes_its_sessions_back_at_once(js, log_config, engine, clock):
+    async with edges(js, log_config, engine, clock, "a", "a") as (first, restarted):
+        agent = await Agent.open(first)
+        await agent.turn(first, "one")
+        before = await stored_tokens(js, log_config, agent.session_id)
+        await agent.turn(restarted, "two")  # no waiting for the lease
+        after = await stored_tokens(js, log_config, agent.session_id)
+    assert after[: len(before)] == before and len(after) > len(before)
+
+
+async def test_a_foreign_append_drops_the_live_state_and_the_session_reloads(js, log_config, engine, clock):
+    async with edges(js, log_config, engine, clock, "a") as (a,):
+        agent = await Agent.open(a)
+        await agent.turn(a, "one")
+        live = await a.registry.get(agent.session_id)
+        # Someone else writes the session behind this edge's back (the log's sequence check still holds).
+        foreign = RewardReported(session_id=agent.session_id, seq=live.state.seq + 1, time=clock(), reward=0.5)
+        await JetStreamLog(js, log_config).append(agent.session_id, [foreign], live.stream_seq)
+        with pytest.raises(OwnershipLost):
+            await agent.send(a, agent.request("two"))
+        assert not a.registry.holds(agent.session_id)
+        await agent.send(a, agent.request(None))  # reloaded from the log, foreign event included
+    state, _ = await load_state(js, log_config, agent.session_id)
+    assert state.reward is not None and state.reward.reward == 0.5 and state.turns == 2
+
+
+async def test_retries_get_the_recorded_completion_also_after_a_restart(js, log_config, engine, clock):
+    async with edges(js, log_config, engine, clock, "a", "a") as (first, restarted):
+        agent = await Agent.open(first)
+        request = agent.request("one", key="req-1")
+        original = await agent.send(first, request)
+        calls = len(engine.requests)
+
+        again = await agent.send(restarted, request)  # same key, same body, another process
+        assert same(again, original) and len(engine.requests) == calls
+        retried = await agent.send(restarted, agent.request(None, retries=1))  # the SDK's retry header
+        assert same(retried, original) and len(engine.requests) == calls
+        with pytest.raises(IdempotencyKeyReused):
+            await agent.send(restarted, agent.request("changed", key="req-1"))
+        agent.messages.pop()
+
+        sibling = await agent.send(restarted, agent.request(None))  # no key, no retry: a new sample
+        assert len(engine.requests) == calls + 1 and sibling.request_no != original.request_no
+    events = (await read_session(js, log_config, agent.session_id)).events
+    assert sum(type(e).__name__ == "TurnCompleted" for e in events) == 2
+
+
+async def test_a_summary_of_a_session_held_elsewhere_comes_from_its_projection_without_taking_it(
+        js, log_config, engine, clock):
+    async with edges(js, log_config, engine, clock, "a", "b") as (a, b):
+        agent = await Agent.open(a)
+        await agent.turn(a, "one")
+        unprojected = await b.summary(agent.session_id)  # no projection yet: replayed
+        async with running(Projector(js, log_config)):
+            await wait_projected(js, log_config, {agent.session_id: 5})
+        await agent.turn(a, "two")  # past the projection: b folds the log's tail onto it
+        summary = await b.summary(agent.session_id)
+        log = (await read_session(js, log_config, agent.session_id)).events
+        assert summary == summarize(fold(log)) == await a.summary(agent.session_id)
+        assert unprojected.turns == 1 and summary.turns == 2
+        assert not b.registry.holds(agent.session_id)
+        lease, _ = await b.leases.read(agent.session_id)
+        assert lease is not None and lease.edge_id == "a"  # reading took nothing over
+
+
+async def test_concurrent_takeovers_have_exactly_one_winner(js, log_config, engine, clock):
+    async with edges(js, log_config, engine, clock, "a", "b", "c", "d") as (a, *others):
+        agent = await Agent.open(a)
+        await agent.turn(a, "one")
+        clock.advance(13)
+        results = await asyncio.gather(*(edge.registry.get(agent.session_id) for edge in others),
+                                       return_exceptions=True)
+        winners = [edge for edge, result in zip(others, results, strict=True) if not isinstance(result, Exception)]
+        assert len(winners) == 1, results
+        assert all(isinstance(r, SessionOwned) for r in results if isinstance(r, Exception))
+        await agent.turn(winners[0], "two")
+    state, _ = await load_state(js, log_config, agent.session_id)
+    assert state.turns == 2

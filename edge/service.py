@@ -18,12 +18,12 @@ from typing import Any
 
 import msgspec
 
-from edge.idempotency import identify, recorded_outcome, repeated_request
+from edge.idempotency import RequestIdentity, identify, recorded_outcome, repeated_request
 from edge.live import LiveSession, Registry
 from edge.ownership import KvLeases
 from edge.publisher import EventLog
 from edge.settings import EdgeSettings
-from edge.streaming import Item, TurnStream
+from edge.streaming import Item, RecordedStream, TurnStream
 from edge.turns import Clock, TurnOutcome, TurnRequest, TurnRunner
 from schemas.errors import (
     CapacityExceeded,
@@ -129,18 +129,31 @@ class EdgeService:
         live = await self.authorized(session_id, api_key)
         identity = identify(request.body, request.idempotency_key, request.retry_count)
         with live.in_use():
-            await live.inflight.settled(identity)
-            earlier = repeated_request(live.state, identity)
-            outcome = recorded_outcome(live.state, earlier) if earlier is not None else None
+            outcome = await self._recorded(live, identity)
             if outcome is not None:
                 return outcome
             with live.inflight.running(identity):
                 return await self._turns.run(live, request)
 
-    async def stream(self, session_id: str, api_key: str | None, request: TurnRequest) -> tuple[TurnStream, Item]:
-        """Start a streamed turn: the stream and its first event (see :mod:`edge.streaming`)."""
+    async def stream(self, session_id: str, api_key: str | None,
+                     request: TurnRequest) -> tuple[TurnStream | RecordedStream, Item]:
+        """Start a streamed turn: the stream and its first event (see :mod:`edge.streaming`). A repeated
+        request whose turn is recorded gets that completion streamed back; the engine is not called."""
         live = await self.authorized(session_id, api_key)
+        identity = identify(request.body, request.idempotency_key, request.retry_count)
+        with live.in_use():
+            outcome = await self._recorded(live, identity)
+        if outcome is not None:
+            recorded = RecordedStream(outcome)
+            return recorded, recorded.first
         return await TurnStream.open(self._turns, live, request)
+
+    @staticmethod
+    async def _recorded(live: LiveSession, identity: RequestIdentity) -> TurnOutcome | None:
+        """The completion recorded for an earlier request this one repeats (after it settles), if any."""
+        await live.inflight.settled(identity)
+        earlier = repeated_request(live.state, identity)
+        return recorded_outcome(live.state, earlier) if earlier is not None else None
 
     def token_strings(self, token_ids: Sequence[int]) -> list[str]:
         """Each sampled token as text (for ``logprobs`` in replies)."""

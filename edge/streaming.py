@@ -36,7 +36,15 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from edge.codec.deltas import StreamEvent, StreamFinished, StreamStarted
+from edge.codec.conversation import TurnOutcome
+from edge.codec.deltas import (
+    ContentDelta,
+    ReasoningDelta,
+    StreamEvent,
+    StreamFinished,
+    StreamStarted,
+    ToolCallReady,
+)
 from edge.codec.detokenize import IncrementalDecoder
 from edge.codec.reply import ReplyStream, call_ids
 from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult
@@ -180,3 +188,25 @@ async def _aclose(iterator: AsyncIterator[Any]) -> None:
     if close is not None:
         with contextlib.suppress(RuntimeError):
             await close()
+
+
+class RecordedStream:
+    """The stream of a completion already recorded (an idempotent repeat): the events a live
+    stream of it would have sent, all at once. Nothing runs and nothing is logged."""
+
+    def __init__(self, outcome: TurnOutcome) -> None:
+        self.first = StreamStarted(session_id=outcome.session_id, request_no=outcome.request_no,
+                                   created=outcome.created, prompt_tokens=outcome.prompt_tokens)
+        deltas: list[StreamEvent] = []
+        if outcome.reasoning:
+            deltas.append(ReasoningDelta(outcome.reasoning))
+        if outcome.content:
+            deltas.append(ContentDelta(outcome.content))
+        deltas += [ToolCallReady(index, call) for index, call in enumerate(outcome.tool_calls)]
+        self._rest: list[Item] = [*deltas, StreamFinished(outcome)]
+
+    async def events(self) -> AsyncIterator[list[Item]]:
+        yield self._rest
+
+    def abandon(self) -> None:
+        """Nothing to give up: the turn is in the log already."""

@@ -27,7 +27,7 @@ from edge.idempotency import retry_count
 from edge.metrics import Metrics
 from edge.routes.wire import bearer, guarded, json_response, read_body
 from edge.service import EdgeService
-from edge.streaming import Item, TurnStream
+from edge.streaming import Item, RecordedStream, TurnStream
 from edge.turns import TurnRequest
 from schemas.errors import RollbusError
 
@@ -90,7 +90,7 @@ class ModelRoutes:
                               help_text="HTTP request latency")
 
 
-async def _sse(encoder: StreamEncoder, first: Item, stream: TurnStream) -> AsyncIterator[bytes]:
+async def _sse(encoder: StreamEncoder, first: Item, stream: TurnStream | RecordedStream) -> AsyncIterator[bytes]:
     events = stream.events()
     try:
         yield _encode(encoder, first)

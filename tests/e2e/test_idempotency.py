@@ -56,6 +56,21 @@ def test_an_idempotency_key_replays_the_recorded_completion(stack, engine, token
     assert fresh.json()["choices"][0]["message"]["content"] == "twice" and len(engine.requests) == 2
 
 
+def test_a_streamed_repeat_streams_the_recorded_completion(stack, engine, tokenizer):
+    session = open_session(stack)
+    client = OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+    engine.push(reply(tokenizer, "streamed once"))
+    kwargs = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+              "extra_headers": {"Idempotency-Key": "stream-1"}}
+    first = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(**kwargs)
+                    if chunk.choices)
+    again = list(client.chat.completions.create(**kwargs))
+    assert first == "streamed once"
+    assert "".join(c.choices[0].delta.content or "" for c in again if c.choices) == first
+    assert [c.choices[0].finish_reason for c in again if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert len(engine.requests) == 1  # the repeat was answered from the log
+
+
 class _Recorder(http.server.BaseHTTPRequestHandler):
     """Answers 500 to the first POST and ``reply`` after; records headers and bodies."""
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 import msgspec
 
@@ -38,6 +39,13 @@ from schemas import tokens
 from schemas.errors import IdempotencyKeyReused, MalformedRequest
 from schemas.events import body_digest
 from session_projector.fold import SessionState
+
+
+class Adoptable(Protocol):
+    """A running request a repeat can adopt (:class:`edge.turns.Disconnect`)."""
+
+    def adopted(self) -> None: ...
+
 
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 RETRY_COUNT_HEADER = "x-stainless-retry-count"
@@ -118,31 +126,37 @@ def recorded_outcome(state: SessionState, request_no: int) -> TurnOutcome | None
 
 
 class InFlight:
-    """Requests running on one live session, by identity token, so a repeat can wait for its original."""
+    """Requests running on one live session, by identity token, so a repeat can wait for its original.
+
+    A repeat that waits *adopts* the original: an original whose client has gone is then
+    not aborted (see :class:`edge.turns.Disconnect`) and the repeat gets its completion."""
 
     def __init__(self) -> None:
-        self._running: dict[str, list[asyncio.Future[None]]] = {}
+        self._running: dict[str, list[tuple[asyncio.Future[None], Adoptable | None]]] = {}
 
     async def settled(self, identity: RequestIdentity) -> None:
         """Return once no request this one may repeat is running (at once for a new request)."""
         if not identity.may_repeat:
             return
         while running := self._running.get(identity.token()):
-            await asyncio.wait(list(running))
+            for _, original in running:
+                if original is not None:
+                    original.adopted()
+            await asyncio.wait([done for done, _ in running])
 
     @contextlib.contextmanager
-    def running(self, identity: RequestIdentity) -> Iterator[None]:
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def running(self, identity: RequestIdentity, original: Adoptable | None = None) -> Iterator[None]:
+        entry = (asyncio.get_running_loop().create_future(), original)
         names = identity.tokens()
         for name in names:
-            self._running.setdefault(name, []).append(done)
+            self._running.setdefault(name, []).append(entry)
         try:
             yield
         finally:
-            done.set_result(None)
+            entry[0].set_result(None)
             for name in names:
                 waiting = self._running.get(name, [])
-                if done in waiting:
-                    waiting.remove(done)
+                if entry in waiting:
+                    waiting.remove(entry)
                 if not waiting:
                     self._running.pop(name, None)

@@ -132,7 +132,7 @@ class EdgeService:
             outcome = await self._recorded(live, identity)
             if outcome is not None:
                 return outcome
-            with live.inflight.running(identity):
+            with live.inflight.running(identity, request.disconnect):
                 return await self._turns.run(live, request)
 
     async def stream(self, session_id: str, api_key: str | None,

@@ -49,13 +49,12 @@ from edge.codec.detokenize import IncrementalDecoder
 from edge.codec.reply import ReplyStream, call_ids
 from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult
 from edge.live import LiveSession
-from edge.turns import PreparedTurn, TurnRequest, TurnRunner
+from edge.turns import DISCONNECTED, PreparedTurn, TurnRequest, TurnRunner
 from schemas.errors import EngineError, RollbusError
 
 log = logging.getLogger(__name__)
 
 Item = StreamEvent | RollbusError
-DISCONNECTED = "client_disconnected"
 _END = object()
 _RUNNING: set[asyncio.Task[None]] = set()  # strong references: the loop keeps only weak ones
 

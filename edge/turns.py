@@ -9,10 +9,11 @@ request; :mod:`edge.streaming` does them for a streamed one. The agent gets its 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import TypeVar
 
 import msgspec
@@ -50,12 +51,62 @@ T = TypeVar("T")
 CAPACITY = "max_trajectory_length"
 
 
+DISCONNECTED = "client_disconnected"
+
+
+class Disconnect:
+    """A client's disconnect, which may abort its plain turn while the engine samples.
+
+    The route calls :meth:`client_gone` when the connection drops. The turn is not cut at
+    once: an SDK that timed out retries the same request, and the retry should get this
+    turn's completion (:mod:`edge.idempotency`), not sample again. So the abort waits
+    ``grace`` seconds; a repeat that arrives meanwhile *adopts* the turn (:meth:`adopted`)
+    and it runs to its end. Otherwise the engine request is cancelled (and aborted), the
+    chain is left as it was and ``turn_abandoned`` is recorded, as for a stream. A turn
+    whose sampling is over when the timer fires commits (the log decides): only the answer
+    is lost.
+    """
+
+    def __init__(self, grace: float = 10.0) -> None:
+        self.gone = False
+        self._grace = grace
+        self._adopted = False
+        self._sampling: asyncio.Task[object] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def client_gone(self) -> None:
+        self.gone = True
+        if not self._adopted:
+            self._timer = asyncio.get_running_loop().call_later(self._grace, self._abort)
+
+    def adopted(self) -> None:
+        """A repeat of this request is waiting for it: let it finish."""
+        self._adopted = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _abort(self) -> None:
+        if self._sampling is not None and not self._adopted:
+            self._sampling.cancel()
+
+    @contextmanager
+    def sampling(self) -> Iterator[None]:
+        self._sampling = asyncio.current_task()
+        try:
+            yield
+        finally:
+            self._sampling = None
+            if self._timer is not None:
+                self._timer.cancel()
+
+
 class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
     conversation: Conversation
     wire: str
     body: bytes
     idempotency_key: str | None = None
     retry_count: int = 0  # the SDK's x-stainless-retry-count (edge.idempotency)
+    disconnect: Disconnect | None = None
 
 
 class _Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -109,12 +160,23 @@ class TurnRunner:
         async with self.begin(live, request) as turn:
             if turn.generate is None:
                 return await self.refuse(live, turn)
-            try:
-                result = await self._engine.generate(turn.generate)
-            except EngineError as exc:
-                await self.record_failure(live, turn, exc)
-                raise
+            result = await self._generate(live, turn, turn.generate, request.disconnect)
             return await self.commit(live, turn, result, self.parse(turn, result))
+
+    async def _generate(self, live: LiveSession, turn: PreparedTurn, generate: GenerateRequest,
+                        disconnect: Disconnect | None) -> GenerateResult:
+        try:
+            if disconnect is None:
+                return await self._engine.generate(generate)
+            with disconnect.sampling():
+                return await self._engine.generate(generate)
+        except EngineError as exc:
+            await self.record_failure(live, turn, exc)
+            raise
+        except asyncio.CancelledError:
+            if disconnect is not None and disconnect.gone:  # the client left: the engine call was aborted
+                await self.record_abandoned(live, turn, reason=DISCONNECTED, tokens_sampled=0)
+            raise
 
     @asynccontextmanager
     async def begin(self, live: LiveSession, request: TurnRequest) -> AsyncIterator[PreparedTurn]:

@@ -65,6 +65,7 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     edge_id: str = ""  # "": <hostname>:<port>, so an edge restarted on its port takes its sessions back at once
     lease_ttl: float = 15.0
     idle_timeout: float = 3600.0
+    disconnect_grace: float = 10.0
 
 
 def model_defaults(engine: str, model: str | None, tokenizer: str | None,
@@ -193,7 +194,8 @@ class Stack:
         settings = EdgeSettings(public_url=self.url, admin_token=options.admin_token, tokenizer=options.tokenizer,
                                 tool_format=options.tool_format, max_trajectory_length=options.max_trajectory_length,
                                 log=options.log, edge_id=options.edge_id or default_edge_id(port),
-                                lease_ttl_s=options.lease_ttl, idle_timeout_s=options.idle_timeout)
+                                lease_ttl_s=options.lease_ttl, idle_timeout_s=options.idle_timeout,
+                                disconnect_grace_s=options.disconnect_grace)
         service = self._service = build_edge_service(settings, js, self._engine)
         self._spawn(build_keeper(service, js).run(self.stop_event), "keeper")
         app = create_app(service, ready=self.ready)

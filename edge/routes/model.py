@@ -15,8 +15,10 @@ hands every other request to the FastAPI app (admin, reward, health, metrics).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.requests import Request
@@ -28,7 +30,7 @@ from edge.metrics import Metrics
 from edge.routes.wire import bearer, guarded, json_response, read_body
 from edge.service import EdgeService
 from edge.streaming import Item, RecordedStream, TurnStream
-from edge.turns import TurnRequest
+from edge.turns import Disconnect, TurnRequest
 from schemas.errors import RollbusError
 
 Scope = MutableMapping[str, Any]
@@ -40,18 +42,38 @@ _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _PREFIX = "/sessions/"
 
 
-async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: str, request: Request) -> Response:
+async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: str, request: Request,
+                       disconnect: Disconnect) -> Response:
+    """One model request; a plain one is watched for its client leaving (``disconnect``)."""
     body = await read_body(request, service.settings.max_request_bytes)
     conversation = adapter.decode(body)
     turn = TurnRequest(conversation=conversation, wire=adapter.name, body=body,
                        idempotency_key=request.headers.get("idempotency-key"),
-                       retry_count=retry_count(request.headers))
+                       retry_count=retry_count(request.headers),
+                       disconnect=None if conversation.stream else disconnect)
     if conversation.stream:
         stream, first = await service.stream(session_id, bearer(request), turn)
         events = _sse(adapter.stream(conversation, service.token_strings), first, stream)
         return StreamingResponse(events, media_type="text/event-stream", headers=_SSE_HEADERS)
-    outcome = await service.complete(session_id, bearer(request), turn)
+    async with _watching(request.receive, disconnect):
+        outcome = await service.complete(session_id, bearer(request), turn)
     return json_response(adapter.encode(outcome, conversation, service.token_strings))
+
+
+@asynccontextmanager
+async def _watching(receive: Receive, disconnect: Disconnect) -> AsyncIterator[None]:
+    """Tell ``disconnect`` when the client goes away (the request body is read by now)."""
+
+    async def listen() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        disconnect.client_gone()
+
+    listener = asyncio.ensure_future(listen())
+    try:
+        yield
+    finally:
+        listener.cancel()
 
 
 class ModelRoutes:
@@ -81,8 +103,16 @@ class ModelRoutes:
                      send: Send) -> None:
         started = time.perf_counter()
         request = Request(scope, receive)
-        response = await guarded(handle_model(self._service, adapter, session_id, request), request,
-                                 adapter.encode_error)
+        disconnect = Disconnect(self._service.settings.disconnect_grace_s)
+        try:
+            response = await guarded(handle_model(self._service, adapter, session_id, request, disconnect),
+                                     request, adapter.encode_error)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not disconnect.gone or task is None or task.cancelling() > 1:
+                raise  # not (only) the client leaving: shutdown
+            task.uncancel()  # the client left while its turn sampled: the turn was abandoned; nobody to answer
+            return
         await response(scope, receive, send)
         self._metrics.inc("rollbus_http_requests_total", help_text="HTTP requests by route and status",
                           route=f"/sessions/{{session_id}}/{tail}", status=str(response.status_code))
@@ -103,3 +133,4 @@ async def _sse(encoder: StreamEncoder, first: Item, stream: TurnStream | Recorde
 
 def _encode(encoder: StreamEncoder, item: Item) -> bytes:
     return encoder.error(item) if isinstance(item, RollbusError) else encoder.event(item)
+

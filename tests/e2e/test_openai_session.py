@@ -224,3 +224,59 @@ def test_engine_failure_is_a_clear_error_recorded_for_audit_and_retryable(stack,
     assert "EngineFailed" in kinds
     summary = httpx.get(f"{stack.url}/sessions/{session['session_id']}", headers=stack.admin).json()
     assert summary["turns"] == 2 and len(summary["chains"]) == 1
+
+
+@pytest.fixture
+def quick_stack(nats_server, log_config, engine, tmp_path):
+    """A stack that aborts a plain turn 0.2 s after its client left (no retry came)."""
+    from rollbus.runtime import StackOptions
+    from tests.e2e.conftest import ADMIN_TOKEN
+    from tests.stack import StackThread
+
+    options = StackOptions(port=0, data_dir=tmp_path / "data", nats_url=nats_server.url, engine="sglang",
+                           engine_urls=(engine.url,), admin_token=ADMIN_TOKEN, log=log_config,
+                           disconnect_grace=0.2)
+    running = StackThread(options).start()
+    yield running
+    running.stop()
+
+
+def test_a_client_that_leaves_mid_generation_aborts_its_turn(quick_stack, engine, tokenizer):
+    import asyncio
+
+    from nats.aio.client import Client
+
+    from session_projector.reader import read_session
+
+    stack = quick_stack
+    session = open_session(stack)
+    url = f"{session['base_url']}/chat/completions"
+    auth = {"Authorization": f"Bearer {session['api_key']}"}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    slow = reply(tokenizer, "too late")
+    engine.push(ScriptedReply(token_ids=slow.token_ids, logprobs=slow.logprobs, delay_s=5.0))
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url, json=body, headers=auth, timeout=0.5)
+    deadline = time.monotonic() + 10
+    while not engine.aborted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.aborted == [engine.requests[0]["rid"]]  # the engine request was aborted
+
+    async def kinds():
+        nc = Client()
+        await nc.connect(stack.nats_url)
+        try:
+            return [type(e).__name__ for e in (await read_session(nc.jetstream(), stack.options.log,
+                                                                  session["session_id"])).events]
+        finally:
+            await nc.close()
+
+    deadline = time.monotonic() + 10
+    while "TurnAbandoned" not in (found := asyncio.run(kinds())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert found[-2:] == ["RequestReceived", "TurnAbandoned"]
+    engine.push(reply(tokenizer, "on time"))
+    again = httpx.post(url, json=body, headers=auth).json()
+    assert again["choices"][0]["message"]["content"] == "on time"
+    summary = httpx.get(f"{stack.url}/sessions/{session['session_id']}", headers=stack.admin).json()
+    assert summary["turns"] == 1 and len(summary["chains"]) == 1

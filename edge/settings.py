@@ -19,5 +19,6 @@ class EdgeSettings(msgspec.Struct, frozen=True, kw_only=True):
     edge_id: str = "edge-0"  # unique among running edges (a restarted edge with the same id takes over at once)
     lease_ttl_s: float = 15.0  # a crashed edge's open sessions can be taken over this long after its last renewal
     idle_timeout_s: float = 3600.0  # open sessions untouched this long are aborted ("idle_timeout"); 0: never
+    rollback_rewritten_turns: bool = True  # a request that rewrites a chain's last reply rolls it back
     disconnect_grace_s: float = 10.0  # a plain turn whose client left is aborted this long after (unless retried)
     log: LogConfig = LogConfig()

@@ -18,10 +18,10 @@ from typing import TypeVar
 
 import msgspec
 
-from edge.chains import Continue, Exhausted, NewChain, select_chain
+from edge.chains import Continue, Exhausted, NewChain, Rollback, select_chain
 from edge.codec.conversation import Conversation, Message, TurnOutcome
 from edge.codec.digest import extend, prefix_digests, tools_digest
-from edge.codec.incremental import TemplateCodec
+from edge.codec.incremental import TemplateCodec, TemplateNotIncremental
 from edge.codec.reasoning import opens_reasoning
 from edge.codec.reply import ReplyParser, call_ids
 from edge.codec.tool_parsers import ParsedOutput, ToolParser
@@ -41,6 +41,7 @@ from schemas.events import (
     TokensGenerated,
     TurnAbandoned,
     TurnCompleted,
+    TurnRolledBack,
 )
 from session_projector.fold import SessionState
 
@@ -118,6 +119,7 @@ class _Plan(msgspec.Struct, frozen=True, kw_only=True):
     n_messages: int
     chat_turns: int
     prefix_digest: str
+    rollback: tuple[int, int] | None = None  # (request whose turn is rolled back, sampled tokens dropped)
 
 
 class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
@@ -184,12 +186,13 @@ class TurnRunner:
         conversation = request.conversation
         request_no = live.take_request_no()
         digests = [d.hex() for d in prefix_digests(tools_digest(conversation.tools), conversation.messages)]
-        selection = select_chain(live.state, digests, live.busy)
+        selection = select_chain(live.state, digests, live.busy, [m.role for m in conversation.messages],
+                                 rollback=self._settings.rollback_rewritten_turns)
         received = self._received(live, request, request_no)
         if isinstance(selection, Exhausted):
             yield PreparedTurn(request=request, request_no=request_no, received=received, refusal=(received,))
             return
-        busy = selection.chain.index if isinstance(selection, Continue) else None
+        busy = None if isinstance(selection, NewChain) else selection.chain.index
         if busy is not None:
             live.busy.add(busy)
         try:
@@ -198,7 +201,7 @@ class TurnRunner:
             if busy is not None:
                 live.busy.discard(busy)
 
-    def _prepare(self, live: LiveSession, request: TurnRequest, selection: Continue | NewChain,
+    def _prepare(self, live: LiveSession, request: TurnRequest, selection: Continue | Rollback | NewChain,
                  digests: list[str], received: RequestReceived, request_no: int) -> PreparedTurn:
         plan = self._plan(live.state, request.conversation, selection, digests)
         prepared = PreparedTurn(request=request, request_no=request_no, received=received, plan=plan)
@@ -224,7 +227,8 @@ class TurnRunner:
 
         def draft(state: SessionState) -> list[Event]:
             chain = plan.chain if plan.chain is not None else len(state.chains)
-            events = [turn.received, self._context(live, plan, chain, request_no),
+            rollback = [] if plan.rollback is None else [self._rolled_back(live, chain, request_no, plan.rollback)]
+            events = [turn.received, *rollback, self._context(live, plan, chain, request_no),
                       self._tokens(live, chain, request_no, result),
                       self._turn(live, chain, request_no, result, parsed, tip, plan.n_messages + 1)]
             return events + ([self._closed(live, chain, request_no)] if full else [])
@@ -232,18 +236,37 @@ class TurnRunner:
         await live.commit(self._log, draft)
         return self._outcome(live, request_no, plan, result, parsed, full)
 
-    def _plan(self, state: SessionState, conversation: Conversation, selection: Continue | NewChain,
+    def _plan(self, state: SessionState, conversation: Conversation, selection: Continue | Rollback | NewChain,
               digests: list[str]) -> _Plan:
         messages = conversation.messages
         if isinstance(selection, NewChain):
             prompt = self.codec.encode_prompt(messages, conversation.tools)
             return _Plan(chain=None, context_ids=prompt, input_ids=prompt, n_messages=len(messages),
                          chat_turns=_chat_turns(messages), prefix_digest=digests[-1])
+        if isinstance(selection, Rollback):
+            try:
+                return self._rollback_plan(selection, messages, digests)
+            except TemplateNotIncremental:  # the template cannot express the rewrite: a new chain
+                return self._plan(state, conversation, NewChain(), digests)
         chain = selection.chain
         new = messages[selection.n_history:]
         increment = self.codec.encode_increment(new, last_token=chain.last_token())
         return _Plan(chain=chain.index, context_ids=increment, input_ids=chain.token_ids() + increment,
                      n_messages=len(messages), chat_turns=_chat_turns(new), prefix_digest=digests[-1])
+
+    def _rollback_plan(self, selection: Rollback, messages: Sequence[Message], digests: list[str]) -> _Plan:
+        """The chain without its last reply's sampled tokens (it ends at that reply's generation
+        prompt), then the rewritten reply and what follows it, as context."""
+        chain, new = selection.chain, messages[selection.n_history:]
+        turn = chain.turns[-1]
+        kept = [s for s in chain.segments[turn.first_segment: turn.end_segment] if not s.generated]
+        base = b"".join([chain.prompt_ids, *(s.token_ids for s in chain.segments[: turn.first_segment]),
+                         *(s.token_ids for s in kept)])
+        increment = self.codec.encode_rewrite(new)
+        dropped = sum(s.length for s in chain.segments[turn.first_segment: turn.end_segment] if s.generated)
+        return _Plan(chain=chain.index, context_ids=increment, input_ids=tokens.unpack_ids(base).tolist() + increment,
+                     n_messages=len(messages), chat_turns=_chat_turns(new), prefix_digest=digests[-1],
+                     rollback=(turn.request_no, dropped))
 
     def _sampling(self, state: SessionState, conversation: Conversation, room: int) -> SamplingParams:
         asked, defaults = conversation.sampling, state.sampling
@@ -287,6 +310,11 @@ class TurnRunner:
                              request_no=request_no, finish_reason=result.finish_reason, text=parsed.content,
                              reasoning=parsed.reasoning, tool_calls=parsed.tool_calls, tip_digest=tip,
                              n_messages=n_messages, weight_version=result.weight_version)
+
+    def _rolled_back(self, live: LiveSession, chain: int, request_no: int,
+                     rollback: tuple[int, int]) -> TurnRolledBack:
+        return TurnRolledBack(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
+                              request_no=request_no, turn_request_no=rollback[0], tokens_dropped=rollback[1])
 
     def _closed(self, live: LiveSession, chain: int, request_no: int) -> ChainClosed:
         return ChainClosed(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,

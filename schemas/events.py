@@ -160,6 +160,17 @@ class TurnAbandoned(Event, tag="turn_abandoned", kw_only=True):
     tokens_sampled: int  # tokens the engine had produced when the turn was given up
 
 
+class TurnRolledBack(Event, tag="turn_rolled_back", kw_only=True):
+    """The chain's last assistant turn was rewritten by the agent: its sampled tokens leave the
+    chain (which ends again at that turn's generation prompt); the rewritten message follows as
+    context (mask 0) in the ``context_appended`` after this event."""
+
+    chain: int
+    request_no: int  # the request that rewrote it
+    turn_request_no: int  # the request whose turn is rolled back
+    tokens_dropped: int  # sampled tokens removed from the chain
+
+
 AnyEvent = (
     SessionOpened
     | RequestReceived
@@ -173,6 +184,7 @@ AnyEvent = (
     | SessionFinalized
     | SessionAborted
     | TurnAbandoned
+    | TurnRolledBack
 )
 
 # The last token of a subject, per event type: ``rollbus.<session_id>.<kind>``.
@@ -189,4 +201,5 @@ SUBJECT_KINDS: dict[type[Event], str] = {
     SessionFinalized: "finalized",
     SessionAborted: "aborted",
     TurnAbandoned: "abandoned",
+    TurnRolledBack: "rolledback",
 }

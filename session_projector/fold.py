@@ -41,6 +41,7 @@ from schemas.events import (
     TokensGenerated,
     TurnAbandoned,
     TurnCompleted,
+    TurnRolledBack,
     body_digest,
 )
 
@@ -336,6 +337,30 @@ def _turn(state: SessionState, e: TurnCompleted) -> SessionState:
     return _replace_chain(state, e, chain)
 
 
+def _rolled_back(state: SessionState, e: TurnRolledBack) -> SessionState:
+    """Drop the last turn's sampled tokens; the chain ends at that turn's generation prompt again."""
+    _require_open(state, e)
+    chain = _open_chain(state, e.chain)
+    if not chain.turns or chain.turns[-1].request_no != e.turn_request_no or chain.pending_request is not None:
+        raise FoldError(f"session {state.session_id}: chain {e.chain} cannot roll back request {e.turn_request_no}")
+    turn = chain.turns[-1]
+    segments = chain.segments
+    if len(chain.prompt_ids) == 4 * chain.prompt_len:  # buffers held (not a released summary state)
+        own = segments[turn.first_segment: turn.end_segment]
+        dropped = sum(s.length for s in own if s.generated)
+        if dropped != e.tokens_dropped or turn.end_segment != len(segments):
+            raise FoldError(f"session {state.session_id}: chain {e.chain} rollback of {e.tokens_dropped} tokens "
+                            f"does not match its last turn ({dropped})")
+        segments = segments[: turn.first_segment] + tuple(s for s in own if not s.generated)
+    # The chain now ends at a generation prompt, mid-turn: its tip matches no request until the
+    # context and turn that follow in the same envelope.
+    chain = msgspec.structs.replace(
+        chain, segments=segments, response_len=chain.response_len - e.tokens_dropped,
+        generated_len=chain.generated_len - e.tokens_dropped, turns=chain.turns[:-1], tip_digest="",
+        n_messages=turn.n_prefix_messages, chat_turns=chain.chat_turns - 1)
+    return _replace_chain(state, e, chain)
+
+
 def _chain_closed(state: SessionState, e: ChainClosed) -> SessionState:
     chain = state.chain(e.chain)
     if chain.closed is not None:
@@ -370,4 +395,5 @@ _HANDLERS = {
     SessionFinalized: _finalized,
     SessionAborted: _aborted,
     TurnAbandoned: _touch,
+    TurnRolledBack: _rolled_back,
 }

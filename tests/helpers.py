@@ -18,6 +18,7 @@ from schemas.events import (
     SessionOpened,
     TokensGenerated,
     TurnCompleted,
+    TurnRolledBack,
 )
 
 SID = "0123456789abcdef0123456789abcdef"
@@ -41,20 +42,26 @@ class SessionScript:
 
     def turn(self, chain: int, context: Sequence[int], generated: Sequence[int], *, new_chain: bool = False,
              logprobs: Sequence[float] | None = None, n_messages: int = 2, tip: str = "tip", chat_turns: int = 1,
-             finish: str = "stop", body: bytes = b"{}", key: str | None = None) -> None:
+             finish: str = "stop", body: bytes = b"{}", key: str | None = None, prefix: str | None = None) -> None:
         self.requests += 1
         no = self.requests
+        prefix = prefix if prefix is not None else f"p{no}"
         self._add(RequestReceived, request_no=no, wire="openai", body=body, idempotency_key=key)
         if new_chain:
             self._add(ChainStarted, chain=chain, request_no=no, prompt_ids=tokens.pack_ids(context),
-                      prefix_digest=f"p{no}", n_messages=n_messages, chat_turns=chat_turns)
+                      prefix_digest=prefix, n_messages=n_messages, chat_turns=chat_turns)
         else:
             self._add(ContextAppended, chain=chain, request_no=no, token_ids=tokens.pack_ids(context),
-                      prefix_digest=f"p{no}", n_messages=n_messages, chat_turns=chat_turns)
+                      prefix_digest=prefix, n_messages=n_messages, chat_turns=chat_turns)
         lp = tokens.pack_logprobs(logprobs if logprobs is not None else [-0.5] * len(generated))
         self._add(TokensGenerated, chain=chain, request_no=no, token_ids=tokens.pack_ids(generated), logprobs=lp)
         self._add(TurnCompleted, chain=chain, request_no=no, finish_reason=finish, text="t", tip_digest=tip,
                   n_messages=n_messages + 1)
+
+    def roll_back(self, chain: int, turn_request_no: int, dropped: int) -> None:
+        """A rollback of the chain's last turn by the next request (whose turn follows with :meth:`turn`)."""
+        self._add(TurnRolledBack, chain=chain, request_no=self.requests + 1, turn_request_no=turn_request_no,
+                  tokens_dropped=dropped)
 
     def close(self, chain: int, reason: str = "max_trajectory_length", request_no: int | None = None) -> None:
         self._add(ChainClosed, chain=chain, reason=reason, request_no=request_no)

@@ -90,10 +90,14 @@ class TemplateCodec:
     def increment_text(self, new_messages: Sequence[Message], *, ended_with_eos: bool) -> str:
         """The text that follows a chain's last sampled token, up to the next generation prompt."""
         lead = self.separator if ended_with_eos else self._eos + self.separator
+        return lead + self._tail(new_messages)
+
+    def _tail(self, new_messages: Sequence[Message]) -> str:
+        """The rendering of ``new_messages`` after an assistant turn, with the generation prompt."""
         frame = self._frame(new_messages)
         if frame is not None:
-            return lead + frame[0] + "".join(m.content + part for m, part in zip(new_messages, frame[1:], strict=True))
-        return lead + self._rendered_tail([template_message(m) for m in new_messages])
+            return frame[0] + "".join(m.content + part for m, part in zip(new_messages, frame[1:], strict=True))
+        return self._rendered_tail([template_message(m) for m in new_messages])
 
     def _rendered_tail(self, messages: list[dict[str, Any]]) -> str:
         rendered = self._render([*_BASE, _REPLY, *messages], add_generation_prompt=True)
@@ -131,6 +135,17 @@ class TemplateCodec:
         except MalformedRequest:  # the template refuses this shape: render each time (and fail there)
             return None
         return frame
+
+    def rewrite_text(self, new_messages: Sequence[Message]) -> str:
+        """What follows a generation prompt when ``new_messages`` start with an assistant message
+        that replaces the one sampled there (a rolled-back reply), up to the next generation prompt."""
+        tail = self._tail(new_messages)
+        if not new_messages or new_messages[0].role != "assistant" or not tail.startswith(self.generation_prompt):
+            raise TemplateNotIncremental("a rewritten reply must start with the template's generation prompt")
+        return tail[len(self.generation_prompt):]
+
+    def encode_rewrite(self, new_messages: Sequence[Message]) -> list[int]:
+        return self.tokenizer.encode(self.rewrite_text(new_messages))
 
     def encode_increment(self, new_messages: Sequence[Message], *, last_token: int) -> list[int]:
         ended = last_token == self.tokenizer.eos_token_id

@@ -3,7 +3,7 @@
 import msgspec
 import pytest
 
-from edge.chains import Continue, Exhausted, NewChain, select_chain
+from edge.chains import Continue, Exhausted, NewChain, Rollback, select_chain
 from edge.codec.conversation import Message, ToolSpec
 from edge.codec.digest import prefix_digests, tools_digest
 from schemas.events import ToolCall
@@ -72,3 +72,51 @@ def test_different_tools_do_not_match():
     state = state_with(([SYS, U1, A1], False))
     other_root = tools_digest([ToolSpec(name="g")])
     assert isinstance(select_chain(state, hexes([SYS, U1, A1, T1], other_root)), NewChain)
+
+
+# --- rollback of a rewritten last reply ------------------------------------------------------
+
+A1_EDITED = Message(role="assistant", content="", tool_calls=(ToolCall(id="x", name="f", arguments='{"x": 2}'),))
+T2 = Message(role="tool", content="7", tool_call_id="call_2_0")
+
+
+def state_with_turns(*chains: list[list[Message]]):
+    """Chains whose turns end with the given histories (each history ends with that turn's reply)."""
+    script = SessionScript()
+    for index, histories in enumerate(chains):
+        for turn, history in enumerate(histories):
+            prefix = hexes(history[:-1])[-1]
+            script.turn(index, [1, 2], [3, 4], new_chain=turn == 0, n_messages=len(history) - 1,
+                        tip=hexes(history)[-1], prefix=prefix)
+    return fold(script.events)
+
+
+TWO_TURNS = [[SYS, U1, A1], [SYS, U1, A1, T1, A2]]
+ROLES = lambda messages: [m.role for m in messages]  # noqa: E731
+
+ROLLBACK_CASES = {
+    "rewritten last reply rolls back": ([TWO_TURNS], [SYS, U1, A1, T1, A1_EDITED, T2], Rollback, 0),
+    "rewritten first reply is a new chain": ([[[SYS, U1, A1]]], [SYS, U1, A1_EDITED, T1], NewChain, None),
+    "rewrite without anything after it is a new sample": ([TWO_TURNS], [SYS, U1, A1, T1, A1_EDITED], NewChain, None),
+    "the exact reply continues instead": ([TWO_TURNS], [SYS, U1, A1, T1, A2, U2], Continue, 0),
+    "two chains rewritten at the same depth is ambiguous": ([TWO_TURNS, TWO_TURNS], [SYS, U1, A1, T1, A1_EDITED, T2],
+                                                            NewChain, None),
+    "a rewritten user message is not a rollback": ([TWO_TURNS], [SYS, U1, A1, T1, U2, T2], NewChain, None),
+}
+
+
+@pytest.mark.parametrize("chains, messages, kind, index", ROLLBACK_CASES.values(), ids=ROLLBACK_CASES.keys())
+def test_rollback_selection(chains, messages, kind, index):
+    selection = select_chain(state_with_turns(*chains), hexes(messages), roles=ROLES(messages), rollback=True)
+    assert isinstance(selection, kind)
+    if index is not None:
+        assert selection.chain.index == index
+    if kind is Rollback:
+        assert selection.n_history == 4  # messages[4] is the rewritten reply
+
+
+def test_rollback_is_off_unless_asked_and_skips_busy_chains():
+    state = state_with_turns(TWO_TURNS)
+    messages = [SYS, U1, A1, T1, A1_EDITED, T2]
+    assert isinstance(select_chain(state, hexes(messages), roles=ROLES(messages)), NewChain)
+    assert isinstance(select_chain(state, hexes(messages), busy={0}, roles=ROLES(messages), rollback=True), NewChain)

@@ -95,3 +95,27 @@ def test_trajectory_chains_skip_chains_without_turns():
     script.turn(1, [5], [6], new_chain=True)
     state = fold(script.events)
     assert [c.index for c in state.trajectory_chains()] == [0, 1]
+
+
+def test_rollback_drops_the_last_replys_sampled_tokens():
+    script = SessionScript()
+    script.turn(0, [10, 11, 12], [20, 21], new_chain=True)
+    script.turn(0, [30, 31], [40, 41, 42], n_messages=4, tip="t2")
+    script.roll_back(0, turn_request_no=2, dropped=3)
+    script.turn(0, [50], [60], n_messages=6, tip="t3")  # the rewritten reply (context) and a new turn
+    state = fold(script.events)
+    (chain,) = state.chains
+    assert chain.token_ids() == [10, 11, 12, 20, 21, 30, 31, 50, 60]
+    assert [s.generated for s in chain.segments] == [True, False, False, True]
+    assert [t.request_no for t in chain.turns] == [1, 3] and chain.generated_len == 3
+    # user, reply 1, user, (reply 2 rolled back), rewritten reply 2 (context), reply 3
+    assert chain.chat_turns == 5
+
+
+def test_rollback_must_match_the_last_turn():
+    script = SessionScript()
+    script.turn(0, [1], [2], new_chain=True)
+    script.turn(0, [3], [4, 5])
+    script.roll_back(0, turn_request_no=2, dropped=1)
+    with pytest.raises(FoldError, match="does not match"):
+        fold(script.events)

@@ -5,10 +5,9 @@
 * The per-session expected-last-subject-sequence check (filtered on the session's
   subjects) makes a stale writer fail with :class:`OwnershipLost` instead of
   interleaving.
-* Every publish is bounded: ``js.publish`` is a request whose reply nats-py awaits with its
-  own timeout (a plain ``asyncio.wait_for`` on a future; wrapping the coroutine in a second
-  one would cost a task per append). A publish that timed out may still have been stored,
-  so it is retried with the same headers and the server's duplicate detection answers.
+* Every publish is bounded by a timer (:class:`edge.acks.AckedPublisher`). A publish that
+  timed out may still have been stored, so it is retried with the same headers and the
+  server's duplicate detection answers for it.
 """
 
 from __future__ import annotations
@@ -19,12 +18,11 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import msgspec
-from nats.errors import ConnectionClosedError, NoRespondersError, OutboundBufferLimitError
+from nats.errors import ConnectionClosedError, OutboundBufferLimitError
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import PubAck
 from nats.js.client import JetStreamContext
-from nats.js.errors import APIError
 
+from edge.acks import Ack, AckedPublisher, NoResponders, PublishRejected
 from schemas import envelope
 from schemas.errors import LogUnavailable, OwnershipLost, PayloadTooLarge
 from schemas.events import SCHEMA_VERSION, Event
@@ -60,23 +58,20 @@ class EventLog(Protocol):
 
 class JetStreamLog:
     def __init__(self, js: JetStreamContext, cfg: LogConfig, *, timeout: float = 5.0, attempts: int = 4) -> None:
-        self._js = js
+        self._publisher = AckedPublisher(js._nc)  # nats-py exposes the context's client only privately
         self._cfg = cfg
         self._timeout = timeout
         self._attempts = attempts
 
     async def append(self, session_id: str, events: Sequence[Event], expected_last: int) -> Appended:
         """Append events (consecutive, of one session) after stream sequence ``expected_last``."""
-        ack: PubAck | None = None
         batches = _split(events, self._cfg.max_event_bytes)
-        for batch, payload in batches:
-            ack = await self._publish(session_id, batch, payload, expected_last)
-            expected_last = ack.seq
-        assert ack is not None  # _split never returns an empty list
-        return Appended(stream=ack.stream, stream_seq=ack.seq, duplicate=bool(ack.duplicate),
-                        envelopes=len(batches))
+        for batch, payload in batches[:-1]:
+            expected_last = (await self._publish(session_id, batch, payload, expected_last)).seq
+        ack = await self._publish(session_id, *batches[-1], expected_last)
+        return Appended(stream=ack.stream, stream_seq=ack.seq, duplicate=ack.duplicate, envelopes=len(batches))
 
-    async def _publish(self, session_id: str, batch: Sequence[Event], payload: bytes, expected_last: int) -> PubAck:
+    async def _publish(self, session_id: str, batch: Sequence[Event], payload: bytes, expected_last: int) -> Ack:
         headers = {
             HDR_MSG_ID: msg_id(session_id, batch[0].seq),
             HDR_EXPECTED_LAST_SUBJECT_SEQ: str(expected_last),
@@ -87,12 +82,12 @@ class JetStreamLog:
         subject = self._cfg.subject(session_id, envelope.kind_of(batch))
         for attempt in range(1, self._attempts + 1):
             try:
-                return await self._js.publish(subject, payload, headers=headers, timeout=self._timeout)
-            except APIError as exc:
-                if exc.err_code == WRONG_LAST_SEQUENCE:
+                return await self._publisher.publish(subject, payload, headers, self._timeout)
+            except PublishRejected as exc:
+                if exc.error.err_code == WRONG_LAST_SEQUENCE:
                     raise OwnershipLost(f"session {session_id} was appended to by another writer") from exc
-                raise LogUnavailable(f"JetStream rejected the append: {exc.description}") from exc
-            except (TimeoutError, NatsTimeoutError, NoRespondersError, OutboundBufferLimitError) as exc:
+                raise LogUnavailable(f"JetStream rejected the append: {exc.error.description}") from exc
+            except (TimeoutError, NatsTimeoutError, NoResponders, OutboundBufferLimitError) as exc:
                 log.warning("append to %s timed out (attempt %d/%d): %r", subject, attempt, self._attempts, exc)
                 if attempt == self._attempts:
                     raise LogUnavailable("JetStream did not acknowledge the append") from exc

@@ -128,6 +128,7 @@ class EdgeService:
         """Run a model turn, or answer a repeated request with the completion recorded for it."""
         live = await self.authorized(session_id, api_key)
         identity = identify(request.body, request.idempotency_key, request.retry_count)
+        request = msgspec.structs.replace(request, body_digest=identity.body_digest)
         with live.in_use():
             outcome = await self._recorded(live, identity)
             if outcome is not None:
@@ -141,6 +142,7 @@ class EdgeService:
         request whose turn is recorded gets that completion streamed back; the engine is not called."""
         live = await self.authorized(session_id, api_key)
         identity = identify(request.body, request.idempotency_key, request.retry_count)
+        request = msgspec.structs.replace(request, body_digest=identity.body_digest)
         with live.in_use():
             outcome = await self._recorded(live, identity)
         if outcome is not None:

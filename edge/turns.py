@@ -108,6 +108,7 @@ class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
     idempotency_key: str | None = None
     retry_count: int = 0  # the SDK's x-stainless-retry-count (edge.idempotency)
     disconnect: Disconnect | None = None
+    body_digest: str = ""  # sha256 of ``body`` once computed (schemas.events.body_digest)
 
 
 class _Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -289,7 +290,8 @@ class TurnRunner:
 
     def _received(self, live: LiveSession, request: TurnRequest, request_no: int) -> RequestReceived:
         return RequestReceived(session_id=live.state.session_id, seq=0, time=self._clock(), request_no=request_no,
-                               wire=request.wire, body=request.body, idempotency_key=request.idempotency_key)
+                               wire=request.wire, body=request.body, idempotency_key=request.idempotency_key,
+                               body_digest=request.body_digest)
 
     def _context(self, live: LiveSession, plan: _Plan, chain: int, request_no: int) -> Event:
         common = {"session_id": live.state.session_id, "seq": 0, "time": self._clock(), "chain": chain,

@@ -60,20 +60,28 @@ async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: s
     return json_response(adapter.encode(outcome, conversation, service.token_strings))
 
 
+_LISTEN_AFTER_S = 0.05  # a turn done sooner needs no listener (most turns with a fast engine)
+
+
 @asynccontextmanager
 async def _watching(receive: Receive, disconnect: Disconnect) -> AsyncIterator[None]:
-    """Tell ``disconnect`` when the client goes away (the request body is read by now)."""
+    """Tell ``disconnect`` when the client goes away (the request body is read by now). The
+    listener starts only once the turn has taken a moment: no task for a quick turn."""
 
     async def listen() -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
         disconnect.client_gone()
 
-    listener = asyncio.ensure_future(listen())
+    listener: list[asyncio.Future[None]] = []
+    timer = asyncio.get_running_loop().call_later(
+        _LISTEN_AFTER_S, lambda: listener.append(asyncio.ensure_future(listen())))
     try:
         yield
     finally:
-        listener.cancel()
+        timer.cancel()
+        for task in listener:
+            task.cancel()
 
 
 class ModelRoutes:

@@ -13,7 +13,8 @@ at once. It creates what is missing and reconciles what exists:
   subject, while limits keep the signals so ``materialize --from-log``, a second
   consumer (an auditor, a dashboard) or a rebuilt materializer can read them again;
   consumers are idempotent by key (the markers bucket) anyway.
-- KV buckets ``cfg.projections_bucket`` and ``cfg.markers_bucket``: file storage, history 1.
+- KV buckets ``cfg.projections_bucket``, ``cfg.markers_bucket`` and ``cfg.prompts_bucket``: file
+  storage, history 1.
 
 An existing stream whose managed settings differ is updated when that is safe (adding
 our subjects, the duplicate window, direct gets, the message size, KV history); storage
@@ -127,10 +128,10 @@ async def connect(url: str, *, name: str, timeout_s: float = CONNECT_TIMEOUT_S) 
 
 
 async def provision(js: JetStreamContext, cfg: LogConfig, *, timeout_s: float = CALL_TIMEOUT_S) -> None:
-    """Create or reconcile the log stream, the ready stream and the two KV buckets."""
+    """Create or reconcile the log stream, the ready stream and the KV buckets."""
     for want in (_log_stream(cfg), _ready_stream(cfg)):
         await _ensure_stream(js, want, timeout_s)
-    for bucket in (cfg.projections_bucket, cfg.markers_bucket):
+    for bucket in (cfg.projections_bucket, cfg.markers_bucket, cfg.prompts_bucket):
         await _ensure_bucket(js, bucket, timeout_s)
 
 

@@ -13,6 +13,7 @@ import logging
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import uvicorn
@@ -31,12 +32,16 @@ from edge.service import EdgeService
 from edge.settings import EdgeSettings
 from edge.turns import TurnRunner
 from materializer.parquet import ParquetSink
-from materializer.service import Materializer
+from materializer.service import Materializer, MaterializerOptions
+from reward.scorer import load_scorer
 from rollbus.nats_server import EmbeddedNats
 from rollbus.provision import connect, provision
 from schemas.log import LogConfig
 from session_projector.reader import load_state
 from session_projector.service import Projector
+
+if TYPE_CHECKING:
+    from materializer.transfer_queue import TransferQueueConnection
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,7 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_trajectory_length: int = 32768
     components: tuple[str, ...] = COMPONENTS
     log: LogConfig = LogConfig()
+    materializer: MaterializerOptions = MaterializerOptions()
 
 
 def build_edge_service(settings: EdgeSettings, js: JetStreamContext, engine: Engine) -> EdgeService:
@@ -97,6 +103,7 @@ class Stack:
         self._tasks: list[asyncio.Task[None]] = []
         self._server: _Server | None = None
         self._engine: Engine | None = None
+        self._tq_connection: TransferQueueConnection | None = None  # with --transfer-queue
         self._ready = False
 
     @property
@@ -121,11 +128,24 @@ class Stack:
         if "projector" in options.components:
             self._spawn(Projector(js, options.log).run(self.stop_event), "projector")
         if "materializer" in options.components:
-            sink = ParquetSink(options.data_dir / "trajectories")
-            self._spawn(Materializer(js, options.log, sink).run(self.stop_event), "materializer")
+            self._spawn((await self._materializer(js)).run(self.stop_event), "materializer")
         if "edge" in options.components:
             await self._start_edge(js)
         self._ready = True
+
+    async def _materializer(self, js: JetStreamContext) -> Materializer:
+        mo = self.options.materializer
+        sink = ParquetSink(self.options.data_dir / "trajectories", padding=mo.padding)
+        tq = None
+        if mo.transfer_queue:  # imported here: it loads torch, Ray and TransferQueue
+            from materializer.transfer_queue import TransferQueueConnection, TransferQueueSink
+
+            connection = TransferQueueConnection(mo.ray_address, storage_units=mo.tq_storage_units)
+            await asyncio.to_thread(connection.open)
+            self._tq_connection = connection
+            tq = TransferQueueSink(mo.tq_partition)
+        scorer = load_scorer(mo.reward_scorer) if mo.reward_scorer else None
+        return Materializer(js, self.options.log, sink, options=mo, tq=tq, scorer=scorer)
 
     async def _start_edge(self, js: JetStreamContext) -> None:
         options = self.options
@@ -170,3 +190,5 @@ class Stack:
                 await asyncio.wait_for(self.nc.drain(), 5)
         if self.nats is not None:
             await asyncio.to_thread(self.nats.stop)
+        if self._tq_connection is not None:
+            await asyncio.to_thread(self._tq_connection.close)

@@ -1,8 +1,11 @@
-"""The projector service: notices finalized sessions and signals "ready to materialize".
+"""The projector service: notices ended sessions and signals "ready to materialize".
 
-It consumes the ``finalized`` events of the log with a durable consumer and publishes one
-ready signal per session to the ready stream, deduplicated by ``Nats-Msg-Id =
-ready:<session_id>`` (a redelivered finalize publishes a duplicate the server drops).
+It consumes the ``finalized`` and ``aborted`` events of the log with durable consumers
+and publishes one ready signal per session to the ready stream, deduplicated by
+``Nats-Msg-Id = ready:<session_id>`` (a redelivered finalize publishes a duplicate the
+server drops). A session ends once (finalized or aborted, never both); the materializer
+writes the records of a finalized one and counts an aborted one as a failed session of
+its prompt.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
 
 from schemas.errors import LogUnavailable
-from schemas.events import SessionFinalized
+from schemas.events import SessionAborted, SessionFinalized
 from schemas.log import HDR_MSG_ID, LogConfig
 from session_projector.consumer import consume
 from session_projector.reader import decode_message
@@ -36,13 +39,17 @@ class Projector:
         self._durable = durable
 
     async def run(self, stop: asyncio.Event) -> None:
-        await consume(self._js, stream=self._cfg.stream, durable=self._durable,
-                      subject=self._cfg.kind_filter("finalized"), handler=self._on_finalized, stop=stop)
+        await asyncio.gather(
+            consume(self._js, stream=self._cfg.stream, durable=self._durable,
+                    subject=self._cfg.kind_filter("finalized"), handler=self._on_ended, stop=stop),
+            consume(self._js, stream=self._cfg.stream, durable=f"{self._durable}-aborted",
+                    subject=self._cfg.kind_filter("aborted"), handler=self._on_ended, stop=stop),
+        )
 
-    async def _on_finalized(self, msg: Msg) -> None:
+    async def _on_ended(self, msg: Msg) -> None:
         events = decode_message(msg.data, msg.headers)
         for event in events:
-            if isinstance(event, SessionFinalized):
+            if isinstance(event, SessionFinalized | SessionAborted):
                 await self._signal(ReadySignal(session_id=event.session_id, stream_seq=msg.metadata.sequence.stream))
 
     async def _signal(self, ready: ReadySignal) -> None:

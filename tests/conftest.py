@@ -39,6 +39,7 @@ async def log_config(request: pytest.FixtureRequest) -> AsyncIterator[LogConfig]
         ready_stream=f"T{tag}_READY",
         projections_bucket=f"t{tag}_sessions",
         markers_bucket=f"t{tag}_materialized",
+        prompts_bucket=f"t{tag}_prompts",
     )
     server = request.getfixturevalue("nats_server") if "nats_server" in request.fixturenames else None
     yield cfg
@@ -53,7 +54,8 @@ async def _drop(url: str, cfg: LogConfig) -> None:
     except LogUnavailable:
         return
     js = client.jetstream()
-    names = [cfg.stream, cfg.ready_stream, f"KV_{cfg.projections_bucket}", f"KV_{cfg.markers_bucket}"]
+    names = [cfg.stream, cfg.ready_stream, f"KV_{cfg.projections_bucket}", f"KV_{cfg.markers_bucket}",
+             f"KV_{cfg.prompts_bucket}"]
     for name in names:
         with contextlib.suppress(TimeoutError, NatsError):  # already gone, or never made
             await asyncio.wait_for(js.delete_stream(name), 2)

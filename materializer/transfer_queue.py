@@ -24,6 +24,9 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+# Read when Ray is imported: keeps a Ray node this process starts on the loopback interface.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 import ray
 import transfer_queue as tq
 import zmq
@@ -35,6 +38,8 @@ from schemas.errors import SinkUnavailable
 from schemas.records import TrajectoryRecord
 
 log = logging.getLogger(__name__)
+# TransferQueue warns on every put of a 2-core machine that it uses fewer threads than it would like.
+logging.getLogger("transfer_queue.utils.common").setLevel(logging.ERROR)
 
 T = TypeVar("T")
 
@@ -54,7 +59,6 @@ class TransferQueueConnection:
 
     def open(self) -> None:
         """Blocking (seconds when hosting); call from a thread."""
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         try:
             if not ray.is_initialized():
                 self._init_ray()

@@ -43,6 +43,15 @@ def read_dataset(directory: Path | str, columns: list[str] | None = None) -> pa.
     return ds.dataset(files, format="parquet").to_table(columns=columns)
 
 
+def session_rows(directory: Path | str, session_ids: list[str]) -> list[dict[str, Any]]:
+    """The rows of some sessions (as Python values), e.g. to see whether they were materialized."""
+    files = dataset_files(directory)
+    if not files:
+        return []
+    dataset = ds.dataset(files, format="parquet")
+    return dataset.to_table(filter=ds.field("session_id").isin(session_ids)).to_pylist()
+
+
 def layout(table: pa.Table) -> dict[str, Any] | None:
     """The padding a table was written with (``None``: unpadded)."""
     raw = (table.schema.metadata or {}).get(PADDING_METADATA)

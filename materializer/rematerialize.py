@@ -76,6 +76,8 @@ class Rematerializer:
                 report(progress)
         await self._flush()
         progress.open = len(self._states)
+        if report is not None:
+            report(progress)
         return progress
 
     async def _apply(self, events: list[AnyEvent]) -> None:

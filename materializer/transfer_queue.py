@@ -24,8 +24,10 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-# Read when Ray is imported: keeps a Ray node this process starts on the loopback interface.
+# Read when Ray is imported: keep a Ray node this process starts on the loopback interface, and keep
+# Ray's crash handler from turning the SIGTERM that stops rollbus into a crash dump and an abort.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 import ray
 import transfer_queue as tq

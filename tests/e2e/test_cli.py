@@ -16,9 +16,9 @@ from edge.engines.scripted import ScriptedEngineServer
 
 
 class Up:
-    def __init__(self, data_dir: Path, engine_url: str) -> None:
+    def __init__(self, data_dir: Path, engine_url: str, *flags: str) -> None:
         cmd = [sys.executable, "-m", "rollbus.cli", "up", "--port", "0", "--data-dir", str(data_dir),
-               "--engine", "sglang", "--engine-url", engine_url, "--admin-token", "tok"]
+               "--engine", "sglang", "--engine-url", engine_url, "--admin-token", "tok", *flags]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self.url = self._read_until(r"edge:\s+(http://\S+)")

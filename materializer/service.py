@@ -104,7 +104,10 @@ class Materializer:
     async def _on_batch(self, msgs: list[Msg]) -> list[Msg]:
         by_session: dict[str, list[Msg]] = {}
         for msg in msgs:
-            by_session.setdefault(_ready.decode(msg.data).session_id, []).append(msg)
+            try:
+                by_session.setdefault(_ready.decode(msg.data).session_id, []).append(msg)
+            except msgspec.DecodeError:  # not a ready signal: retrying cannot help, so it is acknowledged
+                log.error("%s: not a ready signal (%r); skipped", msg.subject, msg.data[:80])
         writer = await self.writer()
         failed = await writer.write(list(by_session))
         log.info("materialized %d sessions (%d failed, will retry)", len(by_session) - len(failed), len(failed))

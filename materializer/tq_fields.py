@@ -36,13 +36,35 @@ INT_SEQUENCES = ("prompts", "responses", "input_ids", "attention_mask", "positio
 FLOAT_SEQUENCES = ("rm_scores", "rollout_log_probs")
 
 
-def _jagged(rows: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
-    """One nested (jagged) tensor from flat values and offsets: a single copy, no per-row tensors."""
-    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    values = torch.from_numpy(np.concatenate(rows)).to(dtype) if rows else torch.zeros(0, dtype=dtype)
-    return torch.nested.nested_tensor_from_jagged(values, torch.from_numpy(offsets))
+    return offsets
+
+
+def _nested(values: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
+    """One nested (jagged) tensor from flat values and offsets: no per-row tensors."""
+    return torch.nested.nested_tensor_from_jagged(torch.from_numpy(values), torch.from_numpy(offsets))
+
+
+def _jagged(rows: list[np.ndarray], dtype: type[np.generic]) -> torch.Tensor:
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    values = np.concatenate(rows, dtype=dtype) if rows else np.zeros(0, dtype=dtype)
+    return _nested(values, _offsets(lengths))
+
+
+def _sequences(records: list[TrajectoryRecord]) -> dict[str, torch.Tensor]:
+    """input_ids, attention_mask and position_ids of every record, built over the whole batch at once."""
+    prompts = np.fromiter((len(r.prompts) for r in records), dtype=np.int64, count=len(records))
+    responses = np.fromiter((len(r.responses) for r in records), dtype=np.int64, count=len(records))
+    offsets = _offsets(prompts + responses)
+    total = int(offsets[-1])
+    input_ids = np.concatenate([a for r in records for a in (r.prompts, r.responses)], dtype=np.int64) \
+        if records else np.zeros(0, dtype=np.int64)
+    positions = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], prompts + responses)
+    return {"input_ids": _nested(input_ids, offsets),
+            "attention_mask": _nested(np.ones(total, dtype=np.int64), offsets),
+            "position_ids": _nested(positions, offsets)}
 
 
 def _sequence(record: TrajectoryRecord, name: str) -> np.ndarray:
@@ -87,17 +109,19 @@ def _non_tensor(record: TrajectoryRecord, name: str) -> Any:
 
 def to_tensordict(records: list[TrajectoryRecord], names: tuple[str, ...]) -> TensorDict:
     """The fields ``names`` of records that all have them, batched."""
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = _sequences(records)
     for name in names:
+        if name in data:
+            continue
         if name in INT_SEQUENCES:
-            data[name] = _jagged([_sequence(r, name) for r in records], torch.int64)
+            data[name] = _jagged([_sequence(r, name) for r in records], np.int64)
         elif name in FLOAT_SEQUENCES:
-            data[name] = _jagged([_sequence(r, name) for r in records], torch.float32)
+            data[name] = _jagged([_sequence(r, name) for r in records], np.float32)
         elif name == "num_turns":
             data[name] = torch.tensor([r.num_turns for r in records], dtype=torch.int64)
         else:
-            data[name] = NonTensorStack(*(_non_tensor(r, name) for r in records))
-    return TensorDict(data, batch_size=[len(records)])
+            data[name] = NonTensorStack.from_list([_non_tensor(r, name) for r in records])
+    return TensorDict({name: data[name] for name in names}, batch_size=[len(records)])
 
 
 def grouped(records: list[TrajectoryRecord]) -> list[tuple[list[str], TensorDict, list[dict[str, Any]]]]:

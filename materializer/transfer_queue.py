@@ -11,9 +11,9 @@ either
   + 1, or ``tq.init()`` waits forever for CPUs) and owns TransferQueue, which lives as long
   as the process does (``rollbus up --transfer-queue``).
 
-Writes go through TransferQueue's synchronous client (it runs its own event loop thread),
-called from a worker thread and bounded by ``timeout``; any failure of TransferQueue,
-Ray or ZMQ becomes :class:`SinkUnavailable` here, and the batch is retried.
+Writes use TransferQueue's async API on the materializer's own event loop (as verl's agent
+loop workers do), each bounded by ``timeout``; any failure of TransferQueue, Ray or ZMQ
+becomes :class:`SinkUnavailable` here, and the batch is retried.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 # Read when Ray is imported: keep a Ray node this process starts on the loopback interface, and keep
@@ -107,9 +107,9 @@ class TransferQueueSink:
         self.partition = partition
         self.timeout = timeout
 
-    async def _call(self, fn: Callable[..., T], what: str, **kwargs: Any) -> T:
+    async def _call(self, call: Awaitable[T], what: str) -> T:
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fn, **kwargs), self.timeout)
+            return await asyncio.wait_for(call, self.timeout)
         except TimeoutError as exc:
             raise SinkUnavailable(f"TransferQueue {what}: no answer within {self.timeout}s") from exc
         except _FAILURES as exc:
@@ -118,8 +118,8 @@ class TransferQueueSink:
     async def put_records(self, records: list[TrajectoryRecord]) -> None:
         """Trajectory keys with their fields and tags: one put per field set (usually one)."""
         for keys, fields, tags in grouped(records):
-            await self._call(tq.kv_batch_put, "put", keys=keys, partition_id=self.partition, fields=fields,
-                             tags=tags)
+            await self._call(tq.async_kv_batch_put(keys=keys, partition_id=self.partition, fields=fields,
+                                                   tags=tags), "put")
 
     async def put_prompt_statuses(self, statuses: dict[str, tuple[str, int]]) -> None:
         """``uid -> (status, global_steps)``: the prompt keys' tags, in one put (tags merge into existing ones)."""
@@ -127,13 +127,13 @@ class TransferQueueSink:
             return
         uids = list(statuses)
         tags = [prompt_tag(*statuses[uid]) for uid in uids]
-        await self._call(tq.kv_batch_put, "prompt status put", keys=uids, partition_id=self.partition, tags=tags)
+        await self._call(tq.async_kv_batch_put(keys=uids, partition_id=self.partition, tags=tags), "prompt status put")
 
     async def listing(self) -> dict[str, dict[str, Any]]:
         """Every key of the partition and its tags."""
-        listed = await self._call(tq.kv_list, "list", partition_id=self.partition)
+        listed = await self._call(tq.async_kv_list(partition_id=self.partition), "list")
         return dict((listed or {}).get(self.partition, {}))
 
     async def get(self, keys: list[str], fields: list[str] | None = None) -> TensorDict:
-        return await self._call(tq.kv_batch_get, "get", keys=keys, partition_id=self.partition,
-                                select_fields=fields)
+        return await self._call(tq.async_kv_batch_get(keys=keys, partition_id=self.partition, select_fields=fields),
+                                "get")

@@ -33,7 +33,7 @@ def tq_partition(partition: str) -> tuple[dict[str, dict[str, Any]], dict[str, d
         if tag.get("is_prompt"):
             continue
         data = tq.kv_batch_get(keys=[key], partition_id=partition)
-        rows[key] = {name: _plain(data[name]) for name in data}
+        rows[key] = {name: _plain(data[name]) for name in data.keys()}  # noqa: SIM118 - a TensorDict iterates rows
         rows[key]["__tags__"] = dict(tag)
     return rows, prompts
 

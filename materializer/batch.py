@@ -98,7 +98,7 @@ class BatchWriter:
         known = await self.markers.get_many(session_ids)
         ended, failed = await self._read_all([s for s in session_ids if s not in known])
         entries = await self._register(ended, known)
-        plan = _admit(entries, ended)
+        plan = _admit(entries, ended, transfer_queue=self._tq is not None)
         fresh = [e.records for e, verdict in plan if verdict in ("new", "known")]
         if self._tq is not None and fresh:
             await self._tq.put_records([r for records in fresh for r in records])
@@ -233,7 +233,7 @@ class BatchWriter:
         return gone
 
 
-def _admit(entries: dict[str, _Entry], ended: list[Ended]) -> list[tuple[Ended, str]]:
+def _admit(entries: dict[str, _Entry], ended: list[Ended], *, transfer_queue: bool) -> list[tuple[Ended, str]]:
     """Each session's verdict, in batch order: a second session with one index, or one past the
     prompt's expected count, is seen against the sessions admitted before it in the same batch."""
     working = {uid: entry.progress for uid, entry in entries.items()}
@@ -247,7 +247,7 @@ def _admit(entries: dict[str, _Entry], ended: list[Ended]) -> list[tuple[Ended, 
         elif verdict == "duplicate":
             log.error("session %s: prompt %s already has a session with index %d; its records are not written",
                       e.session_id, e.state.uid, e.state.session_index)
-        elif verdict == "late":
+        elif verdict == "late" and transfer_queue:  # without TransferQueue, prompt status is not published
             log.error("session %s: prompt %s already has its %d sessions; records go to Parquet only",
                       e.session_id, e.state.uid, progress.expected)
         plan.append((e, verdict))

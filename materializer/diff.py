@@ -117,9 +117,9 @@ def render(diff: DatasetDiff) -> str:
         diff.only_new)
     moved = {c: n for c, n in diff.changed.items() if n}
     lines.append("changed rows per column: " + (", ".join(f"{c} {n}" for c, n in moved.items()) or "none"))
-    lines.append(f"{'':<18}{'old':>14}{'new':>14}")
+    lines.append(f"{'':<18}{'old':>16}{'new':>16}")
     for label, attr, fmt in _SUMMARY:
-        lines.append(f"{label:<18}{fmt(getattr(diff.old, attr)):>14}{fmt(getattr(diff.new, attr)):>14}")
+        lines.append(f"{label:<18}{fmt(getattr(diff.old, attr)):>16}{fmt(getattr(diff.new, attr)):>16}")
     lines.append("identical" if diff.identical else "different")
     return "\n".join(lines)
 

@@ -60,9 +60,10 @@ def calculator(arguments: str) -> str:
         return f"error: {exc}"
 
 
-async def _agent(admin: httpx.AsyncClient, uid: str, index: int, a: int, b: int, max_tokens: int) -> dict[str, Any]:
-    created = (await admin.post("/sessions", json={"uid": uid, "session_index": index,
-                                                   "metadata": {"agent_name": "calculator-demo"}})).json()
+async def _agent(admin: httpx.AsyncClient, uid: str, index: int, n: int, a: int, b: int,
+                 max_tokens: int) -> dict[str, Any]:
+    metadata = {"agent_name": "calculator-demo", "rollout_n": n}
+    created = (await admin.post("/sessions", json={"uid": uid, "session_index": index, "metadata": metadata})).json()
     client = AsyncOpenAI(base_url=created["base_url"], api_key=created["api_key"], max_retries=0)
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
                                       {"role": "user", "content": f"What is {a} * {b}?"}]
@@ -126,7 +127,8 @@ async def _run(endpoint: Endpoint, args: argparse.Namespace) -> int:
         for p in range(prompts):
             uid = uuid.uuid4().hex[:12]
             a, b = 12 + 7 * p, 31 + 3 * p
-            jobs += [_agent(admin, uid, i, a, b, args.max_tokens) for i in range(args.sessions // prompts)]
+            n = args.sessions // prompts
+            jobs += [_agent(admin, uid, i, n, a, b, args.max_tokens) for i in range(n)]
         started = time.perf_counter()
         results = await asyncio.gather(*jobs)
     print(f"{len(results)} sessions finished in {time.perf_counter() - started:.1f}s; "

@@ -94,6 +94,7 @@ class BatchWriter:
 
     async def write(self, session_ids: list[str]) -> list[str]:
         """Materialize the sessions; returns those that could not be read now (to retry later)."""
+        await self.recover()  # a batch that failed part-way (in this process or a previous one)
         session_ids = list(dict.fromkeys(session_ids))
         known = await self.markers.get_many(session_ids)
         ended, failed = await self._read_all([s for s in session_ids if s not in known])
@@ -105,6 +106,20 @@ class BatchWriter:
         await self._commit(plan)
         await self._count(entries, plan, known)
         return failed
+
+    async def recover(self) -> None:
+        """Commit the staged Parquet batches some of whose markers exist (their missing markers written
+        first); discard the others, whose sessions were never acknowledged and come back."""
+        for staged in await asyncio.to_thread(self._parquet.staged):
+            found = await self.markers.get_many(staged.session_ids)
+            if not any(m.parquet_file == staged.name for m in found.values()):
+                log.warning("discarding uncommitted batch %s (%d sessions)", staged.name, len(staged.markers))
+                await asyncio.to_thread(self._parquet.discard, staged.name)
+                continue
+            missing = [m for m in staged.markers if m.session_id not in found]
+            await asyncio.gather(*(self.markers.create_marker(m) for m in missing))
+            await asyncio.to_thread(self._parquet.commit, staged.name)
+            log.warning("committed batch %s left staged by an interrupted write", staged.name)
 
     async def _read_all(self, session_ids: list[str]) -> tuple[list[Ended], list[str]]:
         results = await asyncio.gather(*(self._read(s) for s in session_ids), return_exceptions=True)
@@ -167,17 +182,17 @@ class BatchWriter:
             reward_source=e.reward.source if e.reward else None, options=msgspec.structs.asdict(self._options))
 
     async def _commit(self, plan: list[tuple[Ended, str]]) -> None:
+        """Stage the batch's records, write every marker (the commit record), move the file into the dataset."""
         with_records = [(e, v) for e, v in plan if e.records and v != "duplicate"]
-        without = [self._marker(e, v) for e, v in plan if not e.records or v == "duplicate"]
+        markers = [self._marker(e, v) for e, v in plan if not e.records or v == "duplicate"]
         staged = None
         if with_records:
             records = [r for e, _ in with_records for r in e.records]
-            markers = [self._marker(e, v) for e, v in with_records]
-            staged = await asyncio.to_thread(self._parquet.stage, records, markers)
-            without += staged.markers
+            staged = await asyncio.to_thread(self._parquet.stage, records,
+                                             [self._marker(e, v) for e, v in with_records])
+            markers += staged.markers  # now naming the staged file
             self.records += len(records)
-        for marker in without:
-            await self.markers.create_marker(marker)
+        await asyncio.gather(*(self.markers.create_marker(m) for m in markers))
         if staged is not None:
             await asyncio.to_thread(self._parquet.commit, staged.name)
         self.sessions += len(plan)

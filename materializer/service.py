@@ -80,19 +80,8 @@ class Materializer:
         return self._writer
 
     async def recover(self) -> None:
-        """Commit the staged Parquet batches some of whose markers exist; discard the others."""
-        writer = await self.writer()
-        for staged in await asyncio.to_thread(self._sink.staged):
-            markers = await writer.markers.get_many(staged.session_ids)
-            if not any(m.parquet_file == staged.name for m in markers.values()):
-                log.warning("discarding uncommitted batch %s (%d sessions)", staged.name, len(staged.markers))
-                await asyncio.to_thread(self._sink.discard, staged.name)
-                continue
-            for marker in staged.markers:
-                if marker.session_id not in markers:
-                    await writer.markers.create_marker(marker)
-            await asyncio.to_thread(self._sink.commit, staged.name)
-            log.warning("committed batch %s left staged by a previous run", staged.name)
+        """Commit or discard the Parquet batches a previous process left staged (see BatchWriter.recover)."""
+        await (await self.writer()).recover()
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.recover()

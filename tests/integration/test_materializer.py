@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from edge.publisher import JetStreamLog
+from materializer.batch import BatchWriter
 from materializer.ledger import Markers, PromptLedger, open_bucket
 from materializer.parquet import ParquetSink
 from materializer.records import derive_records
@@ -129,3 +130,39 @@ async def test_a_batch_staged_before_a_crash_is_committed_or_discarded_on_restar
     async with running(js, log_config, sink):  # the signals come: nothing is written twice
         await _drained(js, log_config, len(scripts))
     assert Counter(sink.read().column("key").to_pylist()) == Counter(r.key for r in records)
+
+
+async def test_a_batch_that_fails_between_its_markers_is_finished_by_the_next_write(js, log_config, tmp_path):
+    from schemas.errors import LogUnavailable
+    from session_projector.reader import load_state
+
+    scripts = workload(prompts=2, n=2, seed=8)
+    log = JetStreamLog(js, log_config)
+    for script in scripts:
+        await append(log, script)
+    markers = Markers(await open_bucket(js, log_config.markers_bucket), 5.0)
+    sink = ParquetSink(tmp_path / "t")
+    writer = BatchWriter(
+        load=lambda sid: load_state(js, log_config, sid), markers=markers,
+        ledger=PromptLedger(await open_bucket(js, log_config.prompts_bucket), 5.0), parquet=sink)
+    create, calls = markers.create_marker, []
+
+    async def flaky(marker):
+        calls.append(marker.session_id)
+        if len(calls) == 2:
+            raise LogUnavailable("the KV did not answer")
+        await create(marker)
+
+    markers.create_marker = flaky
+    ids = [s.session_id for s in scripts]
+    with pytest.raises(LogUnavailable):
+        await writer.write(ids)
+    assert sink.staged() and read_dataset_keys(sink) == []  # staged, some markers written, nothing visible
+    await writer.write(ids)  # the redelivered batch
+    assert sink.staged() == []
+    assert Counter(read_dataset_keys(sink)) == Counter(list(_expected_records(scripts)))
+    assert set(await markers.get_many(ids)) == set(ids)
+
+
+def read_dataset_keys(sink: ParquetSink) -> list[str]:
+    return sink.read().column("key").to_pylist()

@@ -136,3 +136,39 @@ async def test_aborted_prompt_fails_and_late_sessions_stay_out_of_transfer_queue
     assert prompts["q00003"]["status"] == "failure" and prompts["q00000"]["status"] == "finished"
     assert not any(key.startswith("q00000_2_") for key in rows)
     assert any(row["key"].startswith("q00000_2_") for row in parquet_rows(sink.directory))  # kept in the dataset
+
+
+async def test_a_ray_reward_worker_scores_sessions_without_a_task_reward(js, log_config, tmp_path, partition):
+    """A Ray actor with verl's reward-worker contract (``compute_score.remote(data) -> {"reward_score", ...}``)."""
+    import ray
+
+    from reward.scorer import RewardLoopScorer
+
+    @ray.remote(num_cpus=0)
+    class Judge:
+        def compute_score(self, data):
+            return {"reward_score": 0.5 + 0.01 * len(data["responses"]), "reward_extra_info": {"judge": "ray"}}
+
+    scorer = RewardLoopScorer([Judge.remote()], build_input=lambda r: {"responses": r.trajectory.responses.tolist()})
+    scripts = [s for s in workload(prompts=2, n=2, seed=6) if s.session_id[:16] == "0" * 16]
+    log = JetStreamLog(js, log_config)
+    stop = asyncio.Event()
+    sink = ParquetSink(tmp_path / "trajectories")
+    materializer = Materializer(js, log_config, sink, tq=TransferQueueSink(partition), scorer=scorer,
+                                options=MaterializerOptions(max_delay=0.1, transfer_queue=True))
+    tasks = [asyncio.ensure_future(Projector(js, log_config).run(stop)), asyncio.ensure_future(materializer.run(stop))]
+    for script in scripts:
+        kept = [e for e in script.events if type(e).__name__ != "RewardReported"]  # no task reward
+        script.events = [msgspec.structs.replace(e, seq=i + 1) for i, e in enumerate(kept)]
+        await append(log, script)
+    await _drained(js, log_config, len(scripts))
+    stop.set()
+    await asyncio.gather(*tasks)
+    rows = parquet_rows(sink.directory)
+    final = {}  # session -> its last trajectory, the one the scorer saw
+    for row in sorted(rows, key=lambda r: r["trajectory_index"]):
+        final[row["session_id"]] = row
+    assert len(final) == len(scripts)
+    for row in rows:
+        assert row["reward_source"] == "scorer" and row["reward_extra_info"] == {"judge": "ray"}
+        assert row["reward"] == pytest.approx(0.5 + 0.01 * final[row["session_id"]]["response_len"])

@@ -19,10 +19,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import transfer_queue as tq
 
 from edge.publisher import JetStreamLog
 from materializer.ledger import Markers, open_bucket
 from materializer.parquet import ParquetSink
+from materializer.prompts import RANK
 from materializer.records import derive_records
 from materializer.service import Materializer, MaterializerOptions
 from materializer.transfer_queue import TransferQueueSink
@@ -111,6 +113,8 @@ async def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tq_cluster
         await provision(js, cfg)
         log, stop = JetStreamLog(js, cfg), asyncio.Event()
         projector = asyncio.ensure_future(Projector(js, cfg).run(stop))
+        seen: dict[str, list[str]] = {}
+        watcher = asyncio.ensure_future(_watch_statuses(partition, seen, stop))
         marked_at_kill = []
         try:
             for run, chunk in enumerate(chunks):
@@ -130,10 +134,24 @@ async def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tq_cluster
             found = await markers.get_many(s.session_id for s in scripts)
         finally:
             stop.set()
-            await projector
+            await asyncio.gather(projector, watcher)
             await nc.close()
-    print(f"markers at each SIGKILL: {marked_at_kill} of {len(scripts)}")
+    print(f"markers at each SIGKILL: {marked_at_kill} of {len(scripts)}; prompts seen moving running -> "
+          f"terminal: {sum(len(v) > 1 for v in seen.values())} of {len(seen)}")
+    for uid, statuses in seen.items():  # as a trainer polling kv_list saw them: never backwards
+        ranks = [RANK[s] for s in statuses]
+        assert ranks == sorted(ranks), (uid, statuses)
     _check(scripts, found, data / "trajectories", reference, partition, reference_partition)
+
+
+async def _watch_statuses(partition: str, seen: dict[str, list[str]], stop: asyncio.Event) -> None:
+    """Poll the prompt statuses as verl's ReplayBuffer does, recording each change."""
+    while not stop.is_set():
+        listing = await asyncio.to_thread(tq.kv_list, partition_id=partition)
+        for key, tag in listing.get(partition, {}).items():
+            if tag.get("is_prompt") and (not seen.get(key) or seen[key][-1] != tag["status"]):
+                seen.setdefault(key, []).append(tag["status"])
+        await asyncio.sleep(0.2)
 
 
 async def _append_all(log: JetStreamLog, chunk, rng: random.Random) -> None:

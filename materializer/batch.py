@@ -179,7 +179,8 @@ class BatchWriter:
             sinks=(self.sinks if verdict in ("new", "known") else (self._parquet.name,)) if e.records else (),
             status="duplicate" if not written else e.state.status, uid=e.state.uid,
             session_index=e.state.session_index, reward=e.reward.reward if e.reward else None,
-            reward_source=e.reward.source if e.reward else None, options=msgspec.structs.asdict(self._options))
+            reward_source=e.reward.source if e.reward else None,
+            reward_extra_info=dict(e.reward.extra) if e.reward else {}, options=msgspec.structs.asdict(self._options))
 
     async def _commit(self, plan: list[tuple[Ended, str]]) -> None:
         """Stage the batch's records, write every marker (the commit record), move the file into the dataset."""

@@ -28,10 +28,11 @@ from typing import Literal
 import msgspec
 import numpy as np
 
+from reward.intake import unfinished
 from reward.precedence import RewardDecision, decide_reward, resolve_reward
 from reward.scorer import RewardScorer, ScoreRequest, ScoreResult
 from schemas import tokens
-from schemas.records import TrajectoryRecord
+from schemas.records import MaterializedMarker, TrajectoryRecord
 from session_projector.fold import ChainState, Segment, SessionState
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,18 @@ async def derive_scored(state: SessionState, options: RecordOptions,
 
 
 _UNSCORED = RewardDecision(reward=0.0, extra={}, source="default")
+
+
+def rederive(state: SessionState, marker: MaterializedMarker) -> list[TrajectoryRecord]:
+    """The records a marker describes, derived again from the session (``rollbus replay --verify``):
+    with the marker's options, and with its reward when a scorer decided it (a scorer is not rerun)."""
+    options = msgspec.convert(marker.options, RecordOptions) if marker.options else RecordOptions()
+    reward = None
+    if marker.reward_source == "scorer" and marker.reward is not None:
+        posted = state.reward.extra if state.reward is not None else {}
+        reward = RewardDecision(reward=marker.reward, extra=dict(marker.reward_extra_info), source="scorer",
+                                unfinished=unfinished(posted))
+    return derive_records(state, options, reward)
 
 
 def score_request(state: SessionState, final: TrajectoryRecord) -> ScoreRequest:

@@ -107,7 +107,7 @@ class Rematerializer:
                 session_id=session_id, stream_seq=self.progress.position, uid=state.uid,
                 session_index=state.session_index, digests={r.key: record_digest(r) for r in records},
                 sinks=(self._sink.name,), reward=reward.reward, reward_source=reward.source,
-                options=msgspec.structs.asdict(self._options)))
+                reward_extra_info=dict(reward.extra), options=msgspec.structs.asdict(self._options)))
 
     def _end(self, session_id: str) -> None:
         self._states.pop(session_id, None)

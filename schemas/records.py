@@ -107,6 +107,7 @@ class MaterializedMarker(msgspec.Struct, frozen=True, kw_only=True):
     parquet_file: str | None = None  # the dataset file holding the records
     reward: float | None = None
     reward_source: str | None = None  # "task" | "scorer" | "default"
+    reward_extra_info: dict[str, Any] = {}  # as in the records (with a scorer's, which a re-derivation cannot rerun)
     options: dict[str, Any] = {}  # the record options the records were derived with
 
     @property

@@ -1,5 +1,6 @@
 import json
 
+import msgspec
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -162,3 +163,20 @@ async def test_a_scorer_scores_the_final_trajectory_when_the_task_posted_no_rewa
     assert records[0].reward_extra_info == {"acc": 1.0, "judge": "ok"} and records[0].rm_scores[-1] == 0.75
     posted, _ = await derive_scored(_session(reward=2.0), RecordOptions(), FunctionScorer(score))
     assert len(seen) == 1 and posted[0].reward == 2.0 and posted[0].reward_source == "task"
+
+
+async def test_rederive_reproduces_the_digests_a_marker_recorded():
+    from materializer.records import derive_scored, rederive
+    from reward.scorer import FunctionScorer, ScoreResult
+    from schemas.records import MaterializedMarker, record_digest
+
+    options = RecordOptions(trajectory_selection="longest", mask_unfinished_episode=True)
+    for state, scorer in ((_session(reward=None, finished=False), FunctionScorer(lambda r: ScoreResult(
+            reward=0.3, extra={"judge": 1}))), (_session(acc=1.0), None)):
+        records, reward = await derive_scored(state, options, scorer)
+        marker = MaterializedMarker(session_id=state.session_id, stream_seq=1,
+                                    digests={r.key: record_digest(r) for r in records}, reward=reward.reward,
+                                    reward_source=reward.source, reward_extra_info=reward.extra,
+                                    options=msgspec.structs.asdict(options))
+        again = rederive(state, msgspec.json.decode(msgspec.json.encode(marker), type=MaterializedMarker))
+        assert {r.key: record_digest(r) for r in again} == marker.digests

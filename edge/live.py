@@ -170,6 +170,11 @@ class Registry:
             raise SessionClosed(f"session {session_id} is {live.state.status}")
         return live
 
+    async def load(self, session_id: str) -> LiveSession:
+        """The session rebuilt from the log now, whatever its status (not kept: for a one-off append)."""
+        state, stream_seq = await self._loader(session_id)
+        return LiveSession(state, stream_seq)
+
     async def summary(self, session_id: str) -> SessionSummary:
         """From the live state, the closed cache, the projection (plus the log's tail), or a replay.
 

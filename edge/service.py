@@ -25,6 +25,7 @@ from edge.publisher import EventLog
 from edge.settings import EdgeSettings
 from edge.streaming import Item, RecordedStream, TurnStream
 from edge.turns import Clock, TurnOutcome, TurnRequest, TurnRunner
+from reward.intake import parse_reward_info
 from schemas.errors import (
     CapacityExceeded,
     Conflict,
@@ -162,15 +163,26 @@ class EdgeService:
         return [self._turns.codec.tokenizer.decode([t]) for t in token_ids]
 
     async def report_reward(self, session_id: str, api_key: str | None, reward_info: dict[str, Any]) -> None:
-        reward = reward_info.get("reward")
-        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
-            raise MalformedRequest("reward_info.reward must be a number", param="reward_info.reward")
-        extra = {k: v for k, v in reward_info.items() if k != "reward"}
-        live = await self.authorized(session_id, api_key)
-        event = RewardReported(session_id=session_id, seq=0, time=self._clock(),
-                               reward=None if reward is None else float(reward), extra=extra)
-        with live.in_use():
-            await live.commit(self._log, lambda _: [event])
+        """Record a posted reward. After the session ended it is still recorded (for audit) but changes
+        nothing: the records are derived from the session as it ended, so the caller gets 409."""
+        posted = parse_reward_info(reward_info)
+        event = RewardReported(session_id=session_id, seq=0, time=self._clock(), reward=posted.reward,
+                               extra=posted.extra)
+        try:
+            live = await self.authorized(session_id, api_key)
+            with live.in_use():
+                await live.commit(self._log, lambda _: [event])
+        except SessionClosed:
+            status = await self._record_late_reward(session_id, api_key, event)
+            raise SessionClosed(f"session {session_id} is {status}: its records are derived without this reward "
+                                "(it was recorded in the log for audit)") from None
+
+    async def _record_late_reward(self, session_id: str, api_key: str | None, event: RewardReported) -> str:
+        late = await self._registry.load(session_id)
+        if api_key is None or not hmac.compare_digest(key_digest(api_key), late.state.api_key_digest):
+            raise Unauthorized("invalid api key for this session")
+        await late.commit(self._log, lambda _: [event], allow_closed=True)
+        return late.state.status
 
     async def summary(self, session_id: str) -> SessionSummary:
         return await self._registry.summary(check_session_id(session_id))

@@ -1,61 +1,102 @@
 """Chains -> training records. Pure: a folded session in, records out, no I/O.
 
-Each chain with at least one sampled turn becomes one trajectory:
-``prompts`` is the chain's rendered prompt, ``responses`` every token after it
-(sampled tokens with mask 1, continuation tokens with mask 0), ``rm_scores`` zeros
-with the reward on the last response token, ``rollout_log_probs`` the engine's log
-probs on sampled tokens and 0 on continuation tokens (present only when every sampled
-segment had them).
+Each chain with at least one completed turn becomes one trajectory: ``prompts`` is the
+chain's rendered prompt, ``responses`` every token after it (sampled tokens with mask 1,
+continuation tokens with mask 0), ``rm_scores`` zeros with the reward on the last
+response token, ``rollout_log_probs`` the engine's log probs on sampled tokens and 0 on
+continuation tokens (present only when every sampled segment had them), ``num_turns``
+the user and assistant messages of the chain plus one (as verl counts them).
+
+Options:
+
+- ``mask_unfinished_episode``: a session whose task posted ``finished: false`` keeps its
+  records but trains nothing (``response_mask`` and ``loss_mask`` all zero);
+- ``trajectory_selection``: ``all`` chains, or only the ``longest`` (most sampled tokens,
+  then most response tokens, then most turns, then the later chain). A selected record
+  keeps its ``trajectory_index`` (its place among the session's trajectories), so keys
+  mean the same thing under every configuration.
+
+The reward comes from :mod:`reward.precedence`: the task's, else a scorer's (the async
+:func:`derive_scored`), else 0 with a warning.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Literal
 
 import msgspec
 import numpy as np
 
+from reward.intake import unfinished
+from reward.precedence import RewardDecision, decide_reward, resolve_reward
+from reward.scorer import RewardScorer, ScoreRequest, ScoreResult
 from schemas import tokens
-from schemas.records import TrajectoryRecord
+from schemas.records import MaterializedMarker, TrajectoryRecord
 from session_projector.fold import ChainState, Segment, SessionState
 
 log = logging.getLogger(__name__)
 
-# reward_info keys that are not reward extra info: the reward itself, and the completion fact.
-_NOT_EXTRA = frozenset({"reward", "finished"})
+TrajectorySelection = Literal["all", "longest"]
 
 
 class RecordOptions(msgspec.Struct, frozen=True, kw_only=True):
-    mask_unfinished_episode: bool = False  # zero the loss mask when reward_info says finished=false
-
-
-class RewardDecision(msgspec.Struct, frozen=True, kw_only=True):
-    reward: float
-    extra: dict[str, Any]
-    source: str  # "task" | "scorer" | "default"
+    mask_unfinished_episode: bool = False  # zero the masks when reward_info says finished=false
+    trajectory_selection: TrajectorySelection = "all"
 
 
 def session_reward(state: SessionState) -> RewardDecision:
-    """The task-posted reward when there is one, else 0 with a warning."""
-    posted = state.reward
-    extra = dict(posted.extra) if posted is not None else {}
-    if posted is not None and posted.reward is not None:
-        return RewardDecision(reward=float(posted.reward), extra=extra, source="task")
-    log.warning("session %s: no reward reported; using 0.0", state.session_id)
-    return RewardDecision(reward=0.0, extra=extra, source="default")
+    """The task-posted reward when there is one, else 0 with a warning (no scorer)."""
+    return decide_reward(state.reward, state.session_id)
 
 
-def derive_records(
-    state: SessionState,
-    options: RecordOptions = RecordOptions(),
-    reward: RewardDecision | None = None,
-) -> list[TrajectoryRecord]:
+def derive_records(state: SessionState, options: RecordOptions = RecordOptions(),
+                   reward: RewardDecision | None = None) -> list[TrajectoryRecord]:
     reward = reward if reward is not None else session_reward(state)
-    return [
-        _record(state, chain, index, reward, options)
-        for index, chain in enumerate(state.trajectory_chains())
-    ]
+    return [_record(state, chain, index, reward, options) for index, chain in _selected(state, options)]
+
+
+async def derive_scored(state: SessionState, options: RecordOptions,
+                        scorer: RewardScorer | None) -> tuple[list[TrajectoryRecord], RewardDecision]:
+    """Records with the full reward precedence; the scorer sees the final trajectory (reward 0)."""
+
+    async def score(with_scorer: RewardScorer) -> ScoreResult:
+        draft = derive_records(state, options, _UNSCORED)
+        return await with_scorer.score(score_request(state, draft[-1]))
+
+    has_trajectories = bool(state.trajectory_chains())
+    decision = await resolve_reward(state.reward, state.session_id, scorer, score if has_trajectories else None)
+    return derive_records(state, options, decision), decision
+
+
+_UNSCORED = RewardDecision(reward=0.0, extra={}, source="default")
+
+
+def rederive(state: SessionState, marker: MaterializedMarker) -> list[TrajectoryRecord]:
+    """The records a marker describes, derived again from the session (``rollbus replay --verify``):
+    with the marker's options, and with its reward when a scorer decided it (a scorer is not rerun)."""
+    options = msgspec.convert(marker.options, RecordOptions) if marker.options else RecordOptions()
+    reward = None
+    if marker.reward_source == "scorer" and marker.reward is not None:
+        posted = state.reward.extra if state.reward is not None else {}
+        reward = RewardDecision(reward=marker.reward, extra=dict(marker.reward_extra_info), source="scorer",
+                                unfinished=unfinished(posted))
+    return derive_records(state, options, reward)
+
+
+def score_request(state: SessionState, final: TrajectoryRecord) -> ScoreRequest:
+    posted = state.reward
+    return ScoreRequest(session_id=state.session_id, uid=state.uid, session_index=state.session_index,
+                        agent_name=state.agent_name, metadata=dict(state.metadata),
+                        reward_info=dict(posted.extra) if posted is not None else {}, trajectory=final)
+
+
+def _selected(state: SessionState, options: RecordOptions) -> list[tuple[int, ChainState]]:
+    chains = list(enumerate(state.trajectory_chains()))
+    if options.trajectory_selection == "all" or len(chains) <= 1:
+        return chains
+    best = max(chains, key=lambda item: (item[1].generated_len, item[1].response_len, item[1].chat_turns, item[0]))
+    return [best]
 
 
 def _response_segments(chain: ChainState) -> tuple[Segment, ...]:
@@ -81,19 +122,26 @@ def _arrays(segments: tuple[Segment, ...]) -> tuple[np.ndarray, np.ndarray, np.n
     return responses, mask, logprobs
 
 
-def _record(
-    state: SessionState,
-    chain: ChainState,
-    index: int,
-    reward: RewardDecision,
-    options: RecordOptions,
-) -> TrajectoryRecord:
+def _weight_steps(chain: ChainState, global_steps: int) -> tuple[int, int]:
+    """The span of weight versions the chain was sampled with (integer versions only), else global_steps."""
+    versions = [int(t.weight_version) for t in chain.turns if t.weight_version and t.weight_version.isdigit()]
+    return (min(versions), max(versions)) if versions else (global_steps, global_steps)
+
+
+def _global_steps(state: SessionState) -> int:
+    value = state.metadata.get("global_steps", 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _record(state: SessionState, chain: ChainState, index: int, reward: RewardDecision,
+            options: RecordOptions) -> TrajectoryRecord:
     responses, response_mask, logprobs = _arrays(_response_segments(chain))
     rm_scores = np.zeros(len(responses), dtype=np.float32)
     if len(rm_scores):
         rm_scores[-1] = reward.reward
-    unfinished = options.mask_unfinished_episode and reward.extra.get("finished") is False
-    loss_mask = np.zeros_like(response_mask) if unfinished else response_mask
+    loss_mask = np.zeros_like(response_mask) if options.mask_unfinished_episode and reward.unfinished else response_mask
+    global_steps = _global_steps(state)
+    low, high = _weight_steps(chain, global_steps)
     return TrajectoryRecord(
         key=f"{state.uid}_{state.session_index}_{index}",
         uid=state.uid,
@@ -102,7 +150,7 @@ def _record(
         session_id=state.session_id,
         agent_name=state.agent_name,
         status="success",
-        global_steps=int(state.metadata.get("global_steps", 0) or 0),
+        global_steps=global_steps,
         materialization_reason=chain.closed,
         prompts=tokens.unpack_ids(chain.prompt_ids).astype(np.int32),
         responses=responses,
@@ -112,5 +160,9 @@ def _record(
         rollout_log_probs=logprobs,
         num_turns=chain.chat_turns + 1,
         reward=reward.reward,
-        reward_extra_info={k: v for k, v in reward.extra.items() if k not in _NOT_EXTRA},
+        reward_extra_info=dict(reward.extra),
+        reward_source=reward.source,
+        min_global_steps=low,
+        max_global_steps=high,
+        metadata=dict(state.metadata),
     )

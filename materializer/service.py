@@ -1,56 +1,110 @@
-"""The materializer service: ready signal -> session rebuilt from the log -> records -> sinks.
+"""The materializer service: ready signals -> sessions rebuilt from the log -> records -> sinks.
 
-Idempotent by construction: records are derived from the log alone (the same fold), and
-every sink write is keyed by session, so a redelivered signal rewrites identical records.
+It consumes the projector's ready signals (one per ended session) in batches: up to
+``max_batch`` signals, waiting at most ``max_delay`` seconds after the first, so the
+records of many sessions go to TransferQueue in few puts and to Parquet in one file.
+Each batch is written by :class:`BatchWriter` (exactly once, see :mod:`materializer.batch`)
+and only then acknowledged. On start, batches a previous process left in Parquet staging
+are committed or discarded (:meth:`Materializer.recover`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 import msgspec
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
+from materializer.batch import BatchWriter
+from materializer.ledger import Markers, PromptLedger, open_bucket
+from materializer.padding import Padding
 from materializer.parquet import ParquetSink
-from materializer.records import RecordOptions, derive_records
+from materializer.records import RecordOptions
+from reward.scorer import RewardScorer
 from schemas.log import LogConfig
-from session_projector.consumer import consume
+from session_projector.consumer import consume_batches
 from session_projector.reader import load_state
 from session_projector.service import ReadySignal
+
+if TYPE_CHECKING:  # importing it loads torch, Ray and TransferQueue
+    from materializer.transfer_queue import TransferQueueSink
 
 log = logging.getLogger(__name__)
 
 _ready = msgspec.json.Decoder(ReadySignal)
 
 
+class MaterializerOptions(msgspec.Struct, frozen=True, kw_only=True):
+    records: RecordOptions = RecordOptions()
+    rollout_n: int = 1  # sessions per prompt when a session's metadata has no "rollout_n"
+    padding: Padding | None = None  # Parquet rows padded to fixed lengths
+    transfer_queue: bool = False
+    ray_address: str | None = None  # join this Ray cluster's TransferQueue; None: host one
+    tq_partition: str = "train"
+    tq_storage_units: int = 2
+    reward_scorer: str | None = None  # module:attr
+    max_batch: int = 256
+    max_delay: float = 0.5
+    ack_wait: float = 30.0
+    durable: str = "rollbus-materializer"
+
+
 class Materializer:
     def __init__(self, js: JetStreamContext, cfg: LogConfig, sink: ParquetSink, *,
-                 options: RecordOptions = RecordOptions(), durable: str = "rollbus-materializer") -> None:
+                 options: MaterializerOptions = MaterializerOptions(), tq: TransferQueueSink | None = None,
+                 scorer: RewardScorer | None = None) -> None:
         self._js = js
         self._cfg = cfg
         self._sink = sink
         self._options = options
-        self._durable = durable
-        self.materialized = 0  # sessions written by this process
+        self._tq = tq
+        self._scorer = scorer
+        self._writer: BatchWriter | None = None
+
+    @property
+    def materialized(self) -> int:
+        """Sessions this process ended (marked), whatever they held."""
+        return self._writer.sessions if self._writer is not None else 0
+
+    async def writer(self) -> BatchWriter:
+        if self._writer is None:
+            markers = Markers(await open_bucket(self._js, self._cfg.markers_bucket), 10.0)
+            ledger = PromptLedger(await open_bucket(self._js, self._cfg.prompts_bucket), 10.0)
+            self._writer = BatchWriter(load=lambda sid: load_state(self._js, self._cfg, sid), markers=markers,
+                                       ledger=ledger, parquet=self._sink, tq=self._tq,
+                                       options=self._options.records, rollout_n=self._options.rollout_n,
+                                       scorer=self._scorer)
+        return self._writer
+
+    async def recover(self) -> None:
+        """Commit or discard the Parquet batches a previous process left staged (see BatchWriter.recover)."""
+        await (await self.writer()).recover()
 
     async def run(self, stop: asyncio.Event) -> None:
-        await consume(self._js, stream=self._cfg.ready_stream, durable=self._durable,
-                      subject=self._cfg.ready_subjects, handler=self._on_ready, stop=stop)
+        await self.recover()
+        o = self._options
+        await consume_batches(self._js, stream=self._cfg.ready_stream, durable=o.durable,
+                              subject=self._cfg.ready_subjects, handler=self._on_batch, stop=stop,
+                              max_batch=o.max_batch, max_delay=o.max_delay, ack_wait=o.ack_wait)
 
-    async def _on_ready(self, msg: Msg) -> None:
-        ready = _ready.decode(msg.data)
-        await self.materialize(ready.session_id)
+    async def _on_batch(self, msgs: list[Msg]) -> list[Msg]:
+        by_session: dict[str, list[Msg]] = {}
+        for msg in msgs:
+            try:
+                by_session.setdefault(_ready.decode(msg.data).session_id, []).append(msg)
+            except msgspec.DecodeError:  # not a ready signal: retrying cannot help, so it is acknowledged
+                log.error("%s: not a ready signal (%r); skipped", msg.subject, msg.data[:80])
+        writer = await self.writer()
+        failed = await writer.write(list(by_session))
+        log.info("materialized %d sessions (%d failed, will retry)", len(by_session) - len(failed), len(failed))
+        return [msg for session_id in failed for msg in by_session[session_id]]
 
     async def materialize(self, session_id: str) -> int:
-        """Derive and write one finalized session's records; returns how many."""
-        state, _ = await load_state(self._js, self._cfg, session_id)
-        if state.status != "finalized":
-            log.warning("session %s is %s; nothing to materialize", session_id, state.status)
-            return 0
-        records = derive_records(state, self._options)
-        await asyncio.to_thread(self._sink.write, session_id, records)
-        self.materialized += 1
-        log.info("session %s: %d trajectories written", session_id, len(records))
-        return len(records)
+        """Materialize one ended session now; returns how many records it has in the dataset."""
+        writer = await self.writer()
+        await writer.write([session_id])
+        marker = (await writer.markers.get_many([session_id])).get(session_id)
+        return len(marker.digests) if marker is not None else 0

@@ -23,7 +23,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
-from materializer.records import RecordOptions, derive_records
+from materializer.records import RecordOptions, derive_records, rederive
 from schemas.errors import LogUnavailable
 from schemas.log import LogConfig
 from schemas.records import MaterializedMarker, record_digest
@@ -40,8 +40,12 @@ class Difference(msgspec.Struct, frozen=True, kw_only=True):
     detail: str = ""
 
 
-def derived_digests(state: SessionState, options: RecordOptions = RecordOptions()) -> dict[str, str]:
-    return {record.key: record_digest(record) for record in derive_records(state, options)}
+def derived_digests(state: SessionState, marker: MaterializedMarker | None = None,
+                    options: RecordOptions = RecordOptions()) -> dict[str, str]:
+    """Digests of the records the log derives: as the marker says they were derived (its options,
+    its scorer's reward), else with ``options``."""
+    records = rederive(state, marker) if marker is not None else derive_records(state, options)
+    return {record.key: record_digest(record) for record in records}
 
 
 def compare(state: SessionState, marker: MaterializedMarker | None,
@@ -51,7 +55,7 @@ def compare(state: SessionState, marker: MaterializedMarker | None,
     Only a finalized session has records: an open or aborted one is expected to have none.
     """
     sid = state.session_id
-    derived = derived_digests(state, options) if state.status == "finalized" else {}
+    derived = derived_digests(state, marker, options) if state.status == "finalized" else {}
     if marker is None:
         return [Difference(session_id=sid, kind="missing_marker", detail=f"{len(derived)} records derived")] \
             if derived else []

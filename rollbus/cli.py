@@ -9,6 +9,7 @@
     rollbus demo          sample agent sessions through a running or embedded stack
     rollbus replay        a session rebuilt from the log; --verify checks what was materialized
     rollbus sessions      sessions with status, turns, chains, reward (from the projections)
+    rollbus materialize   rebuild training records from the log (--from-log)
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from pathlib import Path
 import msgspec
 
 from edge.codec.fidelity import load_codec
-from rollbus import demo, replay, sessions
+from materializer.service import MaterializerOptions
+from rollbus import demo, materialize, replay, sessions
 from rollbus.runtime import COMPONENTS, Stack, StackOptions, engine_summary, model_defaults
 
 # Commands beyond the stack itself: each module has ``register(subparsers)`` and sets
 # ``run(args) -> int`` as the parser default.
-TOOL_COMMANDS = [demo, replay, sessions]
+TOOL_COMMANDS = [demo, replay, sessions, materialize]
 
 STATE_FILE = "edge.json"  # <data-dir>/edge.json: where a running `rollbus up` can be reached
 
@@ -79,13 +81,42 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
                         help="abort open sessions nothing touched for this long; 0: never [3600]")
 
 
+def _materializer_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("materializer")
+    group.add_argument("--transfer-queue", action="store_true",
+                       help="also write records to TransferQueue (verl's data plane), beside Parquet")
+    group.add_argument("--ray-address", help="join the TransferQueue of this Ray cluster (e.g. verl's trainer's); "
+                                             "default: host one in this process")
+    group.add_argument("--tq-partition", default="train")
+    group.add_argument("--rollout-n", type=int, default=1,
+                       help="sessions per prompt when a session's metadata has no rollout_n [1]")
+    group.add_argument("--batch-size", type=int, default=256, help="ready sessions per materialized batch [256]")
+    group.add_argument("--batch-delay", type=float, default=0.5,
+                       help="seconds a batch waits for more sessions after its first [0.5]")
+    group.add_argument("--ack-wait", type=float, default=30.0,
+                       help="seconds before JetStream redelivers a batch nobody acknowledged [30]")
+    materialize.add_record_flags(parser)
+
+
+def _materializer_options(args: argparse.Namespace) -> MaterializerOptions:
+    return MaterializerOptions(
+        records=materialize.record_options(args), rollout_n=args.rollout_n, padding=materialize.padding(args),
+        transfer_queue=args.transfer_queue, ray_address=args.ray_address, tq_partition=args.tq_partition,
+        reward_scorer=args.reward_scorer, max_batch=args.batch_size, max_delay=args.batch_delay,
+        ack_wait=args.ack_wait)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollbus", description="Event-sourced trajectory gateway for agentic RL.")
     sub = parser.add_subparsers(dest="command", required=True)
-    _common(sub.add_parser("up", help="run the whole stack in the foreground"), edge=True, nats_required=False)
+    up = sub.add_parser("up", help="run the whole stack in the foreground")
+    _common(up, edge=True, nats_required=False)
+    _materializer_flags(up)
     _common(sub.add_parser("edge", help="run the HTTP edge alone"), edge=True, nats_required=True)
     _common(sub.add_parser("projector", help="run the session projector alone"), edge=False, nats_required=True)
-    _common(sub.add_parser("materializer", help="run the materializer alone"), edge=False, nats_required=True)
+    alone = sub.add_parser("materializer", help="run the materializer alone")
+    _common(alone, edge=False, nats_required=True)
+    _materializer_flags(alone)
     for command in TOOL_COMMANDS:
         command.register(sub)
     return parser
@@ -113,6 +144,7 @@ def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOpti
         edge_id=args.edge_id if edge else "",
         lease_ttl=args.lease_ttl if edge else 15.0,
         idle_timeout=args.idle_timeout if edge else 3600.0,
+        materializer=_materializer_options(args) if "materializer" in components else MaterializerOptions(),
     )
 
 
@@ -128,6 +160,10 @@ def _announce(stack: Stack) -> None:
         print(f"  tokenizer:    {options.tokenizer} (tool format {options.tool_format})")
     if "materializer" in options.components:
         print(f"  trajectories: {options.data_dir / 'trajectories'}/")
+        mo = options.materializer
+        if mo.transfer_queue:
+            where = f"joined Ray at {mo.ray_address}" if mo.ray_address else "hosted by this process"
+            print(f"  transferqueue: partition {mo.tq_partition} ({where})")
     print("  Ctrl-C (SIGINT) or SIGTERM stops it", flush=True)
 
 

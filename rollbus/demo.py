@@ -26,9 +26,9 @@ from typing import Any
 
 import httpx
 import msgspec
-import pyarrow.parquet as pq
 from openai import AsyncOpenAI
 
+from materializer.dataset import session_rows
 from rollbus.runtime import Stack, StackOptions, engine_summary, model_defaults
 
 TOOLS = [{
@@ -72,9 +72,10 @@ def calculator(arguments: str) -> str:
         return f"error: {exc}"
 
 
-async def _agent(admin: httpx.AsyncClient, uid: str, index: int, a: int, b: int, max_tokens: int) -> dict[str, Any]:
-    created = (await admin.post("/sessions", json={"uid": uid, "session_index": index,
-                                                   "metadata": {"agent_name": "calculator-demo"}})).json()
+async def _agent(admin: httpx.AsyncClient, uid: str, index: int, n: int, a: int, b: int,
+                 max_tokens: int) -> dict[str, Any]:
+    metadata = {"agent_name": "calculator-demo", "rollout_n": n}
+    created = (await admin.post("/sessions", json={"uid": uid, "session_index": index, "metadata": metadata})).json()
     client = AsyncOpenAI(base_url=created["base_url"], api_key=created["api_key"], max_retries=0)
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
                                       {"role": "user", "content": f"What is {a} * {b}?"}]
@@ -112,23 +113,23 @@ def _discover(args: argparse.Namespace) -> Endpoint | None:
     return Endpoint(url=info["url"], admin_token=info["admin_token"], trajectories=args.data_dir / "trajectories")
 
 
-async def _wait_for_records(directory: Path, session_ids: list[str], timeout: float = 120.0) -> list[Path]:
+async def _wait_for_records(directory: Path, session_ids: list[str], timeout: float = 120.0) -> list[dict[str, Any]]:
+    """The sessions' rows once every session has some in the dataset (or what there is at the timeout)."""
     deadline = time.monotonic() + timeout
-    paths = [directory / f"{sid}.parquet" for sid in session_ids]
-    while time.monotonic() < deadline and not all(p.exists() for p in paths):  # noqa: ASYNC110 - files
+    while True:
+        rows = await asyncio.to_thread(session_rows, directory, session_ids)
+        if {row["session_id"] for row in rows} >= set(session_ids) or time.monotonic() > deadline:
+            return rows
         await asyncio.sleep(0.2)
-    return [p for p in paths if p.exists()]
 
 
-def _print_table(paths: list[Path]) -> None:
+def _print_table(rows: list[dict[str, Any]]) -> None:
     header = f"{'key':<40} {'turns':>5} {'prompt':>6} {'response':>8} {'sampled':>7} {'reward':>6}  reason"
     print(header)
     print("-" * len(header))
-    for path in paths:
-        table = pq.read_table(path).to_pylist()
-        for row in table:
-            print(f"{row['key']:<40} {row['num_turns']:>5} {row['prompt_len']:>6} {row['response_len']:>8} "
-                  f"{sum(row['response_mask']):>7} {row['reward']:>6.2f}  {row['materialization_reason'] or '-'}")
+    for row in sorted(rows, key=lambda r: r["key"]):
+        print(f"{row['key']:<40} {row['num_turns']:>5} {row['prompt_len']:>6} {row['response_len']:>8} "
+              f"{sum(row['response_mask']):>7} {row['reward']:>6.2f}  {row['materialization_reason'] or '-'}")
 
 
 async def _run(endpoint: Endpoint, args: argparse.Namespace) -> int:
@@ -139,7 +140,8 @@ async def _run(endpoint: Endpoint, args: argparse.Namespace) -> int:
         for p in range(prompts):
             uid = uuid.uuid4().hex[:12]
             a, b = 12 + 7 * p, 31 + 3 * p
-            jobs += [_agent(admin, uid, i, a, b, args.max_tokens) for i in range(args.sessions // prompts)]
+            n = args.sessions // prompts
+            jobs += [_agent(admin, uid, i, n, a, b, args.max_tokens) for i in range(n)]
         started = time.perf_counter()
         results = await asyncio.gather(*jobs)
     print(f"{len(results)} sessions finished in {time.perf_counter() - started:.1f}s; "
@@ -150,10 +152,11 @@ async def _run(endpoint: Endpoint, args: argparse.Namespace) -> int:
     if endpoint.trajectories is None:
         print("records: see the stack's <data-dir>/trajectories/ (pass --data-dir to read them here)")
         return 0
-    paths = await _wait_for_records(endpoint.trajectories, [r["session_id"] for r in results])
-    _print_table(paths)
-    print(f"records: {endpoint.trajectories}/ ({len(paths)} of {len(results)} sessions materialized)")
-    return 0 if len(paths) == len(results) else 1
+    rows = await _wait_for_records(endpoint.trajectories, [r["session_id"] for r in results])
+    _print_table(rows)
+    done = len({row["session_id"] for row in rows})
+    print(f"records: {endpoint.trajectories}/ ({done} of {len(results)} sessions materialized)")
+    return 0 if done == len(results) else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -14,6 +14,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import uvicorn
@@ -33,13 +34,17 @@ from edge.service import EdgeService
 from edge.settings import EdgeSettings
 from edge.turns import Clock, TurnRunner
 from materializer.parquet import ParquetSink
-from materializer.service import Materializer
+from materializer.service import Materializer, MaterializerOptions
+from reward.scorer import load_scorer
 from rollbus.nats_server import EmbeddedNats
 from rollbus.provision import connect, provision
 from schemas.log import LogConfig
 from session_projector.projections import current_summary, iter_projections
 from session_projector.reader import last_stream_seq, load_state
 from session_projector.service import Projector
+
+if TYPE_CHECKING:
+    from materializer.transfer_queue import TransferQueueConnection
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +71,7 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     lease_ttl: float = 15.0
     idle_timeout: float = 3600.0
     disconnect_grace: float = 10.0
+    materializer: MaterializerOptions = MaterializerOptions()
 
 
 def model_defaults(engine: str, model: str | None, tokenizer: str | None,
@@ -155,6 +161,7 @@ class Stack:
         self._server: _Server | None = None
         self._engine: Engine | None = None
         self._service: EdgeService | None = None
+        self._tq_connection: TransferQueueConnection | None = None  # with --transfer-queue
         self._ready = False
 
     @property
@@ -179,11 +186,24 @@ class Stack:
         if "projector" in options.components:
             self._spawn(Projector(js, options.log).run(self.stop_event), "projector")
         if "materializer" in options.components:
-            sink = ParquetSink(options.data_dir / "trajectories")
-            self._spawn(Materializer(js, options.log, sink).run(self.stop_event), "materializer")
+            self._spawn((await self._materializer(js)).run(self.stop_event), "materializer")
         if "edge" in options.components:
             await self._start_edge(js)
         self._ready = True
+
+    async def _materializer(self, js: JetStreamContext) -> Materializer:
+        mo = self.options.materializer
+        sink = ParquetSink(self.options.data_dir / "trajectories", padding=mo.padding)
+        tq = None
+        if mo.transfer_queue:  # imported here: it loads torch, Ray and TransferQueue
+            from materializer.transfer_queue import TransferQueueConnection, TransferQueueSink
+
+            connection = TransferQueueConnection(mo.ray_address, storage_units=mo.tq_storage_units)
+            await asyncio.to_thread(connection.open)
+            self._tq_connection = connection
+            tq = TransferQueueSink(mo.tq_partition)
+        scorer = load_scorer(mo.reward_scorer) if mo.reward_scorer else None
+        return Materializer(js, self.options.log, sink, options=mo, tq=tq, scorer=scorer)
 
     async def _start_edge(self, js: JetStreamContext) -> None:
         options = self.options
@@ -235,3 +255,5 @@ class Stack:
                 await asyncio.wait_for(self.nc.drain(), 5)
         if self.nats is not None:
             await asyncio.to_thread(self.nats.stop)
+        if self._tq_connection is not None:
+            await asyncio.to_thread(self._tq_connection.close)

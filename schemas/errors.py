@@ -18,6 +18,7 @@
     │   ├── EngineUnavailable     503  refused, unhealthy
     │   └── EngineTimeout         504
     ├── LogUnavailable            503  JetStream did not acknowledge
+    ├── SinkUnavailable           503  a record sink (TransferQueue) did not take a write
     └── FoldError                      an event that does not fit the state (a bug or a corrupt log)
         └── OutOfOrderEvent            an event whose sequence is not the next one
 """
@@ -113,6 +114,11 @@ class EngineTimeout(EngineError):
 class LogUnavailable(RollbusError):
     status = 503
     code = "log_unavailable"
+
+
+class SinkUnavailable(RollbusError):
+    status = 503
+    code = "sink_unavailable"
 
 
 class FoldError(RollbusError):

@@ -36,6 +36,7 @@ class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
     projections_bucket: str = "rollbus_sessions"
     markers_bucket: str = "rollbus_materialized"
     leases_bucket: str = "rollbus_leases"  # which edge writes which open session (edge.ownership)
+    prompts_bucket: str = "rollbus_prompts"  # the materializer's per-prompt progress (verl prompt status)
     duplicate_window_s: float = 600.0
     max_event_bytes: int = 900 * 1024  # an envelope stays under NATS's payload limit
 

@@ -3,12 +3,15 @@
 A record holds unpadded 1-D arrays (``prompts``, ``responses``, ``input_ids``, masks,
 ``rm_scores``, ``rollout_log_probs``) plus the key, the session's identity and the tags
 verl reads. :data:`TRAJECTORY_SCHEMA` is the one Arrow schema every Parquet file is
-written with; nothing is inferred batch by batch.
+written with; nothing is inferred batch by batch. A table holds either the unpadded
+arrays or, on request, their padded form (fixed-length lists; the lengths and the
+padding rule in the schema metadata under ``rollbus.padding``).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -40,6 +43,10 @@ class TrajectoryRecord(msgspec.Struct, frozen=True, kw_only=True):
     reward: float
     reward_extra_info: dict[str, Any]
     loss_mask: MaskArray
+    reward_source: str = "task"  # "task" | "scorer" | "default"
+    min_global_steps: int = 0  # the weight versions the trajectory was sampled with (global_steps when unknown)
+    max_global_steps: int = 0
+    metadata: dict[str, Any] = {}  # the session's task metadata, as opened
 
     @property
     def prompt_len(self) -> int:
@@ -73,6 +80,8 @@ class TrajectoryRecord(msgspec.Struct, frozen=True, kw_only=True):
             "response_len": self.response_len,
             "seq_len": self.seq_len,
             "global_steps": self.global_steps,
+            "min_global_steps": self.min_global_steps,
+            "max_global_steps": self.max_global_steps,
             "uid": self.uid,
         }
         if self.materialization_reason is not None:
@@ -92,6 +101,19 @@ class MaterializedMarker(msgspec.Struct, frozen=True, kw_only=True):
     stream_seq: int
     digests: dict[str, str]
     sinks: tuple[str, ...] = ()
+    status: str = "finalized"  # "finalized" | "aborted" | "duplicate" (a session index its prompt already had)
+    uid: str = ""
+    session_index: int = 0
+    parquet_file: str | None = None  # the dataset file holding the records
+    reward: float | None = None
+    reward_source: str | None = None  # "task" | "scorer" | "default"
+    reward_extra_info: dict[str, Any] = {}  # as in the records (with a scorer's, which a re-derivation cannot rerun)
+    options: dict[str, Any] = {}  # the record options the records were derived with
+
+    @property
+    def succeeded(self) -> bool:
+        """The session counts as a success for its prompt: finalized with at least one trajectory."""
+        return self.status == "finalized" and bool(self.digests)
 
 
 def record_digest(record: TrajectoryRecord) -> str:
@@ -103,7 +125,8 @@ def record_digest(record: TrajectoryRecord) -> str:
     if record.rollout_log_probs is not None:
         h.update(np.ascontiguousarray(record.rollout_log_probs).tobytes())
     meta = [record.key, record.session_id, record.agent_name, record.status, record.global_steps,
-            record.materialization_reason, record.num_turns, record.reward, record.reward_extra_info]
+            record.materialization_reason, record.num_turns, record.reward, record.reward_extra_info,
+            record.reward_source, record.min_global_steps, record.max_global_steps, record.metadata]
     h.update(msgspec.json.encode(meta, order="sorted"))
     return h.hexdigest()
 
@@ -146,32 +169,82 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("num_turns", pa.int32(), nullable=False),
         pa.field("reward", pa.float64(), nullable=False),
         pa.field("reward_extra_info", pa.string(), nullable=False),  # JSON object
+        pa.field("reward_source", pa.string(), nullable=False),
+        pa.field("min_global_steps", pa.int64(), nullable=False),
+        pa.field("max_global_steps", pa.int64(), nullable=False),
+        pa.field("metadata", pa.string(), nullable=False),  # JSON object: the session's task metadata
+        pa.field("truncated", pa.bool_(), nullable=False),  # padded form only: cut to the padded lengths
     ],
     metadata={"rollbus.schema": "trajectory/v1"},
 )
 
 
-def _list_array(arrays: list[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
+SEQUENCE_COLUMNS = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask",
+                    "loss_mask", "rm_scores", "rollout_log_probs")
+PADDING_METADATA = b"rollbus.padding"
+
+Column = list[np.ndarray] | np.ndarray  # rows of 1-D arrays, or one 2-D array of padded rows
+
+
+def _list_array(rows: Column, value_type: pa.DataType) -> pa.ListArray:
     """A list column built from flat buffers: one concatenation, no per-element Python objects."""
-    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int32, count=len(arrays))
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.concatenate(arrays) if arrays else np.zeros(0)
-    values = pa.array(flat.astype(value_type.to_pandas_dtype(), copy=False), type=value_type)
+    dtype = value_type.to_pandas_dtype()
+    if isinstance(rows, np.ndarray):  # padded: every row has the same width
+        offsets = np.arange(rows.shape[0] + 1, dtype=np.int32) * rows.shape[1]
+        flat = rows.reshape(-1)
+    else:
+        lengths = np.fromiter((len(a) for a in rows), dtype=np.int32, count=len(rows))
+        offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.concatenate(rows) if rows else np.zeros(0)
+    values = pa.array(flat.astype(dtype, copy=False), type=value_type)
     return pa.ListArray.from_arrays(pa.array(offsets), values)
 
 
-def _optional_list_array(arrays: list[np.ndarray | None], value_type: pa.DataType) -> pa.ListArray:
-    present = [a if a is not None else np.zeros(0) for a in arrays]
-    column = _list_array(present, value_type)
-    if all(a is not None for a in arrays):
+def _optional_list_array(rows: list[np.ndarray | None] | np.ndarray | None, present: list[bool],
+                         value_type: pa.DataType) -> pa.ListArray:
+    """Null where a record has no such array (``rollout_log_probs`` of a record without log probs)."""
+    if rows is None:
+        rows = [np.zeros(0)] * len(present)
+    elif isinstance(rows, list):
+        rows = [a if a is not None else np.zeros(0) for a in rows]
+    column = _list_array(rows, value_type)
+    if all(present):
         return column
-    mask = pa.array([a is None for a in arrays])
-    return pa.ListArray.from_arrays(column.offsets, column.values, mask=mask)
+    return pa.ListArray.from_arrays(column.offsets, column.values, mask=pa.array([not p for p in present]))
 
 
-def records_to_table(records: list[TrajectoryRecord]) -> pa.Table:
-    """Records as one Arrow table with :data:`TRAJECTORY_SCHEMA`."""
+def _json(value: Any) -> str:
+    return msgspec.json.encode(value, order="sorted").decode()
+
+
+def _unpadded(records: list[TrajectoryRecord]) -> dict[str, Any]:
+    return {
+        "prompts": [r.prompts for r in records],
+        "responses": [r.responses for r in records],
+        "input_ids": [r.input_ids for r in records],
+        "attention_mask": [r.attention_mask for r in records],
+        "position_ids": [r.position_ids for r in records],
+        "response_mask": [r.response_mask for r in records],
+        "loss_mask": [r.loss_mask for r in records],
+        "rm_scores": [r.rm_scores for r in records],
+        "rollout_log_probs": [r.rollout_log_probs for r in records],
+        "prompt_len": [r.prompt_len for r in records],
+        "response_len": [r.response_len for r in records],
+        "truncated": [False] * len(records),
+    }
+
+
+def records_to_table(records: list[TrajectoryRecord], padded: Mapping[str, Any] | None = None,
+                     padding: Mapping[str, Any] | None = None) -> pa.Table:
+    """Records as one Arrow table with :data:`TRAJECTORY_SCHEMA`.
+
+    ``padded``: the padded form of the records' arrays (2-D arrays under the
+    :data:`SEQUENCE_COLUMNS` names, plus the valid ``prompt_len`` / ``response_len`` and
+    ``truncated`` per row), described by ``padding`` in the schema metadata.
+    """
+    seq = padded if padded is not None else _unpadded(records)
+    present = [r.rollout_log_probs is not None for r in records]
     columns: dict[str, pa.Array] = {
         "key": pa.array([r.key for r in records], pa.string()),
         "uid": pa.array([r.uid for r in records], pa.string()),
@@ -180,24 +253,31 @@ def records_to_table(records: list[TrajectoryRecord]) -> pa.Table:
         "session_id": pa.array([r.session_id for r in records], pa.string()),
         "agent_name": pa.array([r.agent_name for r in records], pa.string()),
         "status": pa.array([r.status for r in records], pa.string()),
-        "prompt_len": pa.array([r.prompt_len for r in records], pa.int32()),
-        "response_len": pa.array([r.response_len for r in records], pa.int32()),
-        "seq_len": pa.array([r.seq_len for r in records], pa.int32()),
+        "prompt_len": pa.array(np.asarray(seq["prompt_len"], dtype=np.int32), pa.int32()),
+        "response_len": pa.array(np.asarray(seq["response_len"], dtype=np.int32), pa.int32()),
+        "seq_len": pa.array(np.asarray(seq["prompt_len"], dtype=np.int32)
+                            + np.asarray(seq["response_len"], dtype=np.int32), pa.int32()),
         "global_steps": pa.array([r.global_steps for r in records], pa.int64()),
         "materialization_reason": pa.array([r.materialization_reason for r in records], pa.string()),
-        "prompts": _list_array([r.prompts for r in records], pa.int32()),
-        "responses": _list_array([r.responses for r in records], pa.int32()),
-        "input_ids": _list_array([r.input_ids for r in records], pa.int32()),
-        "attention_mask": _list_array([r.attention_mask for r in records], pa.int8()),
-        "position_ids": _list_array([r.position_ids for r in records], pa.int32()),
-        "response_mask": _list_array([r.response_mask for r in records], pa.int8()),
-        "loss_mask": _list_array([r.loss_mask for r in records], pa.int8()),
-        "rm_scores": _list_array([r.rm_scores for r in records], pa.float32()),
-        "rollout_log_probs": _optional_list_array([r.rollout_log_probs for r in records], pa.float32()),
+        **{name: _list_array(seq[name], _VALUE_TYPES[name]) for name in SEQUENCE_COLUMNS[:-1]},
+        "rollout_log_probs": _optional_list_array(seq["rollout_log_probs"], present, pa.float32()),
         "num_turns": pa.array([r.num_turns for r in records], pa.int32()),
         "reward": pa.array([r.reward for r in records], pa.float64()),
-        "reward_extra_info": pa.array(
-            [msgspec.json.encode(r.reward_extra_info).decode() for r in records], pa.string()
-        ),
+        "reward_extra_info": pa.array([_json(r.reward_extra_info) for r in records], pa.string()),
+        "reward_source": pa.array([r.reward_source for r in records], pa.string()),
+        "min_global_steps": pa.array([r.min_global_steps for r in records], pa.int64()),
+        "max_global_steps": pa.array([r.max_global_steps for r in records], pa.int64()),
+        "metadata": pa.array([_json(r.metadata) for r in records], pa.string()),
+        "truncated": pa.array(np.asarray(seq["truncated"], dtype=bool), pa.bool_()),
     }
-    return pa.Table.from_pydict(columns, schema=TRAJECTORY_SCHEMA)
+    schema = TRAJECTORY_SCHEMA
+    if padding is not None:
+        schema = schema.with_metadata({**(schema.metadata or {}), PADDING_METADATA: _json(dict(padding)).encode()})
+    return pa.Table.from_pydict(columns, schema=schema)
+
+
+_VALUE_TYPES: dict[str, pa.DataType] = {
+    "prompts": pa.int32(), "responses": pa.int32(), "input_ids": pa.int32(), "attention_mask": pa.int8(),
+    "position_ids": pa.int32(), "response_mask": pa.int8(), "loss_mask": pa.int8(), "rm_scores": pa.float32(),
+    "rollout_log_probs": pa.float32(),
+}

@@ -5,7 +5,10 @@ a :class:`RollbusError` is nak'ed with a delay and redelivered (handlers are ide
 Any other exception is a bug: it is logged, the message is nak'ed, and the loop goes on.
 
 :func:`pull_batches` is the loop itself (fetched batches, for consumers that handle a
-batch at once and ack themselves); :func:`consume` hands messages one by one to a handler.
+batch at once and ack themselves); :func:`consume` hands messages one by one to a handler;
+:func:`consume_batches` gathers them into batches (up to ``max_batch`` messages, waiting at
+most ``max_delay`` seconds after the first), keeps them in progress while the handler
+works, and acks or naks each.
 """
 
 from __future__ import annotations
@@ -24,13 +27,19 @@ from schemas.errors import RollbusError
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Msg], Awaitable[None]]
+# Handles a batch; returns the messages that failed (nak'ed and redelivered), the rest are acked.
+BatchHandler = Callable[[list[Msg]], Awaitable[list[Msg]]]
+
+
+def _config(durable: str, subject: str, ack_wait: float, max_ack_pending: int) -> ConsumerConfig:
+    return ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
+                          ack_wait=ack_wait, filter_subject=subject, max_ack_pending=max_ack_pending)
 
 
 async def pull_batches(js: JetStreamContext, *, stream: str, durable: str, subject: str, stop: asyncio.Event,
                        batch: int = 64, ack_wait: float = 30.0) -> AsyncIterator[list[Msg]]:
     """Batches of up to ``batch`` messages from a durable pull consumer, until ``stop`` is set."""
-    config = ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
-                            ack_wait=ack_wait, filter_subject=subject, max_ack_pending=max(batch * 4, 256))
+    config = _config(durable, subject, ack_wait, max(batch * 4, 256))
     sub = await asyncio.wait_for(js.pull_subscribe(subject, durable=durable, stream=stream, config=config), 10)
     try:
         while not stop.is_set():
@@ -70,3 +79,64 @@ async def settle(msgs: Sequence[Msg], work: Awaitable[None], retry_delay: float 
 
 async def _handle(msg: Msg, handler: Handler, retry_delay: float) -> None:
     await settle([msg], handler(msg), retry_delay)
+
+
+async def consume_batches(js: JetStreamContext, *, stream: str, durable: str, subject: str, handler: BatchHandler,
+                          stop: asyncio.Event, max_batch: int = 256, max_delay: float = 0.5, ack_wait: float = 30.0,
+                          retry_delay: float = 1.0) -> None:
+    config = _config(durable, subject, ack_wait, max(max_batch * 4, 256))
+    sub = await asyncio.wait_for(js.pull_subscribe(subject, durable=durable, stream=stream, config=config), 10)
+    try:
+        while not stop.is_set():
+            msgs = await _gather(sub, max_batch, max_delay)
+            if msgs:
+                await _handle_batch(msgs, handler, retry_delay, ack_wait)
+    finally:
+        await sub.unsubscribe()
+
+
+async def _gather(sub: JetStreamContext.PullSubscription, max_batch: int, max_delay: float) -> list[Msg]:
+    """Up to ``max_batch`` messages: the first one (waiting up to 0.5 s), then whatever arrives within ``max_delay``."""
+    msgs: list[Msg] = []
+    deadline: float | None = None
+    loop = asyncio.get_running_loop()
+    while len(msgs) < max_batch:
+        wait = 0.5 if deadline is None else deadline - loop.time()
+        if wait <= 0.001:
+            break
+        try:
+            msgs += await sub.fetch(max_batch - len(msgs), timeout=wait)
+        except (TimeoutError, NatsTimeoutError):
+            if deadline is None:
+                return msgs
+        if deadline is None and msgs:
+            deadline = loop.time() + max_delay
+    return msgs
+
+
+async def _handle_batch(msgs: list[Msg], handler: BatchHandler, retry_delay: float, ack_wait: float) -> None:
+    keepalive = asyncio.ensure_future(_keep_in_progress(msgs, ack_wait / 3))
+    try:
+        failed = await handler(msgs)
+    except RollbusError as exc:
+        log.warning("batch of %d: %s; will retry", len(msgs), exc)
+        failed = msgs
+    except Exception:
+        log.exception("batch of %d: handler failed; will retry", len(msgs))
+        failed = msgs
+    finally:
+        keepalive.cancel()
+    failed_ids = {id(m) for m in failed}
+    for msg in msgs:
+        if id(msg) in failed_ids:
+            await msg.nak(delay=retry_delay)
+        else:
+            await msg.ack()
+
+
+async def _keep_in_progress(msgs: list[Msg], every: float) -> None:
+    """Tell JetStream the batch is still being worked on, so a slow batch is not redelivered meanwhile."""
+    while True:
+        await asyncio.sleep(every)
+        for msg in msgs:
+            await msg.in_progress()

@@ -370,6 +370,8 @@ def _chain_closed(state: SessionState, e: ChainClosed) -> SessionState:
 
 
 def _reward(state: SessionState, e: RewardReported) -> SessionState:
+    if state.status != "open":  # posted after the session ended: kept in the log, no part of its records
+        return _touch(state, e)
     return _touch(state, e, reward=e)
 
 

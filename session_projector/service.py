@@ -13,9 +13,11 @@ acked or nak'ed together, independently of the other sessions in the batch.
   from the log up to that envelope, so the projector never needs to have seen a session
   from its start, and it holds no session in memory beyond a small cache of released
   states.
-* For every ``session_finalized`` it publishes one ready signal to the ready stream,
-  deduplicated by ``Nats-Msg-Id = ready:<session_id>``, after the projection is written
-  (a redelivered finalize publishes a duplicate the server drops).
+* For every session that ends (``session_finalized`` or ``session_aborted``; a session
+  ends once) it publishes one ready signal to the ready stream, deduplicated by
+  ``Nats-Msg-Id = ready:<session_id>``, after the projection is written (a redelivered
+  end publishes a duplicate the server drops). The materializer writes the records of a
+  finalized session and counts an aborted one as a failed session of its prompt.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
 
 from schemas.errors import LogUnavailable
-from schemas.events import AnyEvent, SessionFinalized
+from schemas.events import AnyEvent, SessionAborted, SessionFinalized
 from schemas.log import HDR_MSG_ID, LogConfig
 from session_projector.consumer import pull_batches, settle
 from session_projector.fold import SessionState, fold
@@ -72,7 +74,7 @@ class Projector:
         if state is not None and state is not start:
             await self.store.put(project(state, stream_seq), revision)
         for position, events in envelopes:
-            if any(isinstance(e, SessionFinalized) for e in events):
+            if any(isinstance(e, SessionFinalized | SessionAborted) for e in events):
                 await self._signal(ReadySignal(session_id=session_id, stream_seq=position))
 
     async def _apply(self, session_id: str, state: SessionState | None, stream_seq: int, position: int,

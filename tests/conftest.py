@@ -40,6 +40,7 @@ async def log_config(request: pytest.FixtureRequest) -> AsyncIterator[LogConfig]
         projections_bucket=f"t{tag}_sessions",
         markers_bucket=f"t{tag}_materialized",
         leases_bucket=f"t{tag}_leases",
+        prompts_bucket=f"t{tag}_prompts",
     )
     server = request.getfixturevalue("nats_server") if "nats_server" in request.fixturenames else None
     yield cfg
@@ -55,7 +56,7 @@ async def _drop(url: str, cfg: LogConfig) -> None:
         return
     js = client.jetstream()
     names = [cfg.stream, cfg.ready_stream, f"KV_{cfg.projections_bucket}", f"KV_{cfg.markers_bucket}",
-             f"KV_{cfg.leases_bucket}"]
+             f"KV_{cfg.leases_bucket}", f"KV_{cfg.prompts_bucket}"]
     for name in names:
         with contextlib.suppress(TimeoutError, NatsError):  # already gone, or never made
             await asyncio.wait_for(js.delete_stream(name), 2)

@@ -27,12 +27,14 @@ SID = "0123456789abcdef0123456789abcdef"
 class SessionScript:
     """Appends well-formed events for one session, numbering them."""
 
-    def __init__(self, session_id: str = SID, uid: str = "uid1", session_index: int = 0, max_len: int = 1000) -> None:
+    def __init__(self, session_id: str = SID, uid: str = "uid1", session_index: int = 0, max_len: int = 1000,
+                 metadata: dict | None = None) -> None:
         self.session_id = session_id
         self.events: list[Event] = []
         self.requests = 0
         self._add(SessionOpened, uid=uid, session_index=session_index, agent_name="agent",
-                  metadata={"global_steps": 3}, api_key_digest="x", max_trajectory_length=max_len,
+                  metadata={"global_steps": 3} if metadata is None else metadata, api_key_digest="x",
+                  max_trajectory_length=max_len,
                   tokenizer="builtin:qwen2.5", tool_format="hermes")
 
     def _add(self, cls: type[Event], **fields: object) -> Event:

@@ -8,7 +8,6 @@ from typing import Any
 
 import msgspec
 import numpy as np
-import pyarrow.parquet as pq
 
 from edge.codec.anthropic_wire import decode_request as decode_anthropic
 from edge.codec.anthropic_wire import neutral_messages
@@ -183,7 +182,7 @@ def anthropic_render(tokenizer, messages: list[dict]) -> str:
 
 
 def read_row(stack, session_id: str) -> dict[str, Any]:
-    (row,) = pq.read_table(wait_for_parquet(stack.trajectories, session_id)).to_pylist()
+    (row,) = wait_for_parquet(stack.trajectories, session_id)
     return row
 
 

@@ -7,7 +7,6 @@ import json
 import threading
 
 import httpx
-import pyarrow.parquet as pq
 import pytest
 from openai import OpenAI
 
@@ -20,8 +19,7 @@ from tests.stack import StackThread
 
 def finalize(stack, session) -> dict:
     httpx.post(f"{stack.url}/sessions/{session['session_id']}/finalize", headers=stack.admin)
-    return {row["trajectory_index"]: row for row in
-            pq.read_table(wait_for_parquet(stack.trajectories, session["session_id"])).to_pylist()}
+    return {row["trajectory_index"]: row for row in wait_for_parquet(stack.trajectories, session["session_id"])}
 
 
 def test_a_rewritten_reply_is_rolled_back_and_kept_as_context(stack, engine, tokenizer):

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 from openai import OpenAI
 
 from edge.codec.conversation import template_message, template_tools
 from edge.codec.openai_wire import decode_request
 from edge.engines.scripted import ScriptedReply, default_logprobs
+from materializer.dataset import session_rows
 
 TOOLS = [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluate arithmetic.",
@@ -39,13 +39,13 @@ def open_session(stack, **body) -> dict:
     return response.json()
 
 
-def wait_for_parquet(directory: Path, session_id: str, timeout: float = 30.0) -> Path:
-    path = directory / f"{session_id}.parquet"
+def wait_for_parquet(directory: Path, session_id: str, timeout: float = 30.0) -> list[dict]:
+    """The session's rows, once the materializer committed them to the dataset."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not (rows := session_rows(directory, [session_id])):
         assert time.monotonic() < deadline, f"no records for {session_id}"
         time.sleep(0.05)
-    return path
+    return rows
 
 
 def full_render(tokenizer, messages: list[dict]) -> str:
@@ -88,7 +88,7 @@ def test_openai_sdk_session_becomes_an_exact_record(stack, engine, tokenizer):
     final = httpx.post(f"{stack.url}/sessions/{session['session_id']}/finalize", headers=stack.admin).json()
     assert final == {"session_id": session["session_id"], "status": "finalized", "trajectories": 1}
 
-    (row,) = pq.read_table(wait_for_parquet(stack.trajectories, session["session_id"])).to_pylist()
+    (row,) = wait_for_parquet(stack.trajectories, session["session_id"])
     replies = [r.token_ids for r in scripted]
     inputs = [r["input_ids"] for r in engine.requests]
     assert row["key"] == "prompt42_1_0" and row["agent_name"] == "calc" and row["num_turns"] == 5
@@ -161,7 +161,7 @@ def test_bad_input_gets_openai_errors_and_leaves_the_session_usable(stack, engin
     assert closed.status_code == 409 and closed.json()["error"]["code"] == "session_closed"
     summary = httpx.get(f"{stack.url}/sessions/{session['session_id']}", headers=stack.admin).json()
     assert summary["status"] == "finalized" and summary["turns"] == 1 and summary["trajectories"] == 1
-    (row,) = pq.read_table(wait_for_parquet(stack.trajectories, session["session_id"])).to_pylist()
+    (row,) = wait_for_parquet(stack.trajectories, session["session_id"])
     assert row["response_mask"] == [1] * len(row["responses"])
 
 

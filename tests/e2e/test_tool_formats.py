@@ -7,7 +7,6 @@ import json
 from collections.abc import Callable, Iterator
 
 import httpx
-import pyarrow.parquet as pq
 import pytest
 from openai import OpenAI
 
@@ -55,7 +54,7 @@ def scripted(tokenizer_name: str, text: str) -> ScriptedReply:
 def finalize_and_read(stack: StackThread, session: dict) -> dict:
     final = httpx.post(f"{stack.url}/sessions/{session['session_id']}/finalize", headers=stack.admin).json()
     assert final["trajectories"] == 1
-    (row,) = pq.read_table(wait_for_parquet(stack.trajectories, session["session_id"])).to_pylist()
+    (row,) = wait_for_parquet(stack.trajectories, session["session_id"])
     return row
 
 

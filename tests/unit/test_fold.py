@@ -63,13 +63,13 @@ def test_closed_chain_rejects_more_tokens():
         fold(script.events)
 
 
-def test_finalized_session_rejects_turns_but_keeps_rewards():
+def test_finalized_session_rejects_turns_and_records_late_rewards_without_applying_them():
     script = SessionScript()
     script.turn(0, [1], [2], new_chain=True)
     script.finalize()
     script.reward(1.0)
     state = fold(script.events)
-    assert state.status == "finalized" and state.reward.reward == 1.0
+    assert state.status == "finalized" and state.reward is None and state.seq == len(script.events)
     script.turn(0, [3], [4])
     with pytest.raises(FoldError, match="finalized"):
         fold(script.events)

@@ -1,5 +1,6 @@
 import json
 
+import msgspec
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -37,7 +38,8 @@ def test_records_follow_the_contract():
     assert first.materialization_reason is None and second.materialization_reason == "max_trajectory_length"
     assert first.reward_extra_info == {"acc": 1.0} and first.global_steps == 3
     assert first.tags() == {"status": "success", "prompt_len": 3, "response_len": 5, "seq_len": 8,
-                            "global_steps": 3, "uid": "u7"}
+                            "global_steps": 3, "min_global_steps": 3, "max_global_steps": 3, "uid": "u7"}
+    assert first.metadata == {"global_steps": 3} and first.agent_name == "agent" and first.reward_source == "task"
     assert second.tags()["materialization_reason"] == "max_trajectory_length"
 
 
@@ -101,3 +103,80 @@ def test_record_digest_changes_with_any_trained_value():
     flipped[0] ^= 1
     assert record_digest(msgspec.structs.replace(first, loss_mask=flipped)) != record_digest(first)
     assert record_digest(msgspec.structs.replace(first, reward=0.0)) != record_digest(first)
+
+
+def test_longest_selection_keeps_the_chain_with_most_sampled_tokens_and_its_index():
+    state = _session(acc=1.0)
+    (only,) = derive_records(state, RecordOptions(trajectory_selection="longest"))
+    assert only.key == "u7_1_0" and only.trajectory_index == 0  # 3 sampled tokens each: 5 response tokens win
+    script = SessionScript(uid="u8")
+    script.turn(0, [1], [2], new_chain=True)
+    script.turn(1, [3], [4, 5, 6], new_chain=True)
+    script.finalize()
+    (longest,) = derive_records(fold(script.events), RecordOptions(trajectory_selection="longest"))
+    assert longest.key == "u8_0_1" and longest.responses.tolist() == [4, 5, 6]
+
+
+def test_weight_versions_give_the_global_steps_span():
+    script = SessionScript()
+    script.turn(0, [1], [2], new_chain=True)
+    events = list(script.events)
+    import msgspec
+
+    events[-1] = msgspec.structs.replace(events[-1], weight_version="7")
+    script.events = events
+    script.turn(0, [3], [4], n_messages=4, tip="t2")
+    script.events[-1] = msgspec.structs.replace(script.events[-1], weight_version="9")
+    script.finalize()
+    (record,) = derive_records(fold(script.events))
+    assert (record.min_global_steps, record.max_global_steps) == (7, 9)
+    assert record.tags()["min_global_steps"] == 7 and record.tags()["max_global_steps"] == 9
+
+
+def test_a_reward_posted_after_the_end_changes_nothing():
+    script = SessionScript()
+    script.turn(0, [1], [2], new_chain=True)
+    script.reward(1.0)
+    script.finalize()
+    script.reward(5.0, acc=0.0)
+    state = fold(script.events)
+    assert state.reward is not None and state.reward.reward == 1.0 and state.seq == len(script.events)
+    (record,) = derive_records(state)
+    assert record.reward == 1.0 and record.rm_scores.tolist() == [1.0]
+
+
+async def test_a_scorer_scores_the_final_trajectory_when_the_task_posted_no_reward():
+    from materializer.records import derive_scored
+    from reward.scorer import FunctionScorer, ScoreResult
+
+    seen = []
+
+    async def score(request):
+        seen.append(request)
+        return ScoreResult(reward=0.75, extra={"judge": "ok"})
+
+    records, decision = await derive_scored(_session(reward=None, acc=1.0), RecordOptions(), FunctionScorer(score))
+    (request,) = seen
+    assert request.trajectory.key == "u7_1_1" and request.trajectory.reward == 0.0
+    assert request.reward_info == {"acc": 1.0} and request.metadata == {"global_steps": 3}
+    assert decision.source == "scorer" and [r.reward for r in records] == [0.75, 0.75]
+    assert records[0].reward_extra_info == {"acc": 1.0, "judge": "ok"} and records[0].rm_scores[-1] == 0.75
+    posted, _ = await derive_scored(_session(reward=2.0), RecordOptions(), FunctionScorer(score))
+    assert len(seen) == 1 and posted[0].reward == 2.0 and posted[0].reward_source == "task"
+
+
+async def test_rederive_reproduces_the_digests_a_marker_recorded():
+    from materializer.records import derive_scored, rederive
+    from reward.scorer import FunctionScorer, ScoreResult
+    from schemas.records import MaterializedMarker, record_digest
+
+    options = RecordOptions(trajectory_selection="longest", mask_unfinished_episode=True)
+    for state, scorer in ((_session(reward=None, finished=False), FunctionScorer(lambda r: ScoreResult(
+            reward=0.3, extra={"judge": 1}))), (_session(acc=1.0), None)):
+        records, reward = await derive_scored(state, options, scorer)
+        marker = MaterializedMarker(session_id=state.session_id, stream_seq=1,
+                                    digests={r.key: record_digest(r) for r in records}, reward=reward.reward,
+                                    reward_source=reward.source, reward_extra_info=reward.extra,
+                                    options=msgspec.structs.asdict(options))
+        again = rederive(state, msgspec.json.decode(msgspec.json.encode(marker), type=MaterializedMarker))
+        assert {r.key: record_digest(r) for r in again} == marker.digests

@@ -1,0 +1,110 @@
+"""The materializer's bookkeeping in JetStream KV: session markers and prompt progress.
+
+- ``cfg.markers_bucket``, key = session id: a :class:`MaterializedMarker` per ended session,
+  written with ``create`` (revision 0): a second writer of the same marker is refused,
+  never silently replaces the first. A marker is the truth that a session's records are
+  in the sinks; ``rollbus replay --verify`` compares its digests with a re-derivation.
+- ``cfg.prompts_bucket``, key = ``p`` + sha256(uid) (a uid may hold characters a KV key
+  may not): a :class:`PromptProgress` per prompt, updated with the revision it was read
+  at (compare-and-set), so concurrent writers cannot lose each other's sessions.
+
+Every call is bounded; NATS errors become :class:`LogUnavailable` here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Iterable
+from typing import TypeVar
+
+import msgspec
+from nats.errors import Error as NatsError
+from nats.js.client import JetStreamContext
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
+
+from materializer.prompts import PromptProgress
+from schemas.errors import Conflict, LogUnavailable
+from schemas.records import MaterializedMarker
+
+T = TypeVar("T")
+
+_marker = msgspec.json.Decoder(MaterializedMarker)
+_progress = msgspec.json.Decoder(PromptProgress)
+
+
+class RevisionConflict(Conflict):
+    """Someone else wrote the key since it was read (or created it first)."""
+
+    code = "revision_conflict"
+
+
+async def _bounded(call: Awaitable[T], what: str, timeout: float) -> T:
+    try:
+        return await asyncio.wait_for(call, timeout)
+    except KeyWrongLastSequenceError as exc:
+        raise RevisionConflict(f"{what}: written concurrently") from exc
+    except (KeyNotFoundError, NotFoundError):
+        raise
+    except (TimeoutError, NatsError) as exc:
+        raise LogUnavailable(f"{what}: JetStream KV did not answer ({exc!r})") from exc
+
+
+async def open_bucket(js: JetStreamContext, bucket: str, timeout: float = 10.0) -> KeyValue:
+    return await _bounded(js.key_value(bucket), f"bucket {bucket}", timeout)
+
+
+class _Store:
+    def __init__(self, kv: KeyValue, timeout: float) -> None:
+        self._kv = kv
+        self._timeout = timeout
+
+    async def get(self, key: str) -> tuple[bytes, int] | None:
+        try:
+            entry = await _bounded(self._kv.get(key), f"get {key}", self._timeout)
+        except (KeyNotFoundError, NotFoundError):
+            return None
+        return (entry.value or b""), int(entry.revision or 0)
+
+    async def create(self, key: str, value: bytes) -> int:
+        return await _bounded(self._kv.create(key, value), f"create {key}", self._timeout)
+
+    async def update(self, key: str, value: bytes, revision: int) -> int:
+        return await _bounded(self._kv.update(key, value, last=revision), f"update {key}", self._timeout)
+
+
+class Markers(_Store):
+    async def get_many(self, session_ids: Iterable[str]) -> dict[str, MaterializedMarker]:
+        ids = list(dict.fromkeys(session_ids))
+        found = await asyncio.gather(*(self.get(sid) for sid in ids))
+        return {sid: _marker.decode(hit[0]) for sid, hit in zip(ids, found, strict=True) if hit is not None}
+
+    async def create_marker(self, marker: MaterializedMarker) -> None:
+        """Write a marker once; an identical existing one is fine (a retried write), another one is a conflict."""
+        try:
+            await self.create(marker.session_id, msgspec.json.encode(marker))
+        except RevisionConflict:
+            existing = await self.get(marker.session_id)
+            if existing is None or _marker.decode(existing[0]).digests != marker.digests:
+                raise
+        return None
+
+
+def prompt_key(uid: str) -> str:
+    return "p" + hashlib.sha256(uid.encode()).hexdigest()[:40]
+
+
+class PromptLedger(_Store):
+    async def load(self, uids: Iterable[str]) -> dict[str, tuple[PromptProgress, int]]:
+        """Progress and revision of each known prompt (unknown prompts are absent)."""
+        wanted = list(dict.fromkeys(uids))
+        found = await asyncio.gather(*(self.get(prompt_key(uid)) for uid in wanted))
+        return {uid: (_progress.decode(hit[0]), hit[1]) for uid, hit in zip(wanted, found, strict=True) if hit}
+
+    async def save(self, progress: PromptProgress, revision: int) -> int:
+        """Create (``revision == 0``) or compare-and-set; returns the new revision."""
+        value = msgspec.json.encode(progress)
+        if revision == 0:
+            return await self.create(prompt_key(progress.uid), value)
+        return await self.update(prompt_key(progress.uid), value, revision)

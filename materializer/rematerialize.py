@@ -1,0 +1,124 @@
+"""Re-materialization: every finalized session of the log into a new Parquet dataset, no rollout rerun.
+
+One pass over the whole log (an ordered consumer up to the last message that existed when
+it began): each session is folded as its envelopes go by, and when it is finalized its
+records are derived with the given options (and scorer) and buffered; every
+``sessions_per_file`` sessions become one ``part-*.parquet`` file. Events after a session
+ended (a late reward, kept for audit) change nothing, as in the live materializer. Aborted
+sessions have no records; sessions still open when the pass ends are counted, not written.
+Nothing is written to the markers or to TransferQueue: the live bookkeeping is untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import msgspec
+from nats.js.client import JetStreamContext
+
+from materializer.parquet import ParquetSink
+from materializer.records import RecordOptions, derive_scored
+from reward.scorer import RewardScorer
+from schemas.errors import FoldError
+from schemas.events import AnyEvent
+from schemas.log import LogConfig
+from schemas.records import MaterializedMarker, TrajectoryRecord, record_digest
+from session_projector.fold import SessionState, fold
+from session_projector.reader import iter_envelopes, last_stream_seq
+
+log = logging.getLogger(__name__)
+
+
+class Progress(msgspec.Struct, kw_only=True):
+    position: int = 0  # stream sequence read up to
+    last: int = 0  # stream sequence the pass ends at
+    sessions: int = 0  # finalized sessions written
+    aborted: int = 0
+    errors: int = 0  # sessions whose log does not fold
+    records: int = 0
+    files: int = 0
+    open: int = 0  # sessions still open when the pass ended
+    started: float = 0.0
+
+
+Reporter = Callable[[Progress], None]
+
+
+class Rematerializer:
+    def __init__(self, sink: ParquetSink, *, options: RecordOptions = RecordOptions(),
+                 scorer: RewardScorer | None = None, sessions_per_file: int = 4096) -> None:
+        self._sink = sink
+        self._options = options
+        self._scorer = scorer
+        self._per_file = sessions_per_file
+        self._states: dict[str, SessionState] = {}
+        self._ended: set[str] = set()
+        self._records: list[TrajectoryRecord] = []
+        self._markers: list[MaterializedMarker] = []
+        self.progress = Progress()
+
+    async def run(self, js: JetStreamContext, cfg: LogConfig, report: Reporter | None = None,
+                  every: float = 1.0) -> Progress:
+        progress = self.progress
+        progress.started = time.monotonic()
+        progress.last = await last_stream_seq(js, cfg, cfg.subjects)
+        shown = progress.started
+        async for seq, events in iter_envelopes(js, cfg, cfg.subjects, progress.last):
+            progress.position = seq
+            await self._apply(events)
+            if len(self._markers) >= self._per_file:
+                await self._flush()
+            if report is not None and time.monotonic() - shown >= every:
+                shown = time.monotonic()
+                report(progress)
+        await self._flush()
+        progress.open = len(self._states)
+        if report is not None:
+            report(progress)
+        return progress
+
+    async def _apply(self, events: list[AnyEvent]) -> None:
+        session_id = events[0].session_id
+        if session_id in self._ended:
+            return  # after the end: audit only
+        try:
+            state = fold(events, self._states.get(session_id))
+        except FoldError as exc:
+            log.error("session %s does not fold (%s); skipped", session_id, exc)
+            self._end(session_id)
+            self.progress.errors += 1
+            return
+        if state is None or state.status == "open":
+            if state is not None:
+                self._states[session_id] = state
+            return
+        self._end(session_id)
+        if state.status == "aborted":
+            self.progress.aborted += 1
+            return
+        records, reward = await derive_scored(state, self._options, self._scorer)
+        self.progress.sessions += 1
+        if records:
+            self._records += records
+            self._markers.append(MaterializedMarker(
+                session_id=session_id, stream_seq=self.progress.position, uid=state.uid,
+                session_index=state.session_index, digests={r.key: record_digest(r) for r in records},
+                sinks=(self._sink.name,), reward=reward.reward, reward_source=reward.source,
+                reward_extra_info=dict(reward.extra), options=msgspec.structs.asdict(self._options)))
+
+    def _end(self, session_id: str) -> None:
+        self._states.pop(session_id, None)
+        self._ended.add(session_id)
+
+    async def _flush(self) -> None:
+        if not self._records:
+            return
+        records, markers = self._records, self._markers
+        self._records, self._markers = [], []
+        staged = await asyncio.to_thread(self._sink.stage, records, markers)
+        await asyncio.to_thread(self._sink.commit, staged.name)
+        self.progress.records += len(records)
+        self.progress.files += 1

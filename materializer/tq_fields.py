@@ -1,0 +1,137 @@
+"""Records as TransferQueue fields and tags, the way verl's agent loop writes them.
+
+Per trajectory key ``{uid}_{session_index}_{trajectory_index}``:
+
+- token fields, each a jagged nested tensor over the batch (verl pads them with
+  ``to_padded_tensor`` and reads lengths from ``offsets()``): ``prompts``, ``responses``,
+  ``input_ids``, ``attention_mask``, ``position_ids``, ``response_mask``, ``loss_mask``
+  (int64), ``rm_scores`` and, when the record has them, ``rollout_log_probs`` (float32);
+- ``num_turns`` (int64, one per trajectory);
+- non-tensor fields: ``uid``, ``session_id`` (rollbus's session id), ``agent_name``,
+  ``reward_extra_info``, ``extra_fields`` (``reward_extra_info`` where verl's replay
+  buffer reads it, the reward and its source, the weight-version span, the
+  materialization reason, session and trajectory index) and, when the session was opened
+  with them, the task fields verl reads by name (``data_source``, ``reward_model``,
+  ``extra_info``, ``raw_prompt``, ``tools_kwargs``);
+- tags: ``status: success``, ``prompt_len``, ``response_len``, ``seq_len``, ``global_steps``,
+  ``min_global_steps``, ``max_global_steps``, ``uid`` and ``materialization_reason``.
+
+TransferQueue needs every key of one put to have the same fields, so records are grouped
+by their field set (records without log probs, or without task fields, go in their own
+put); which fields a key has depends on its record alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import NonTensorStack, TensorDict
+
+from schemas.records import TrajectoryRecord
+
+TASK_KEYS = ("data_source", "reward_model", "extra_info", "raw_prompt", "tools_kwargs")
+INT_SEQUENCES = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask", "loss_mask")
+FLOAT_SEQUENCES = ("rm_scores", "rollout_log_probs")
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+def _nested(values: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
+    """One nested (jagged) tensor from flat values and offsets: no per-row tensors."""
+    return torch.nested.nested_tensor_from_jagged(torch.from_numpy(values), torch.from_numpy(offsets))
+
+
+def _jagged(rows: list[np.ndarray], dtype: type[np.generic]) -> torch.Tensor:
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    values = np.concatenate(rows, dtype=dtype) if rows else np.zeros(0, dtype=dtype)
+    return _nested(values, _offsets(lengths))
+
+
+def _sequences(records: list[TrajectoryRecord]) -> dict[str, torch.Tensor]:
+    """input_ids, attention_mask and position_ids of every record, built over the whole batch at once."""
+    prompts = np.fromiter((len(r.prompts) for r in records), dtype=np.int64, count=len(records))
+    responses = np.fromiter((len(r.responses) for r in records), dtype=np.int64, count=len(records))
+    offsets = _offsets(prompts + responses)
+    total = int(offsets[-1])
+    input_ids = np.concatenate([a for r in records for a in (r.prompts, r.responses)], dtype=np.int64) \
+        if records else np.zeros(0, dtype=np.int64)
+    positions = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], prompts + responses)
+    return {"input_ids": _nested(input_ids, offsets),
+            "attention_mask": _nested(np.ones(total, dtype=np.int64), offsets),
+            "position_ids": _nested(positions, offsets)}
+
+
+def _sequence(record: TrajectoryRecord, name: str) -> np.ndarray:
+    value = getattr(record, name)
+    if value is None:  # fields_of() leaves absent log probs out; reaching this is a bug
+        raise ValueError(f"record {record.key} has no {name}")
+    return value
+
+
+def extra_fields(record: TrajectoryRecord) -> dict[str, Any]:
+    return {
+        "reward_extra_info": dict(record.reward_extra_info),
+        "reward": record.reward,
+        "reward_source": record.reward_source,
+        "min_global_steps": record.min_global_steps,
+        "max_global_steps": record.max_global_steps,
+        "materialization_reason": record.materialization_reason,
+        "session_index": record.session_index,
+        "trajectory_index": record.trajectory_index,
+    }
+
+
+def fields_of(record: TrajectoryRecord) -> tuple[str, ...]:
+    """The field names this record's key gets."""
+    names = [*INT_SEQUENCES, "rm_scores"]
+    if record.rollout_log_probs is not None:
+        names.append("rollout_log_probs")
+    names += ["num_turns", "uid", "session_id", "agent_name", "reward_extra_info", "extra_fields"]
+    names += [k for k in TASK_KEYS if k in record.metadata]
+    return tuple(names)
+
+
+def _non_tensor(record: TrajectoryRecord, name: str) -> Any:
+    if name == "extra_fields":
+        return extra_fields(record)
+    if name == "reward_extra_info":
+        return dict(record.reward_extra_info)
+    if name in TASK_KEYS:
+        return record.metadata[name]
+    return getattr(record, name)
+
+
+def to_tensordict(records: list[TrajectoryRecord], names: tuple[str, ...]) -> TensorDict:
+    """The fields ``names`` of records that all have them, batched."""
+    data: dict[str, Any] = _sequences(records)
+    for name in names:
+        if name in data:
+            continue
+        if name in INT_SEQUENCES:
+            data[name] = _jagged([_sequence(r, name) for r in records], np.int64)
+        elif name in FLOAT_SEQUENCES:
+            data[name] = _jagged([_sequence(r, name) for r in records], np.float32)
+        elif name == "num_turns":
+            data[name] = torch.tensor([r.num_turns for r in records], dtype=torch.int64)
+        else:
+            data[name] = NonTensorStack.from_list([_non_tensor(r, name) for r in records])
+    return TensorDict({name: data[name] for name in names}, batch_size=[len(records)])
+
+
+def grouped(records: list[TrajectoryRecord]) -> list[tuple[list[str], TensorDict, list[dict[str, Any]]]]:
+    """(keys, fields, tags) per field set, ready for ``kv_batch_put``."""
+    groups: dict[tuple[str, ...], list[TrajectoryRecord]] = {}
+    for record in records:
+        groups.setdefault(fields_of(record), []).append(record)
+    return [([r.key for r in rs], to_tensordict(rs, names), [r.tags() for r in rs]) for names, rs in groups.items()]
+
+
+def prompt_tag(status: str, global_steps: int) -> dict[str, Any]:
+    """The tag of a prompt key ``{uid}``, as verl's replay buffer reads it."""
+    return {"is_prompt": True, "status": status, "global_steps": global_steps}

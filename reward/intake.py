@@ -1,0 +1,50 @@
+"""Reward intake: what a task posts to ``POST /sessions/{id}/reward_info``.
+
+``{"reward_info": {"reward": 1.0, "acc": 1.0, "finished": true}}``:
+
+- ``reward`` (a number, or absent/null when the task reports extra info only) is the
+  task reward, the first in the precedence (task reward, then a reward scorer, then 0);
+- ``finished`` (a bool, or absent/null) is a completion fact, not a metric: with
+  ``mask_unfinished_episode`` an episode that says ``finished: false`` trains nothing;
+- every other key is *reward extra info*, carried with each trajectory of the session
+  (verl reads it as ``extra_fields["reward_extra_info"]``, e.g. for DAPO group filtering).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from schemas.errors import MalformedRequest
+
+REWARD_KEY = "reward"
+FINISHED_KEY = "finished"
+NOT_EXTRA = frozenset({REWARD_KEY, FINISHED_KEY})
+
+
+class PostedReward(msgspec.Struct, frozen=True, kw_only=True):
+    reward: float | None
+    extra: dict[str, Any]  # every posted key but ``reward`` (``finished`` included, as posted)
+
+
+def parse_reward_info(reward_info: dict[str, Any]) -> PostedReward:
+    """Validate a posted ``reward_info``; raises :class:`MalformedRequest` (400) when it makes no sense."""
+    reward = reward_info.get(REWARD_KEY)
+    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
+        raise MalformedRequest("reward_info.reward must be a number", param="reward_info.reward")
+    finished = reward_info.get(FINISHED_KEY)
+    if finished is not None and not isinstance(finished, bool):
+        raise MalformedRequest("reward_info.finished must be a bool or null", param="reward_info.finished")
+    extra = {k: v for k, v in reward_info.items() if k != REWARD_KEY}
+    return PostedReward(reward=None if reward is None else float(reward), extra=extra)
+
+
+def reward_extra_info(extra: dict[str, Any]) -> dict[str, Any]:
+    """The posted keys that travel with the records as reward extra info."""
+    return {k: v for k, v in extra.items() if k not in NOT_EXTRA}
+
+
+def unfinished(extra: dict[str, Any]) -> bool:
+    """The task said the episode did not finish (``finished: false``; absent means unknown)."""
+    return extra.get(FINISHED_KEY) is False

@@ -1,0 +1,136 @@
+"""``rollbus materialize --from-log``: rebuild the records of every finalized session into a new dataset.
+
+::
+
+    rollbus materialize --from-log --out DIR [--prompt-length P --response-length R]
+                        [--mask-unfinished-episode] [--trajectory-selection longest]
+                        [--reward-scorer MODULE:ATTR] [--diff EARLIER_DIR]
+
+The log comes from ``--nats URL``, else the running ``rollbus up`` of ``--data-dir``, else
+an embedded nats-server on ``<data-dir>/nats``. Progress goes to stderr once a second;
+``--diff`` then compares the new output with an earlier one, key by key.
+
+The record flags (:func:`add_record_flags`) are shared with ``rollbus up`` and
+``rollbus materializer``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from materializer.dataset import read_dataset
+from materializer.diff import diff_tables, render
+from materializer.padding import Padding
+from materializer.parquet import ParquetSink
+from materializer.records import RecordOptions
+from materializer.rematerialize import Progress, Rematerializer
+from reward.scorer import load_scorer
+from rollbus.nats_server import EmbeddedNats
+from rollbus.provision import connect
+from schemas.log import LogConfig
+
+
+def add_record_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("records")
+    group.add_argument("--mask-unfinished-episode", action="store_true",
+                       help="records of sessions whose task posted finished=false train nothing (masks zero)")
+    group.add_argument("--trajectory-selection", choices=["all", "longest"], default="all",
+                       help="every chain of a session, or only its longest [all]")
+    group.add_argument("--reward-scorer", metavar="MODULE:ATTR",
+                       help="score sessions whose task posted no reward (else their reward is 0)")
+    group.add_argument("--prompt-length", type=int, help="write padded rows: prompts left-padded to this length")
+    group.add_argument("--response-length", type=int, help="... and responses right-padded to this length")
+    group.add_argument("--pad-token-id", type=int, default=0)
+    group.add_argument("--overflow", choices=["truncate", "error"], default="truncate",
+                       help="a record longer than the padded lengths: cut it (recorded per row) or refuse [truncate]")
+
+
+def record_options(args: argparse.Namespace) -> RecordOptions:
+    return RecordOptions(mask_unfinished_episode=args.mask_unfinished_episode,
+                         trajectory_selection=args.trajectory_selection)
+
+
+def padding(args: argparse.Namespace) -> Padding | None:
+    if args.prompt_length is None and args.response_length is None:
+        return None
+    if args.prompt_length is None or args.response_length is None:
+        raise SystemExit("--prompt-length and --response-length go together")
+    return Padding(prompt_length=args.prompt_length, response_length=args.response_length,
+                   pad_token_id=args.pad_token_id, overflow=args.overflow)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    cmd = sub.add_parser("materialize", help="rebuild training records from the log into a new dataset")
+    cmd.add_argument("--from-log", action="store_true", required=True, help="read every session from the log")
+    cmd.add_argument("--out", type=Path, required=True, help="directory of the new dataset (must hold none)")
+    cmd.add_argument("--diff", type=Path, metavar="DIR", help="compare the new dataset with this earlier one")
+    cmd.add_argument("--data-dir", type=Path, default=Path("rollbus-data"))
+    cmd.add_argument("--nats", metavar="URL", help="the log's NATS server (default: see the command's help)")
+    cmd.add_argument("--sessions-per-file", type=int, default=4096)
+    cmd.add_argument("--log-level", default="WARNING")
+    add_record_flags(cmd)
+    cmd.set_defaults(run=lambda args: asyncio.run(run(args)))
+
+
+def _running_nats(data_dir: Path) -> str | None:
+    state = data_dir / "edge.json"
+    if not state.exists():
+        return None
+    info = json.loads(state.read_text())
+    try:
+        os.kill(int(info["pid"]), 0)
+    except (OSError, ValueError, KeyError):
+        return None
+    return str(info["nats_url"])
+
+
+def _report(progress: Progress) -> None:
+    elapsed = max(time.monotonic() - progress.started, 1e-9)
+    share = 100.0 * progress.position / max(progress.last, 1)
+    print(f"\r  log {progress.position}/{progress.last} ({share:.0f}%)  sessions {progress.sessions}  "
+          f"records {progress.records}  {progress.sessions / elapsed:.0f} sessions/s", end="", file=sys.stderr,
+          flush=True)
+
+
+async def run(args: argparse.Namespace) -> int:
+    if any(args.out.glob("part-*.parquet")):
+        print(f"{args.out} already holds a dataset; choose a new --out", file=sys.stderr)
+        return 2
+    url = args.nats or _running_nats(args.data_dir)
+    embedded = None
+    if url is None:
+        embedded = await asyncio.to_thread(EmbeddedNats(args.data_dir / "nats", name="rollbus-materialize").start)
+        url = embedded.url
+    try:
+        return await _rematerialize(args, url)
+    finally:
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+
+
+async def _rematerialize(args: argparse.Namespace, url: str) -> int:
+    sink = ParquetSink(args.out, padding=padding(args))
+    scorer = load_scorer(args.reward_scorer) if args.reward_scorer else None
+    worker = Rematerializer(sink, options=record_options(args), scorer=scorer,
+                            sessions_per_file=args.sessions_per_file)
+    nc = await connect(url, name="rollbus-materialize")
+    try:
+        progress = await worker.run(nc.jetstream(), LogConfig(), report=_report)
+    finally:
+        await nc.close()
+    elapsed = time.monotonic() - progress.started
+    print(file=sys.stderr)
+    print(f"rematerialized {progress.sessions} finalized sessions into {progress.records} records "
+          f"({progress.files} files) in {args.out} in {elapsed:.1f}s; {progress.aborted} aborted, "
+          f"{progress.open} still open, {progress.errors} unreadable")
+    if args.diff is not None:
+        diff = diff_tables(read_dataset(args.diff), read_dataset(args.out))
+        print(f"diff against {args.diff}:")
+        print(render(diff))
+    return 0 if progress.errors == 0 else 1

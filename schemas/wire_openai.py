@@ -5,7 +5,7 @@ Unknown fields are ignored (agents send many); known fields must have the right 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -56,8 +56,14 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
-    messages: list[MessageIn]
+M = TypeVar("M")
+
+
+class ChatCompletionRequest(msgspec.Struct, Generic[M], frozen=True, kw_only=True):
+    """``ChatCompletionRequest[MessageIn]`` decodes everything; ``[msgspec.Raw]`` leaves each
+    message as its raw JSON (the edge decodes only messages it has not seen before)."""
+
+    messages: list[M]
     model: str = ""
     tools: list[ToolDef] | None = None
     tool_choice: str | NamedToolChoice | None = None

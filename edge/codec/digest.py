@@ -13,12 +13,12 @@ clients drop).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Sequence
 
 import msgspec
 
+from edge.codec.cache import BoundedCache
 from edge.codec.conversation import Message, ToolSpec
 
 DIGEST_SIZE = 16
@@ -26,7 +26,8 @@ DIGEST_SIZE = 16
 
 _json = msgspec.json.Decoder()
 _json_encoder = msgspec.json.Encoder(order="sorted")
-_tools_cache: dict[bytes, bytes] = {}
+_tools_cache: BoundedCache[bytes, bytes] = BoundedCache(max_items=1024)
+_arguments_cache: BoundedCache[str, bytes] = BoundedCache()
 
 
 def _h(data: bytes) -> bytes:
@@ -36,24 +37,39 @@ def _h(data: bytes) -> bytes:
 _NO_TOOLS = _h(b"")
 
 
-@functools.lru_cache(maxsize=65536)
 def canonical_arguments(text: str) -> bytes:
     """Tool-call arguments with JSON formatting normalized; unparseable text as written.
 
     Cached: an agent echoes the same arguments back on every later turn."""
-    try:
-        value = _json.decode(text)
-    except msgspec.DecodeError:
-        return text.strip().encode()
-    return _json_encoder.encode(value)
+    canonical = _arguments_cache.get(text)
+    if canonical is None:
+        try:
+            canonical = _json_encoder.encode(_json.decode(text))
+        except msgspec.DecodeError:
+            canonical = text.strip().encode()
+        _arguments_cache.put(text, canonical, 2 * len(text))
+    return canonical
 
 
 def _field(value: bytes) -> bytes:
     return len(value).to_bytes(4, "little") + value
 
 
+_EXTENDED: BoundedCache[tuple[bytes, Message], bytes] = BoundedCache()
+
+
 def extend(previous: bytes, message: Message) -> bytes:
-    """The digest of a history one message longer (one hash per message, fields length-prefixed)."""
+    """The digest of a history one message longer. Cached: every request repeats its history, and
+    the wire adapters hand back the same (hashable) message objects for it."""
+    key = (previous, message)
+    digest = _EXTENDED.get(key)
+    if digest is None:
+        digest = _EXTENDED.put(key, _extend(previous, message), len(message.content))
+    return digest
+
+
+def _extend(previous: bytes, message: Message) -> bytes:
+    """One hash per message, fields length-prefixed."""
     h = hashlib.blake2b(previous, digest_size=DIGEST_SIZE)
     h.update(_field(message.role.encode()))
     h.update(_field(message.content.encode()))
@@ -70,9 +86,7 @@ def tools_digest(tools: Sequence[ToolSpec]) -> bytes:
     canonical = _json_encoder.encode([[t.name, t.description or "", t.parameters or {}] for t in tools])
     digest = _tools_cache.get(canonical)
     if digest is None:
-        if len(_tools_cache) > 4096:
-            _tools_cache.clear()
-        digest = _tools_cache[canonical] = _h(canonical)
+        digest = _tools_cache.put(canonical, _h(canonical), len(canonical))
     return digest
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import msgspec
 
 from edge.codec.adapter import TokenText, sse
+from edge.codec.cache import BoundedCache
 from edge.codec.conversation import Conversation, Message, SamplingOverrides, ToolSpec, TurnOutcome
 from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFinished, StreamStarted, ToolCallReady
 from edge.codec.strict import decode_strict
@@ -80,14 +81,14 @@ def _message(index: int, m: MessageIn) -> Message:
     )
 
 
-def _tool_choice(req: ChatCompletionRequest) -> str:
+def _tool_choice(req: ChatCompletionRequest[msgspec.Raw]) -> str:
     choice = req.tool_choice
     if choice is None or choice in ("auto", "none"):
         return choice or "auto"
     raise MalformedRequest("tool_choice must be 'auto' or 'none'", param="tool_choice")
 
 
-def _sampling(req: ChatCompletionRequest) -> SamplingOverrides:
+def _sampling(req: ChatCompletionRequest[msgspec.Raw]) -> SamplingOverrides:
     if req.n not in (None, 1):
         raise MalformedRequest("n must be 1 (start one session per sample)", param="n")
     if req.temperature is not None and req.temperature < 0:
@@ -102,8 +103,27 @@ def _sampling(req: ChatCompletionRequest) -> SamplingOverrides:
                              max_tokens=max_tokens, stop=stop)
 
 
+_message_decoder = msgspec.json.Decoder(MessageIn)
+_MESSAGES: BoundedCache[tuple[int, bytes], Message] = BoundedCache()
+
+
+def _cached_message(index: int, raw: msgspec.Raw) -> Message:
+    """The message at ``index``, decoded once: agents send the whole history with every request, so
+    the same raw message at the same position is converted once (bounded cache)."""
+    key = (index, bytes(raw))
+    message = _MESSAGES.get(key)
+    if message is None:
+        try:
+            wire = _message_decoder.decode(key[1])
+        except msgspec.ValidationError as exc:
+            raise MalformedRequest(f"invalid request: {exc} (in messages[{index}])",
+                                   param=f"messages[{index}]") from exc
+        message = _MESSAGES.put(key, _message(index, wire), 2 * len(key[1]))
+    return message
+
+
 def decode_request(body: bytes) -> Conversation:
-    req = decode_strict(body, ChatCompletionRequest)
+    req = decode_strict(body, ChatCompletionRequest[msgspec.Raw])
     if not req.messages:
         raise MalformedRequest("messages must not be empty", param="messages")
     tools = tuple(
@@ -111,7 +131,7 @@ def decode_request(body: bytes) -> Conversation:
         for t in req.tools or ()
     )
     return Conversation(
-        messages=tuple(_message(i, m) for i, m in enumerate(req.messages)),
+        messages=tuple(_cached_message(i, m) for i, m in enumerate(req.messages)),
         tools=tools,
         tool_choice=_tool_choice(req),  # type: ignore[arg-type]
         sampling=_sampling(req),

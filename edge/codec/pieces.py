@@ -16,20 +16,21 @@ from collections.abc import Callable, Sequence
 import tokenizers
 import tokenizers.decoders
 
+from edge.codec.cache import BoundedCache
+
 Encode = Callable[[str], list[int]]
 
 
 class PiecewiseEncoder:
-    def __init__(self, backend: tokenizers.Tokenizer, *, capacity: int = 16384, max_piece: int = 65536) -> None:
+    def __init__(self, backend: tokenizers.Tokenizer, *, capacity: int = 16384,
+                 max_bytes: int = 32 * 1024 * 1024) -> None:
         self._backend = backend
         added = backend.get_added_tokens_decoder()
         self._added = {token.content: token_id for token_id, token in added.items()}
         plain = all(not (t.lstrip or t.rstrip or t.single_word) for t in added.values())
         alternatives = "|".join(re.escape(c) for c in sorted(self._added, key=len, reverse=True))
         self._split = re.compile(f"({alternatives})").split if plain and alternatives else None
-        self._cache: dict[str, list[int]] = {}
-        self._capacity = capacity
-        self._max_piece = max_piece
+        self._cache: BoundedCache[str, list[int]] = BoundedCache(max_items=capacity, max_bytes=max_bytes)
 
     def _whole(self, text: str) -> list[int]:
         return self._backend.encode(text, add_special_tokens=False).ids
@@ -53,11 +54,8 @@ class PiecewiseEncoder:
         if cached is not None:
             return cached
         encoded = self._whole(piece)
-        if len(piece) <= self._max_piece:
-            if len(self._cache) >= self._capacity:
-                self._cache.clear()
-            self._cache[piece] = encoded
-        return encoded
+        # a piece costs its text and ~36 bytes per token id (a list of Python ints)
+        return self._cache.put(piece, encoded, len(piece) + 36 * len(encoded))
 
 
 class ByteLevelDecoder:

@@ -18,9 +18,11 @@ from importlib import resources
 from typing import Any, NoReturn
 
 import jinja2
+import msgspec
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from edge.codec.cache import BoundedCache
 from schemas.errors import MalformedRequest
 
 _TEMPLATES_PACKAGE = "edge.codec"
@@ -33,6 +35,11 @@ class ChatTemplateError(MalformedRequest):
     code = "chat_template_error"
 
 
+_TOJSON_CACHE: BoundedCache[tuple[bytes, bool, int | None, tuple[str, str] | None, bool], str] = BoundedCache(
+    max_items=4096)
+_key_encoder = msgspec.json.Encoder()
+
+
 def _tojson(
     value: Any,
     ensure_ascii: bool = False,
@@ -40,7 +47,19 @@ def _tojson(
     separators: tuple[str, str] | None = None,
     sort_keys: bool = False,
 ) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    """HF's ``tojson``. Tool schemas are dumped on every new chain's render, so dicts and lists are
+    cached by their compact encoding (a JSON value decoded from a request: no NaN, one spelling)."""
+    if not isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    try:
+        key = (_key_encoder.encode(value), ensure_ascii, indent, separators, sort_keys)
+    except (TypeError, msgspec.EncodeError):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    text = _TOJSON_CACHE.get(key)
+    if text is None:
+        text = _TOJSON_CACHE.put(key, json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                                                 separators=separators, sort_keys=sort_keys), 2 * len(key[0]))
+    return text
 
 
 def _raise_exception(message: str) -> NoReturn:

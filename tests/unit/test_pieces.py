@@ -52,3 +52,19 @@ def test_table_decoding_equals_the_tokenizer(ids):
 def test_table_decoding_defers_on_ids_it_does_not_know():
     assert TOKENIZER._bytes.decode([-1]) is None and TOKENIZER._bytes.decode([10**7]) is None
     assert TOKENIZER.decode([9707, 151645]) == "Hello<|im_end|>"
+
+
+def test_bounded_cache_drops_everything_past_either_bound():
+    from edge.codec.cache import BoundedCache
+
+    by_items: BoundedCache[str, int] = BoundedCache(max_items=3, max_bytes=10**6)
+    for key in "abcd":
+        by_items.put(key, 1)
+    assert sorted(by_items) == ["d"]  # the fourth entry started afresh
+
+    by_bytes: BoundedCache[str, int] = BoundedCache(max_items=100, max_bytes=100)
+    for key in "abcd":
+        by_bytes.put(key, 1, 20)  # 80 bytes held
+    by_bytes.put("e", 1, 25)  # 105: past the byte bound, a fresh start
+    assert sorted(by_bytes) == ["e"]
+    assert by_bytes.put("huge", 2, 26) == 2 and by_bytes.get("huge") is None  # over a quarter: never kept

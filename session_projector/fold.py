@@ -256,9 +256,12 @@ def _chain_started(state: SessionState, e: ChainStarted) -> SessionState:
     _require_open(state, e)
     if e.chain != len(state.chains):
         raise FoldError(f"session {state.session_id}: chain {e.chain} started, expected {len(state.chains)}")
+    # Sibling chains (parallel samples, retried sub-agents) often start from the same prompt:
+    # they share one buffer.
+    prompt = next((c.prompt_ids for c in state.chains if c.prompt_ids == e.prompt_ids), e.prompt_ids)
     chain = ChainState(
         index=e.chain,
-        prompt_ids=e.prompt_ids,
+        prompt_ids=prompt,
         prompt_len=tokens.count(e.prompt_ids),
         n_messages=e.n_messages,
         chat_turns=e.chat_turns,

@@ -119,3 +119,12 @@ def test_rollback_must_match_the_last_turn():
     script.roll_back(0, turn_request_no=2, dropped=1)
     with pytest.raises(FoldError, match="does not match"):
         fold(script.events)
+
+
+def test_sibling_chains_share_their_prompt_buffer():
+    script = SessionScript()
+    script.turn(0, [1, 2, 3], [4], new_chain=True)
+    script.turn(1, [1, 2, 3], [5], new_chain=True)
+    script.turn(2, [1, 2, 9], [6], new_chain=True)
+    first, sibling, other = fold(script.events).chains
+    assert sibling.prompt_ids is first.prompt_ids and other.prompt_ids is not first.prompt_ids

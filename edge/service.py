@@ -189,25 +189,21 @@ class EdgeService:
 
     async def finalize(self, session_id: str, reason: str = "finalized") -> SessionSummary:
         """Finalize (idempotent: finalizing a finalized session answers the same)."""
-        summary = await self.summary(session_id)
-        if summary.status == "finalized":
-            return summary
-        if summary.status == "aborted":
-            raise SessionClosed(f"session {session_id} was aborted ({summary.close_reason})")
-        live = await self._registry.get(session_id)
-        event = SessionFinalized(session_id=session_id, seq=0, time=self._clock(), reason=reason)
-        await live.commit(self._log, lambda _: [event])
-        await self._registry.release(session_id)
-        return summarize(live.state)
+        return await self._end(session_id, "finalized", SessionFinalized, reason)
 
     async def abort(self, session_id: str, reason: str) -> SessionSummary:
+        """Abort (idempotent likewise); a finalized session cannot be aborted (409)."""
+        return await self._end(session_id, "aborted", SessionAborted, reason)
+
+    async def _end(self, session_id: str, status: str, event_type: type[SessionFinalized] | type[SessionAborted],
+                   reason: str) -> SessionSummary:
         summary = await self.summary(session_id)
-        if summary.status == "aborted":
+        if summary.status == status:
             return summary
-        if summary.status == "finalized":
-            raise SessionClosed(f"session {session_id} is already finalized")
+        if summary.status != "open":
+            raise SessionClosed(f"session {session_id} is already {summary.status} ({summary.close_reason})")
         live = await self._registry.get(session_id)
-        event = SessionAborted(session_id=session_id, seq=0, time=self._clock(), reason=reason)
+        event = event_type(session_id=session_id, seq=0, time=self._clock(), reason=reason)
         await live.commit(self._log, lambda _: [event])
         await self._registry.release(session_id)
         return summarize(live.state)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -28,11 +29,23 @@ def engine() -> Iterator[ScriptedEngineServer]:
 
 
 @pytest.fixture
-def stack(nats_server: EmbeddedNats, log_config: LogConfig, engine: ScriptedEngineServer,
-          tmp_path) -> Iterator[StackThread]:
-    options = StackOptions(port=0, data_dir=tmp_path / "data", nats_url=nats_server.url, engine="sglang",
-                           engine_urls=(engine.url,), admin_token=ADMIN_TOKEN, log=log_config,
-                           max_trajectory_length=4096)
-    running = StackThread(options).start()
-    yield running
-    running.stop()
+def make_stack(nats_server: EmbeddedNats, log_config: LogConfig, engine: ScriptedEngineServer,
+               tmp_path) -> Iterator[Callable[..., StackThread]]:
+    """Start a stack in front of the scripted engine, with ``StackOptions`` overrides."""
+    started: list[StackThread] = []
+
+    def start(**overrides: Any) -> StackThread:
+        options = StackOptions(port=0, data_dir=tmp_path / f"data{len(started)}", nats_url=nats_server.url,
+                               engine="sglang", engine_urls=(engine.url,), admin_token=ADMIN_TOKEN, log=log_config,
+                               **{"max_trajectory_length": 4096, **overrides})
+        started.append(StackThread(options).start())
+        return started[-1]
+
+    yield start
+    for running in started:
+        running.stop()
+
+
+@pytest.fixture
+def stack(make_stack: Callable[..., StackThread]) -> StackThread:
+    return make_stack()

@@ -11,10 +11,7 @@ import pytest
 from openai import OpenAI
 
 from edge.engines.scripted import ScriptedReply
-from rollbus.runtime import StackOptions
-from tests.e2e.conftest import ADMIN_TOKEN
 from tests.e2e.test_openai_session import TOOLS, call_text, full_render, open_session, reply, wait_for_parquet
-from tests.stack import StackThread
 
 
 def finalize(stack, session) -> dict:
@@ -85,13 +82,8 @@ def test_concurrent_requests_on_one_chain_never_interleave(stack, engine, tokeni
 
 
 @pytest.fixture
-def small_stack(nats_server, log_config, engine, tmp_path):
-    options = StackOptions(port=0, data_dir=tmp_path / "data", nats_url=nats_server.url, engine="sglang",
-                           engine_urls=(engine.url,), admin_token=ADMIN_TOKEN, log=log_config,
-                           max_trajectory_length=120)
-    running = StackThread(options).start()
-    yield running
-    running.stop()
+def small_stack(make_stack):
+    return make_stack(max_trajectory_length=120)
 
 
 def test_a_chain_at_capacity_closes_with_max_trajectory_length(small_stack, engine, tokenizer):

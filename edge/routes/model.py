@@ -60,7 +60,7 @@ async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: s
     return json_response(adapter.encode(outcome, conversation, service.token_strings))
 
 
-_LISTEN_AFTER_S = 0.05  # a turn done sooner needs no listener (most turns with a fast engine)
+_LISTEN_AFTER_S = 0.5  # a turn done sooner needs no listener (and a loaded edge answers later than its engine)
 
 
 @asynccontextmanager

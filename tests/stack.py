@@ -10,8 +10,12 @@ import asyncio
 import threading
 from pathlib import Path
 
+from nats.aio.client import Client
+
 from edge.engines.base import Engine
 from rollbus.runtime import Stack, StackOptions
+from schemas.events import AnyEvent
+from session_projector.reader import read_session
 
 
 class StackThread:
@@ -41,6 +45,19 @@ class StackThread:
     @property
     def trajectories(self) -> Path:
         return self.options.data_dir / "trajectories"
+
+    def events(self, session_id: str) -> list[AnyEvent]:
+        """The session's events, read from the stack's log by a client of the test's own."""
+
+        async def read() -> list[AnyEvent]:
+            nc = Client()
+            await nc.connect(self.nats_url)
+            try:
+                return (await read_session(nc.jetstream(), self.options.log, session_id)).events
+            finally:
+                await nc.close()
+
+        return asyncio.run(read())
 
     def _main(self) -> None:
         asyncio.run(self._serve())

@@ -4,14 +4,12 @@ the sampling allowlist in the log."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from nats.aio.client import Client
 from openai import OpenAI
 
 from edge.codec.tokenizer import Tokenizer
@@ -21,7 +19,6 @@ from rollbus.nats_server import EmbeddedNats
 from rollbus.runtime import StackOptions
 from schemas.events import EngineFailed, TurnCompleted
 from schemas.log import LogConfig
-from session_projector.reader import read_session
 from tests.e2e.conftest import ADMIN_TOKEN
 from tests.stack import StackThread
 
@@ -42,18 +39,6 @@ def open_session(stack: StackThread, **body: object) -> dict:
 def ask(session: dict, messages: list[dict], **extra: object) -> httpx.Response:
     return httpx.post(f"{session['base_url']}/chat/completions", json={"model": "m", "messages": messages, **extra},
                       headers={"Authorization": f"Bearer {session['api_key']}"}, timeout=60)
-
-
-def events(stack: StackThread, session_id: str) -> list:
-    async def read() -> list:
-        nc = Client()
-        await nc.connect(stack.nats_url)
-        try:
-            return (await read_session(nc.jetstream(), stack.options.log, session_id)).events
-        finally:
-            await nc.close()
-
-    return asyncio.run(read())
 
 
 def eventually(condition: Callable[[], bool], timeout: float = 15.0) -> None:
@@ -121,7 +106,7 @@ def test_the_weight_version_reaches_the_turn_event(stack, engine, tokenizer):
     session = open_session(stack)
     engine.push(reply(tokenizer, "hello", weight_version="global_step_17"))
     assert ask(session, [{"role": "user", "content": "hi"}]).status_code == 200
-    (turn,) = [e for e in events(stack, session["session_id"]) if isinstance(e, TurnCompleted)]
+    (turn,) = [e for e in stack.events(session["session_id"]) if isinstance(e, TurnCompleted)]
     assert turn.weight_version == "global_step_17" and turn.finish_reason == "stop"
 
 
@@ -167,7 +152,7 @@ def test_vllm_failures_are_clear_errors_recorded_and_retryable(nats_server, log_
         vllm_server.push(reply(tokenizer, "yes"))
         client = OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
         assert client.chat.completions.create(model="m", messages=messages).choices[0].message.content == "yes"
-        kinds = [type(e) for e in events(stack, session["session_id"])]
+        kinds = [type(e) for e in stack.events(session["session_id"])]
         assert EngineFailed in kinds and kinds.count(TurnCompleted) == 1
         summary = httpx.get(f"{stack.url}/sessions/{session['session_id']}", headers=stack.admin).json()
         assert summary["turns"] == 1 and len(summary["chains"]) == 1
@@ -238,7 +223,7 @@ def test_an_edge_inside_a_verl_job_uses_its_llm_server_client(nats_server, log_c
         assert failed.status_code == 503 and failed.json()["error"]["code"] == "engine_unavailable"
         assert ask(session, messages).json()["choices"][0]["message"]["content"] == "ok"
         assert {call["request_id"] for call in client.calls} == {session["session_id"]}  # verl's sticky key
-        turns = [e for e in events(stack, session["session_id"]) if isinstance(e, TurnCompleted)]
+        turns = [e for e in stack.events(session["session_id"]) if isinstance(e, TurnCompleted)]
         assert [(t.finish_reason, t.weight_version) for t in turns] == [("length", "7"), ("stop", "8")]
     finally:
         stack.stop()

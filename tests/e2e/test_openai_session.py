@@ -188,11 +188,8 @@ def test_reward_validation(stack, reward):
 
 
 def test_engine_failure_is_a_clear_error_recorded_for_audit_and_retryable(stack, engine, tokenizer):
-    import asyncio
 
-    from nats.aio.client import Client
 
-    from session_projector.reader import read_session
 
     session = open_session(stack)
     client = OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
@@ -212,15 +209,7 @@ def test_engine_failure_is_a_clear_error_recorded_for_audit_and_retryable(stack,
     assert retried.choices[0].message.content == "second"
     assert engine.requests[2]["input_ids"] == engine.requests[1]["input_ids"]  # the retry saw the same context
 
-    async def events():
-        nc = Client()
-        await nc.connect(stack.nats_url)
-        try:
-            return (await read_session(nc.jetstream(), stack.options.log, session["session_id"])).events
-        finally:
-            await nc.close()
-
-    kinds = [type(e).__name__ for e in asyncio.run(events())]
+    kinds = [type(e).__name__ for e in stack.events(session["session_id"])]
     assert "EngineFailed" in kinds
     summary = httpx.get(f"{stack.url}/sessions/{session['session_id']}", headers=stack.admin).json()
     assert summary["turns"] == 2 and len(summary["chains"]) == 1
@@ -233,11 +222,8 @@ def quick_stack(make_stack):
 
 
 def test_a_client_that_leaves_mid_generation_aborts_its_turn(quick_stack, engine, tokenizer):
-    import asyncio
 
-    from nats.aio.client import Client
 
-    from session_projector.reader import read_session
 
     stack = quick_stack
     session = open_session(stack)
@@ -253,17 +239,11 @@ def test_a_client_that_leaves_mid_generation_aborts_its_turn(quick_stack, engine
         time.sleep(0.05)
     assert engine.aborted == [engine.requests[0]["rid"]]  # the engine request was aborted
 
-    async def kinds():
-        nc = Client()
-        await nc.connect(stack.nats_url)
-        try:
-            return [type(e).__name__ for e in (await read_session(nc.jetstream(), stack.options.log,
-                                                                  session["session_id"])).events]
-        finally:
-            await nc.close()
+    def kinds() -> list[str]:
+        return [type(e).__name__ for e in stack.events(session["session_id"])]
 
     deadline = time.monotonic() + 10
-    while "TurnAbandoned" not in (found := asyncio.run(kinds())) and time.monotonic() < deadline:
+    while "TurnAbandoned" not in (found := kinds()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert found[-2:] == ["RequestReceived", "TurnAbandoned"]
     engine.push(reply(tokenizer, "on time"))

@@ -3,7 +3,6 @@ failures mid-stream, and a client that leaves mid-stream, checked token by token
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
@@ -11,12 +10,10 @@ import anthropic
 import httpx
 import openai
 import pytest
-from nats.aio.client import Client
 from openai import AsyncOpenAI, OpenAI
 
 from edge.engines.scripted import ScriptedReply, default_logprobs
-from schemas.events import EngineFailed, Event, TurnAbandoned
-from session_projector.reader import read_session
+from schemas.events import EngineFailed, TurnAbandoned
 from tests.e2e import scenario
 from tests.e2e.test_openai_session import open_session, reply
 
@@ -27,18 +24,6 @@ def client_for(session) -> OpenAI:
 
 def finalize(stack, session) -> None:
     httpx.post(f"{stack.url}/sessions/{session['session_id']}/finalize", headers=stack.admin)
-
-
-def session_events(stack, session_id: str) -> list[Event]:
-    async def read() -> list[Event]:
-        nc = Client()
-        await nc.connect(stack.nats_url)
-        try:
-            return (await read_session(nc.jetstream(), stack.options.log, session_id)).events
-        finally:
-            await nc.close()
-
-    return asyncio.run(read())
 
 
 def test_streamed_session_becomes_an_exact_record(stack, engine, tokenizer):
@@ -126,7 +111,7 @@ def test_engine_failures_before_and_during_a_stream(stack, engine, tokenizer):
     engine.push(reply(tokenizer, "fine"))
     chunks = list(client.chat.completions.create(model="m", messages=messages, stream=True))
     assert scenario.openai_accumulate(chunks)[0]["content"] == "fine"
-    failed = [e for e in session_events(stack, session["session_id"]) if isinstance(e, EngineFailed)]
+    failed = [e for e in stack.events(session["session_id"]) if isinstance(e, EngineFailed)]
     assert [e.error for e in failed] == ["EngineUnavailable", "EngineError"]
     summary = httpx.get(f"{stack.url}/sessions/{session['session_id']}", headers=stack.admin).json()
     assert summary["turns"] == 1 and len(summary["chains"]) == 1
@@ -135,7 +120,7 @@ def test_engine_failures_before_and_during_a_stream(stack, engine, tokenizer):
 def _wait_for_abandoned(stack, session_id: str, timeout: float = 15.0) -> TurnAbandoned:
     deadline = time.monotonic() + timeout
     while True:
-        found = [e for e in session_events(stack, session_id) if isinstance(e, TurnAbandoned)]
+        found = [e for e in stack.events(session_id) if isinstance(e, TurnAbandoned)]
         if found:
             return found[0]
         assert time.monotonic() < deadline, "no turn_abandoned event"

@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 from openai import OpenAI
 
 from edge.engines.scripted import ScriptedReply, default_logprobs
 from schemas.events import RewardReported, SessionFinalized
-from session_projector.reader import read_session
 from tests.e2e.test_openai_session import open_session, wait_for_parquet
-
-
-def _events(stack, session_id: str) -> list:
-    from nats.aio.client import Client
-
-    async def read():
-        nc = Client()
-        await nc.connect(stack.nats_url)
-        try:
-            return (await read_session(nc.jetstream(), stack.options.log, session_id)).events
-        finally:
-            await nc.close()
-
-    return asyncio.run(read())
 
 
 def _one_turn(stack, engine, session) -> None:
@@ -48,7 +31,7 @@ def test_a_reward_after_materialization_is_refused_and_kept_in_the_log(stack, en
     assert late.status_code == 409
     error = late.json()["error"]
     assert error["code"] == "session_closed" and "recorded in the log" in error["message"]
-    events = _events(stack, sid)
+    events = stack.events(sid)
     assert isinstance(events[-2], SessionFinalized) and isinstance(events[-1], RewardReported)
     assert events[-1].reward == 1.0 and events[-1].extra == {"acc": 0}
     summary = httpx.get(f"{stack.url}/sessions/{sid}", headers=stack.admin).json()
@@ -57,7 +40,7 @@ def test_a_reward_after_materialization_is_refused_and_kept_in_the_log(stack, en
 
     stranger = httpx.post(session["reward_url"], json={"reward_info": {"reward": 1.0}},
                           headers={"Authorization": "Bearer rb-not-the-key"})
-    assert stranger.status_code == 401 and len(_events(stack, sid)) == len(events)
+    assert stranger.status_code == 401 and len(stack.events(sid)) == len(events)
 
 
 def test_a_reward_after_abort_is_refused_and_kept(stack):
@@ -67,7 +50,7 @@ def test_a_reward_after_abort_is_refused_and_kept(stack):
     late = httpx.post(session["reward_url"], json={"reward_info": {"reward": 1.0}},
                       headers={"x-api-key": session["api_key"]})
     assert late.status_code == 409 and "aborted" in late.json()["error"]["message"]
-    assert isinstance(_events(stack, sid)[-1], RewardReported)
+    assert isinstance(stack.events(sid)[-1], RewardReported)
 
 
 def test_finished_must_be_a_bool(stack):

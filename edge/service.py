@@ -127,9 +127,7 @@ class EdgeService:
 
     async def complete(self, session_id: str, api_key: str | None, request: TurnRequest) -> TurnOutcome:
         """Run a model turn, or answer a repeated request with the completion recorded for it."""
-        live = await self.authorized(session_id, api_key)
-        identity = identify(request.body, request.idempotency_key, request.retry_count)
-        request = msgspec.structs.replace(request, body_digest=identity.body_digest)
+        live, identity, request = await self._identified(session_id, api_key, request)
         with live.in_use():
             outcome = await self._recorded(live, identity)
             if outcome is not None:
@@ -141,15 +139,20 @@ class EdgeService:
                      request: TurnRequest) -> tuple[TurnStream | RecordedStream, Item]:
         """Start a streamed turn: the stream and its first event (see :mod:`edge.streaming`). A repeated
         request whose turn is recorded gets that completion streamed back; the engine is not called."""
-        live = await self.authorized(session_id, api_key)
-        identity = identify(request.body, request.idempotency_key, request.retry_count)
-        request = msgspec.structs.replace(request, body_digest=identity.body_digest)
+        live, identity, request = await self._identified(session_id, api_key, request)
         with live.in_use():
             outcome = await self._recorded(live, identity)
         if outcome is not None:
             recorded = RecordedStream(outcome)
             return recorded, recorded.first
         return await TurnStream.open(self._turns, live, request)
+
+    async def _identified(self, session_id: str, api_key: str | None,
+                          request: TurnRequest) -> tuple[LiveSession, RequestIdentity, TurnRequest]:
+        """The authorized session, the request's identity, and the request carrying its body digest."""
+        live = await self.authorized(session_id, api_key)
+        identity = identify(request.body, request.idempotency_key, request.retry_count)
+        return live, identity, msgspec.structs.replace(request, body_digest=identity.body_digest)
 
     @staticmethod
     async def _recorded(live: LiveSession, identity: RequestIdentity) -> TurnOutcome | None:

@@ -116,7 +116,7 @@ class _Plan(msgspec.Struct, frozen=True, kw_only=True):
 
     chain: int | None  # None: a new chain
     context_ids: list[int]  # new tokens: the whole prompt for a new chain, else the increment
-    input_ids: list[int]  # everything the engine sees
+    input_ids: Sequence[int]  # everything the engine sees (a continued chain's: a view of its packed ids)
     n_messages: int
     chat_turns: int
     prefix_digest: str
@@ -252,7 +252,8 @@ class TurnRunner:
         chain = selection.chain
         new = messages[selection.n_history:]
         increment = self.codec.encode_increment(new, last_token=chain.last_token())
-        return _Plan(chain=chain.index, context_ids=increment, input_ids=chain.token_ids() + increment,
+        return _Plan(chain=chain.index, context_ids=increment,
+                     input_ids=tokens.unpack_ids(chain.packed_ids() + tokens.pack_ids(increment)),
                      n_messages=len(messages), chat_turns=_chat_turns(new), prefix_digest=digests[-1])
 
     def _rollback_plan(self, selection: Rollback, messages: Sequence[Message], digests: list[str]) -> _Plan:
@@ -265,7 +266,8 @@ class TurnRunner:
                          *(s.token_ids for s in kept)])
         increment = self.codec.encode_rewrite(new)
         dropped = sum(s.length for s in chain.segments[turn.first_segment: turn.end_segment] if s.generated)
-        return _Plan(chain=chain.index, context_ids=increment, input_ids=tokens.unpack_ids(base).tolist() + increment,
+        return _Plan(chain=chain.index, context_ids=increment,
+                     input_ids=tokens.unpack_ids(base + tokens.pack_ids(increment)),
                      n_messages=len(messages), chat_turns=_chat_turns(new), prefix_digest=digests[-1],
                      rollback=(turn.request_no, dropped))
 

@@ -28,6 +28,7 @@ import msgspec
 from edge.codec.fidelity import load_codec
 from materializer.service import MaterializerOptions
 from rollbus import demo, materialize, replay, sessions
+from rollbus.heap import settle_heap
 from rollbus.runtime import COMPONENTS, Stack, StackOptions, engine_summary, model_defaults
 
 # Commands beyond the stack itself: each module has ``register(subparsers)`` and sets
@@ -184,6 +185,7 @@ async def _serve(options: StackOptions) -> int:
         loop.add_signal_handler(sig, stack.stop_event.set)
     try:
         await stack.start()
+        settle_heap()  # startup is done: its heap is never collected again
         state = _write_state(stack)
         _announce(stack)
         await stack.run_until_stopped()

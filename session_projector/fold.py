@@ -110,7 +110,7 @@ class ChainState(msgspec.Struct, frozen=True, kw_only=True):
     def last_token(self) -> int:
         """The chain's last token id (its last sampled token, once it has a turn)."""
         last = self.segments[-1].token_ids if self.segments else self.prompt_ids
-        return int(tokens.unpack_ids(last[-4:])[0]) if last else -1
+        return tokens.last_id(last) if last else -1
 
     def packed_ids(self) -> bytes:
         """Prompt and response tokens, packed (what the engine must see next)."""

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
+import numpy as np
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -28,7 +29,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
 
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str  # unique per engine call: "<session_id>:<request_no>"
-    input_ids: Sequence[int]
+    input_ids: Sequence[int]  # a list, or a numpy array of the chain's packed ids (see id_list)
     sampling: SamplingParams
     return_logprob: bool = True
 
@@ -61,3 +62,11 @@ class Engine(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+def id_list(ids: Sequence[int]) -> list[int]:
+    """Token ids as a list of Python ints, for an engine's wire (the edge hands a continued chain's
+    ids over as a numpy view of its packed tokens, not as a list)."""
+    if isinstance(ids, np.ndarray):
+        return ids.tolist()
+    return [int(token) for token in ids]

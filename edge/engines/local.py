@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, SamplingParams
+from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, SamplingParams, id_list
 from edge.engines.models import build_tiny_qwen2, load_model
 from edge.engines.models import weight_version as model_version
 from schemas.errors import EngineError
@@ -75,7 +75,7 @@ class _Model:
         """Feed ``ids`` after what ``cache`` holds; the float32 logits for the next token."""
         import torch
 
-        inputs = torch.tensor([list(ids)], dtype=torch.long)
+        inputs = torch.tensor([id_list(ids)], dtype=torch.long)
         kwargs = {self._cache_kwarg: cache, "use_cache": True, **self._keep_last}
         with torch.inference_mode():
             return self.model(inputs, **kwargs).logits[0, -1].float()

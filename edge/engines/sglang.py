@@ -32,7 +32,7 @@ from typing import Any
 
 import msgspec
 
-from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult
+from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, id_list
 from edge.engines.http import Call, HttpEngine, new_items
 from edge.engines.pool import session_of
 from schemas.errors import EngineError
@@ -95,7 +95,7 @@ def payload(request: GenerateRequest, *, stream: bool) -> bytes:
     sampling = request.sampling
     return msgspec.json.encode(
         {
-            "input_ids": [int(token) for token in request.input_ids],  # numpy ids too
+            "input_ids": id_list(request.input_ids),  # numpy ids too
             "sampling_params": {
                 "max_new_tokens": sampling.max_new_tokens,
                 "temperature": sampling.temperature,

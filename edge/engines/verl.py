@@ -42,7 +42,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
-from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult
+from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, id_list
 from edge.engines.pool import session_of
 from schemas.errors import EngineError, EngineTimeout, EngineUnavailable
 
@@ -70,7 +70,7 @@ class VerlEngine:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         try:
             output = await asyncio.wait_for(
-                self._client.generate(session_of(request.request_id), prompt_ids=[int(t) for t in request.input_ids],
+                self._client.generate(session_of(request.request_id), prompt_ids=id_list(request.input_ids),
                                       sampling_params=sampling_params(request)),
                 self._timeout,
             )

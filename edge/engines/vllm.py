@@ -39,7 +39,7 @@ from typing import Any, Literal
 import httpx
 import msgspec
 
-from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult
+from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, id_list
 from edge.engines.http import Call, HttpEngine, Refused, raise_for_status
 from schemas.errors import EngineError
 
@@ -159,7 +159,7 @@ def _sampling(request: GenerateRequest) -> dict[str, Any]:
 
 
 def _generate_body(request: GenerateRequest, stream: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {"request_id": request.request_id, "token_ids": [int(t) for t in request.input_ids],
+    body: dict[str, Any] = {"request_id": request.request_id, "token_ids": id_list(request.input_ids),
                             "sampling_params": _sampling(request), "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -167,7 +167,7 @@ def _generate_body(request: GenerateRequest, stream: bool) -> dict[str, Any]:
 
 
 def _completions_body(request: GenerateRequest, stream: bool, model: str | None) -> dict[str, Any]:
-    body = {"prompt": [int(t) for t in request.input_ids], "return_token_ids": True, "stream": stream,
+    body = {"prompt": id_list(request.input_ids), "return_token_ids": True, "stream": stream,
             "request_id": request.request_id, **_sampling(request)}
     if model is not None:
         body["model"] = model

@@ -18,20 +18,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from contextlib import asynccontextmanager
 from typing import Any
 
-from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from edge.codec.adapter import StreamEncoder, WireAdapter
 from edge.idempotency import retry_count
 from edge.metrics import Metrics
-from edge.routes.wire import bearer, guarded, json_response, read_body
+from edge.routes.wire import bearer, check_declared_size, guarded
 from edge.service import EdgeService
 from edge.streaming import Item, RecordedStream, TurnStream
 from edge.turns import Disconnect, TurnRequest
-from schemas.errors import RollbusError
+from schemas.errors import MalformedRequest, PayloadTooLarge, RollbusError
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -42,46 +40,69 @@ _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _PREFIX = "/sessions/"
 
 
-async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: str, request: Request,
-                       disconnect: Disconnect) -> Response:
-    """One model request; a plain one is watched for its client leaving (``disconnect``)."""
-    body = await read_body(request, service.settings.max_request_bytes)
+async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: str, scope: Scope, receive: Receive,
+                       disconnect: Disconnect) -> bytes | Response:
+    """One model request: the plain reply's body, or a streaming response. A plain request is
+    watched for its client leaving (``disconnect``)."""
+    headers = _headers(scope)
+    body = await _body(receive, headers, service.settings.max_request_bytes)
     conversation = adapter.decode(body)
     turn = TurnRequest(conversation=conversation, wire=adapter.name, body=body,
-                       idempotency_key=request.headers.get("idempotency-key"),
-                       retry_count=retry_count(request.headers),
+                       idempotency_key=headers.get("idempotency-key"), retry_count=retry_count(headers),
                        disconnect=None if conversation.stream else disconnect)
     if conversation.stream:
-        stream, first = await service.stream(session_id, bearer(request), turn)
+        stream, first = await service.stream(session_id, bearer(headers), turn)
         events = _sse(adapter.stream(conversation, service.token_strings), first, stream)
         return StreamingResponse(events, media_type="text/event-stream", headers=_SSE_HEADERS)
-    async with _watching(request.receive, disconnect):
-        outcome = await service.complete(session_id, bearer(request), turn)
-    return json_response(adapter.encode(outcome, conversation, service.token_strings))
+    # The listener for the client leaving starts only once the turn has taken a moment: no task
+    # for a quick turn (the request body is read by now, so the next message is the disconnect).
+    listener: list[asyncio.Future[None]] = []
+    timer = asyncio.get_running_loop().call_later(
+        _LISTEN_AFTER_S, lambda: listener.append(asyncio.ensure_future(_listen(receive, disconnect))))
+    try:
+        outcome = await service.complete(session_id, bearer(headers), turn)
+    finally:
+        timer.cancel()
+        for task in listener:
+            task.cancel()
+    return adapter.encode(outcome, conversation, service.token_strings)
 
 
 _LISTEN_AFTER_S = 0.5  # a turn done sooner needs no listener (and a loaded edge answers later than its engine)
 
 
-@asynccontextmanager
-async def _watching(receive: Receive, disconnect: Disconnect) -> AsyncIterator[None]:
-    """Tell ``disconnect`` when the client goes away (the request body is read by now). The
-    listener starts only once the turn has taken a moment: no task for a quick turn."""
+async def _listen(receive: Receive, disconnect: Disconnect) -> None:
+    """Tell ``disconnect`` when the client goes away."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    disconnect.client_gone()
 
-    async def listen() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        disconnect.client_gone()
 
-    listener: list[asyncio.Future[None]] = []
-    timer = asyncio.get_running_loop().call_later(
-        _LISTEN_AFTER_S, lambda: listener.append(asyncio.ensure_future(listen())))
-    try:
-        yield
-    finally:
-        timer.cancel()
-        for task in listener:
-            task.cancel()
+def _headers(scope: Scope) -> dict[str, str]:
+    """The request's headers by lowercase name (ASGI servers send names lowercased); of a repeated
+    header, the first."""
+    headers: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+    return headers
+
+
+async def _body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+    """The request body, refused with 413 past ``limit`` bytes (checked before and while reading)."""
+    check_declared_size(headers, limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise MalformedRequest("the client disconnected before sending the whole body")
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class ModelRoutes:
@@ -110,20 +131,27 @@ class ModelRoutes:
     async def _serve(self, adapter: WireAdapter, session_id: str, tail: str, scope: Scope, receive: Receive,
                      send: Send) -> None:
         started = time.perf_counter()
-        request = Request(scope, receive)
         disconnect = Disconnect(self._service.settings.disconnect_grace_s)
         try:
-            response = await guarded(handle_model(self._service, adapter, session_id, request, disconnect),
-                                     request, adapter.encode_error)
+            reply = await guarded(handle_model(self._service, adapter, session_id, scope, receive, disconnect),
+                                  f"POST {scope['path']}", adapter.encode_error)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if not disconnect.gone or task is None or task.cancelling() > 1:
                 raise  # not (only) the client leaving: shutdown
             task.uncancel()  # the client left while its turn sampled: the turn was abandoned; nobody to answer
             return
-        await response(scope, receive, send)
+        if isinstance(reply, bytes):
+            status = 200
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(reply)).encode())]})
+            await send({"type": "http.response.body", "body": reply})
+        else:
+            status = reply.status_code
+            await reply(scope, receive, send)
         self._metrics.inc("rollbus_http_requests_total", help_text="HTTP requests by route and status",
-                          route=f"/sessions/{{session_id}}/{tail}", status=str(response.status_code))
+                          route=f"/sessions/{{session_id}}/{tail}", status=str(status))
         self._metrics.observe("rollbus_http_request_seconds", time.perf_counter() - started,
                               help_text="HTTP request latency")
 

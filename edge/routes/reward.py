@@ -25,5 +25,5 @@ class RewardBody(msgspec.Struct, frozen=True, kw_only=True):
 async def reward_info(session_id: str, request: Request) -> Response:
     service: EdgeService = request.app.state.service
     body = decode_strict(await read_body(request, _LIMIT), RewardBody)
-    await service.report_reward(session_id, bearer(request), body.reward_info)
+    await service.report_reward(session_id, bearer(request.headers), body.reward_info)
     return json_response(b'{"status":"ok"}')

@@ -11,8 +11,8 @@ import hmac
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, TypeVar
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
@@ -22,6 +22,7 @@ from schemas.errors import PayloadTooLarge, RollbusError, Unauthorized
 log = logging.getLogger(__name__)
 
 ErrorEncoder = Callable[[RollbusError], bytes]
+T = TypeVar("T")
 JSON = "application/json"
 
 
@@ -39,7 +40,7 @@ def wire_route(encode_error: ErrorEncoder) -> type[APIRoute]:
 
             async def handle(request: Request) -> Response:
                 started = time.perf_counter()
-                response = await guarded(handler(request), request, encode_error)
+                response = await guarded(handler(request), f"{request.method} {request.url.path}", encode_error)
                 metrics = request.app.state.metrics
                 metrics.inc("rollbus_http_requests_total", help_text="HTTP requests by route and status",
                             route=path, status=str(response.status_code))
@@ -52,28 +53,27 @@ def wire_route(encode_error: ErrorEncoder) -> type[APIRoute]:
     return WireRoute
 
 
-async def guarded(handling: Awaitable[Response], request: Request, encode_error: ErrorEncoder) -> Response:
-    """The handler's response, or its error in the wire's shape (a non-rollbus error is a logged 500)."""
+async def guarded(handling: Awaitable[T], where: str, encode_error: ErrorEncoder) -> T | Response:
+    """The handler's result, or its error in the wire's shape as a response (a non-rollbus error is
+    a logged 500); ``where`` names the request in logs (``"POST /path"``)."""
     try:
         return await handling
     except RollbusError as exc:
         if exc.status >= 500:
-            log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
+            log.warning("%s -> %d: %s", where, exc.status, exc.message)
         response = json_response(encode_error(exc), exc.status)
         if exc.retry_after is not None:  # honoured by the openai and anthropic SDKs' retries
             response.headers["Retry-After"] = str(math.ceil(exc.retry_after))
             response.headers["retry-after-ms"] = str(math.ceil(exc.retry_after * 1000))
         return response
     except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.url.path)
+        log.exception("unhandled error in %s", where)
         return json_response(encode_error(RollbusError("internal error")), 500)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 past ``limit`` bytes (checked before and while reading)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body is {declared} bytes (limit {limit})")
+    check_declared_size(request.headers, limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -84,16 +84,23 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def bearer(request: Request) -> str | None:
+def check_declared_size(headers: Mapping[str, str], limit: int) -> None:
+    """Refuse (413) a body whose ``Content-Length`` is over ``limit`` before reading any of it."""
+    declared = headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is {declared} bytes (limit {limit})")
+
+
+def bearer(headers: Mapping[str, str]) -> str | None:
     """The key from ``Authorization: Bearer`` or ``x-api-key``."""
-    auth = request.headers.get("authorization")
+    auth = headers.get("authorization")
     if auth is not None:
         scheme, _, token = auth.partition(" ")
         return token.strip() if scheme.lower() == "bearer" else None
-    return request.headers.get("x-api-key")
+    return headers.get("x-api-key")
 
 
 def require_admin(request: Request, admin_token: str) -> None:
-    token = bearer(request)
+    token = bearer(request.headers)
     if admin_token and (token is None or not hmac.compare_digest(token, admin_token)):
         raise Unauthorized("admin token required")

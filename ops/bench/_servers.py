@@ -72,6 +72,7 @@ async def edge_app(nats_url: str) -> FastAPI:
     from edge.app import create_app
     from edge.codec.tokenizer import load_tokenizer
     from edge.settings import EdgeSettings
+    from rollbus.heap import settle_heap
     from rollbus.provision import connect, provision
     from rollbus.runtime import build_edge_service
     from schemas.log import LogConfig
@@ -82,7 +83,9 @@ async def edge_app(nats_url: str) -> FastAPI:
     tokenizer = load_tokenizer("builtin:qwen2.5")
     engine = InstantEngine([*tokenizer.encode(REPLY_TEXT), tokenizer.eos_token_id])
     settings = EdgeSettings(admin_token="bench", log=cfg, public_url="http://bench")
-    return create_app(build_edge_service(settings, nc.jetstream(), engine))
+    app = create_app(build_edge_service(settings, nc.jetstream(), engine))
+    settle_heap()  # as `rollbus edge` does once started
+    return app
 
 
 async def serve(kind: str, port: int, nats_url: str | None) -> None:

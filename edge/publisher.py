@@ -6,8 +6,10 @@
   subjects) makes a stale writer fail with :class:`OwnershipLost` instead of
   interleaving.
 * Every publish is bounded by a timer (:class:`edge.acks.AckedPublisher`). A publish that
-  timed out may still have been stored, so it is retried with the same headers and the
-  server's duplicate detection answers for it.
+  timed out may still have been stored, so it is retried with the same headers. JetStream
+  checks the expected last sequence before its duplicate window, so a retry of a stored
+  publish is refused as "wrong last sequence": then the session's last message is read,
+  and if it is this very envelope (same ``Nats-Msg-Id``) the retry succeeded after all.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Protocol
 
 import msgspec
 from nats.errors import ConnectionClosedError, OutboundBufferLimitError
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
 
@@ -59,6 +62,7 @@ class EventLog(Protocol):
 class JetStreamLog:
     def __init__(self, js: JetStreamContext, cfg: LogConfig, *, timeout: float = 5.0, attempts: int = 4) -> None:
         self._publisher = AckedPublisher(js._nc)  # nats-py exposes the context's client only privately
+        self._js = js
         self._cfg = cfg
         self._timeout = timeout
         self._attempts = attempts
@@ -85,6 +89,8 @@ class JetStreamLog:
                 return await self._publisher.publish(subject, payload, headers, self._timeout)
             except PublishRejected as exc:
                 if exc.error.err_code == WRONG_LAST_SEQUENCE:
+                    if attempt > 1 and (stored := await self._stored_last(session_id, headers[HDR_MSG_ID])):
+                        return stored  # the timed-out attempt was stored
                     raise OwnershipLost(f"session {session_id} was appended to by another writer") from exc
                 raise LogUnavailable(f"JetStream rejected the append: {exc.error.description}") from exc
             except (TimeoutError, NatsTimeoutError, NoResponders, OutboundBufferLimitError) as exc:
@@ -95,6 +101,18 @@ class JetStreamLog:
             except ConnectionClosedError as exc:
                 raise LogUnavailable("the NATS connection is closed") from exc
         raise LogUnavailable("unreachable")  # pragma: no cover
+
+
+    async def _stored_last(self, session_id: str, message_id: str) -> Ack | None:
+        """The session's last message as an acknowledgement, if it carries ``message_id``."""
+        try:
+            last = await self._js.get_last_msg(self._cfg.stream, self._cfg.session_filter(session_id))
+        except (NatsError, TimeoutError) as exc:  # unknown: the caller treats the session as lost
+            log.warning("could not read the last message of session %s: %r", session_id, exc)
+            return None
+        if last.headers is None or last.headers.get(HDR_MSG_ID) != message_id or last.seq is None:
+            return None
+        return Ack(stream=self._cfg.stream, seq=last.seq, duplicate=True)
 
 
 def _split(events: Sequence[Event], limit: int) -> list[tuple[Sequence[Event], bytes]]:

@@ -115,7 +115,7 @@ class _Plan(msgspec.Struct, frozen=True, kw_only=True):
     """What the turn appends before sampling, and where."""
 
     chain: int | None  # None: a new chain
-    context_ids: list[int]  # new tokens: the whole prompt for a new chain, else the increment
+    context_ids: Sequence[int]  # new tokens: the whole prompt for a new chain, else the increment
     input_ids: Sequence[int]  # everything the engine sees (a continued chain's: a view of its packed ids)
     n_messages: int
     chat_turns: int

@@ -27,6 +27,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
+from edge.codec.cache import BoundedCache
 from edge.codec.conversation import Message, ToolSpec, template_message, template_tools
 from edge.codec.tokenizer import Tokenizer
 from schemas.errors import MalformedRequest
@@ -41,6 +44,7 @@ Frame = tuple[str, ...]
 _MAX_FRAMED = 8
 _SENTINEL = "\x01rollbus-field\x01"
 _PLACEHOLDER = re.compile("\x00(\\d+)\x00")
+_exact_tools = msgspec.json.Encoder()  # key order kept: the template renders the schemas as sent
 _TRICKY = ("  \n x\t <b>&amp;</b> {{ y }}\n\n ", "", "\u00e9\u4e2d\U0001f600 ")
 
 
@@ -53,7 +57,8 @@ class TemplateNotIncremental(MalformedRequest):
 class TemplateCodec:
     """Prompts and increments for one tokenizer and its chat template."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, prompt_cache: int = 1024) -> None:
+        """``prompt_cache``: how many first prompts to keep encoded (0: none)."""
         self.tokenizer = tokenizer
         self._template = tokenizer.chat_template
         self._eos = tokenizer.eos_token
@@ -67,6 +72,8 @@ class TemplateCodec:
         self.separator = self._history[reply_end:]
         self.generation_prompt = self._prompted[len(self._render(_BASE, add_generation_prompt=False)) :]
         self._frames: dict[Shape, Frame | None] = {}
+        self._prompts: BoundedCache[tuple[bytes, tuple[Message, ...]], tuple[int, ...]] | None = (
+            BoundedCache(max_items=prompt_cache, max_bytes=16 * 1024 * 1024) if prompt_cache else None)
 
     def _render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
                 tools: list[dict[str, Any]] | None = None) -> str:
@@ -85,7 +92,17 @@ class TemplateCodec:
         )
 
     def encode_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> list[int]:
-        return self.tokenizer.encode(self.prompt_text(messages, tools))
+        """The tokens of a new chain's prompt. Cached by the exact messages and tools: RL rollouts
+        start several sessions (GRPO's samples of one prompt) with the same first request, and
+        sub-agents restart from the same instructions."""
+        if self._prompts is None:
+            return self.tokenizer.encode(self.prompt_text(messages, tools))
+        key = (_exact_tools.encode(tools) if tools else b"", tuple(messages))
+        ids = self._prompts.get(key)
+        if ids is None:
+            ids = tuple(self.tokenizer.encode(self.prompt_text(messages, tools)))
+            self._prompts.put(key, ids, 8 * len(ids) + sum(len(m.content) for m in messages) + len(key[0]))
+        return list(ids)
 
     def increment_text(self, new_messages: Sequence[Message], *, ended_with_eos: bool) -> str:
         """The text that follows a chain's last sampled token, up to the next generation prompt."""

@@ -14,7 +14,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import uvicorn
@@ -129,6 +129,11 @@ def default_edge_id(port: int) -> str:
     return f"{socket.gethostname()}:{port}"
 
 
+# Nothing in rollbus reads the client address, so uvicorn's proxy-headers middleware is off
+# (a layer on every request), as is its ``server`` header.
+UVICORN_LEAN: dict[str, Any] = {"proxy_headers": False, "server_header": False}
+
+
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: the stack owns SIGINT/SIGTERM."""
 
@@ -219,7 +224,7 @@ class Stack:
         service = self._service = build_edge_service(settings, js, self._engine)
         self._spawn(build_keeper(service, js).run(self.stop_event), "keeper")
         app = create_app(service, ready=self.ready)
-        config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, loop="none")
+        config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, loop="none", **UVICORN_LEAN)
         self._server = _Server(config)
         self._spawn(self._server.serve(sockets=[sock]), "edge")
         while not self._server.started:  # noqa: ASYNC110 - uvicorn offers no started event

@@ -83,6 +83,9 @@ def json_call(body: str | dict[str, object], call_id: str) -> ToolCall | str:
     return call_from(value, call_id)
 
 
+_dump_arguments = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_ascii=False), built once
+
+
 def call_from(value: object, call_id: str) -> ToolCall | str:
     """A tool call from a decoded JSON value ``{"name", "arguments"}``, or why it is not one."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
@@ -91,7 +94,7 @@ def call_from(value: object, call_id: str) -> ToolCall | str:
     if isinstance(arguments, str):
         text = arguments
     elif isinstance(arguments, dict):
-        text = json.dumps(arguments, ensure_ascii=False)  # the formatting chat templates' tojson uses
+        text = _dump_arguments(arguments)  # the formatting chat templates' tojson uses
     else:
         return "tool call 'arguments' is neither an object nor a string"
     return ToolCall(id=call_id, name=value["name"], arguments=text)

@@ -89,9 +89,11 @@ async def edge_app(nats_url: str) -> FastAPI:
 
 
 async def serve(kind: str, port: int, nats_url: str | None) -> None:
+    from rollbus.runtime import UVICORN_LEAN
+
     app = floor_app() if kind == "floor" else await edge_app(nats_url or "")
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                            loop="none", http="httptools", lifespan="off")
+                            loop="none", http="httptools", lifespan="off", **UVICORN_LEAN)  # both servers alike
     await uvicorn.Server(config).serve()
 
 

@@ -5,11 +5,16 @@ in-process instant engine, every turn's events acknowledged by JetStream before 
 reply, and (b) a bare FastAPI/uvicorn server that returns a fixed completion. The first
 prompt is ~560 tokens with three tools; each later turn sends back the assistant message
 and a ~50-token tool result. Servers are pinned to CPU 0, the load generator to CPU 1.
+Every session is a new one (its first prompt is the same: the edge's first-prompt cache
+serves all but the first; see README).
+
+Both servers run side by side and their runs alternate (order swapped every round), so
+the ratios hold on a machine whose speed drifts between runs; medians of ``--repeat``.
 
 Reports turns/s, p50/p99 latency, and server CPU ms per turn (the server process's own
 CPU time), with the edge/floor ratios the targets are stated in.
 
-    python ops/bench/edge_overhead.py [--ks 1,16,64] [--turns 8] [--repeat 3]
+    python ops/bench/edge_overhead.py [--ks 1,16,64] [--turns 8] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -169,19 +174,28 @@ async def run_load(server: Server, k: int, turn_bodies: list[bytes], min_turns: 
             "cpu_ms": 1e3 * cpu / turns}
 
 
-async def measure(kind: str, nats_url: str, ks: list[int], turn_bodies: list[bytes], repeat: int,
-                  port: int, cpu: int | None) -> dict[int, dict[str, float]]:
-    server = Server(kind, port, nats_url, cpu)
+async def measure(nats_url: str, ks: list[int], turn_bodies: list[bytes], repeat: int,
+                  cpu: int | None) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
+    """Both servers up side by side (the idle one costs nothing); for each K their runs alternate,
+    the order swapped every round, so a machine that speeds up or slows down between runs moves
+    both alike. The median of ``repeat`` runs per server and K."""
+    servers = {"floor": Server("floor", 18631, nats_url, cpu), "edge": Server("edge", 18632, nats_url, cpu)}
     try:
-        await server.wait_ready()
-        await run_load(server, 4, turn_bodies, min_turns=64)  # warm up: lazy imports and caches
-        results = {}
+        for server in servers.values():
+            await server.wait_ready()
+            await run_load(server, 4, turn_bodies, min_turns=64)  # warm up: lazy imports and caches
+        results: dict[str, dict[int, dict[str, float]]] = {"floor": {}, "edge": {}}
         for k in ks:
-            runs = [await run_load(server, k, turn_bodies) for _ in range(repeat)]
-            results[k] = {m: statistics.median(r[m] for r in runs) for m in runs[0]}
-        return results
+            runs: dict[str, list[dict[str, float]]] = {"floor": [], "edge": []}
+            for rep in range(repeat):
+                for kind in ("floor", "edge") if rep % 2 == 0 else ("edge", "floor"):
+                    runs[kind].append(await run_load(servers[kind], k, turn_bodies))
+            for kind, rows in runs.items():
+                results[kind][k] = {m: statistics.median(r[m] for r in rows) for m in rows[0]}
+        return results["floor"], results["edge"]
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
 
 
 def report(floor: dict[int, dict[str, float]], edge: dict[int, dict[str, float]], prompt_tokens: int) -> None:
@@ -217,7 +231,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ks", default="1,16,64")
     parser.add_argument("--turns", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     two_cores = len(os.sched_getaffinity(0)) >= 2
@@ -225,8 +239,7 @@ async def main() -> None:
         os.sched_setaffinity(0, {1})
     turn_bodies = bodies(args.turns)
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", name="bench") as nats:
-        floor = await measure("floor", nats.url, ks, turn_bodies, args.repeat, 18631, 0 if two_cores else None)
-        edge = await measure("edge", nats.url, ks, turn_bodies, args.repeat, 18632, 0 if two_cores else None)
+        floor, edge = await measure(nats.url, ks, turn_bodies, args.repeat, 0 if two_cores else None)
     report(floor, edge, prompt_tokens())
 
 

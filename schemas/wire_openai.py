@@ -57,15 +57,17 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 
 M = TypeVar("M")
+T = TypeVar("T")
 
 
-class ChatCompletionRequest(msgspec.Struct, Generic[M], frozen=True, kw_only=True):
-    """``ChatCompletionRequest[MessageIn]`` decodes everything; ``[msgspec.Raw]`` leaves each
-    message as its raw JSON (the edge decodes only messages it has not seen before)."""
+class ChatCompletionRequest(msgspec.Struct, Generic[M, T], frozen=True, kw_only=True):
+    """``ChatCompletionRequest[MessageIn, list[ToolDef] | None]`` decodes everything;
+    ``[msgspec.Raw, msgspec.Raw]`` leaves each message, and the tools, as raw JSON (the edge
+    decodes only what it has not seen before). ``tools`` is None when absent."""
 
     messages: list[M]
     model: str = ""
-    tools: list[ToolDef] | None = None
+    tools: T = None  # type: ignore[assignment]
     tool_choice: str | NamedToolChoice | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -41,6 +41,7 @@ from schemas.wire_openai import (
     TokenLogprob,
     ToolCallDelta,
     ToolCallOut,
+    ToolDef,
     Usage,
 )
 
@@ -81,14 +82,14 @@ def _message(index: int, m: MessageIn) -> Message:
     )
 
 
-def _tool_choice(req: ChatCompletionRequest[msgspec.Raw]) -> str:
+def _tool_choice(req: LazyRequest) -> str:
     choice = req.tool_choice
     if choice is None or choice in ("auto", "none"):
         return choice or "auto"
     raise MalformedRequest("tool_choice must be 'auto' or 'none'", param="tool_choice")
 
 
-def _sampling(req: ChatCompletionRequest[msgspec.Raw]) -> SamplingOverrides:
+def _sampling(req: LazyRequest) -> SamplingOverrides:
     if req.n not in (None, 1):
         raise MalformedRequest("n must be 1 (start one session per sample)", param="n")
     if req.temperature is not None and req.temperature < 0:
@@ -103,6 +104,7 @@ def _sampling(req: ChatCompletionRequest[msgspec.Raw]) -> SamplingOverrides:
                              max_tokens=max_tokens, stop=stop)
 
 
+LazyRequest = ChatCompletionRequest[msgspec.Raw, msgspec.Raw]
 _message_decoder = msgspec.json.Decoder(MessageIn)
 _MESSAGES: BoundedCache[tuple[int, bytes], Message] = BoundedCache()
 
@@ -122,14 +124,32 @@ def _cached_message(index: int, raw: msgspec.Raw) -> Message:
     return message
 
 
+_tools_decoder = msgspec.json.Decoder(list[ToolDef] | None)
+_TOOLS: BoundedCache[bytes, tuple[ToolSpec, ...]] = BoundedCache(max_items=1024)
+
+
+def _cached_tools(raw: msgspec.Raw | None) -> tuple[ToolSpec, ...]:
+    """The request's tools, decoded once per distinct JSON (an agent sends the same tools every turn)."""
+    if raw is None:
+        return ()
+    key = bytes(raw)
+    tools = _TOOLS.get(key)
+    if tools is None:
+        try:
+            defs = _tools_decoder.decode(key)
+        except msgspec.ValidationError as exc:
+            raise MalformedRequest(f"invalid request: {exc} (in tools)", param="tools") from exc
+        tools = _TOOLS.put(key, tuple(
+            ToolSpec(name=t.function.name, description=t.function.description, parameters=t.function.parameters)
+            for t in defs or ()), 2 * len(key))
+    return tools
+
+
 def decode_request(body: bytes) -> Conversation:
-    req = decode_strict(body, ChatCompletionRequest[msgspec.Raw])
+    req = decode_strict(body, LazyRequest)
     if not req.messages:
         raise MalformedRequest("messages must not be empty", param="messages")
-    tools = tuple(
-        ToolSpec(name=t.function.name, description=t.function.description, parameters=t.function.parameters)
-        for t in req.tools or ()
-    )
+    tools = _cached_tools(req.tools)
     return Conversation(
         messages=tuple(_cached_message(i, m) for i, m in enumerate(req.messages)),
         tools=tools,

@@ -177,3 +177,21 @@ def test_openai_stream_chunks():
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 2
     assert msgspec.json.decode(encoder.error(EngineUnavailable("down"))[len(b"data: "):])["error"]["code"] == \
         "engine_unavailable"
+
+
+TOOL = {"type": "function", "function": {"name": "ls", "description": "List", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}}}}
+
+
+def test_openai_tools_decode_once_per_json_and_bad_tools_name_the_field():
+    def body(tools: object) -> bytes:
+        return json.dumps({"messages": [{"role": "user", "content": "hi"}], "tools": tools}).encode()
+
+    first = OPENAI.decode(body([TOOL]))
+    assert [t.name for t in first.tools] == ["ls"] and first.tools[0].parameters == TOOL["function"]["parameters"]
+    assert OPENAI.decode(body([TOOL])).tools is first.tools  # the same JSON: the same specs
+    assert OPENAI.decode(body(None)).tools == () and OPENAI.decode(body([])).tools == ()
+    for bad in ([{"type": "function", "function": {"name": 3}}], {"name": "ls"}, ["ls"]):
+        with pytest.raises(MalformedRequest) as caught:
+            OPENAI.decode(body(bad))
+        assert caught.value.param == "tools"

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import TypeVar
 
 import msgspec
@@ -90,15 +90,27 @@ class Disconnect:
         if self._sampling is not None and not self._adopted:
             self._sampling.cancel()
 
-    @contextmanager
-    def sampling(self) -> Iterator[None]:
-        self._sampling = asyncio.current_task()
-        try:
-            yield
-        finally:
-            self._sampling = None
-            if self._timer is not None:
-                self._timer.cancel()
+    def sampling(self) -> Sampling:
+        """``with disconnect.sampling():`` around the engine call, which the abort cancels."""
+        return Sampling(self)
+
+
+class Sampling:
+    """:meth:`Disconnect.sampling` as a plain context manager (it is on every plain turn's path)."""
+
+    __slots__ = ("_disconnect",)
+
+    def __init__(self, disconnect: Disconnect) -> None:
+        self._disconnect = disconnect
+
+    def __enter__(self) -> None:
+        self._disconnect._sampling = asyncio.current_task()
+
+    def __exit__(self, *exc: object) -> None:
+        disconnect = self._disconnect
+        disconnect._sampling = None
+        if disconnect._timer is not None:
+            disconnect._timer.cancel()
 
 
 class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import msgspec
@@ -113,6 +112,26 @@ class Sampling:
             disconnect._timer.cancel()
 
 
+class Begun:
+    """:meth:`TurnRunner.begin`'s context (a plain class: it is on every turn's path)."""
+
+    __slots__ = ("_busy", "_live", "_request", "_runner")
+
+    def __init__(self, runner: TurnRunner, live: LiveSession, request: TurnRequest) -> None:
+        self._runner = runner
+        self._live = live
+        self._request = request
+        self._busy: int | None = None
+
+    async def __aenter__(self) -> PreparedTurn:
+        turn, self._busy = self._runner._begin(self._live, self._request)
+        return turn
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._busy is not None:
+            self._live.busy.discard(self._busy)
+
+
 class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
     conversation: Conversation
     wire: str
@@ -193,9 +212,13 @@ class TurnRunner:
                 await self.record_abandoned(live, turn, reason=DISCONNECTED, tokens_sampled=0)
             raise
 
-    @asynccontextmanager
-    async def begin(self, live: LiveSession, request: TurnRequest) -> AsyncIterator[PreparedTurn]:
-        """Select the chain and plan the turn; a continued chain stays busy until the block ends."""
+    def begin(self, live: LiveSession, request: TurnRequest) -> Begun:
+        """``async with runner.begin(live, request) as turn:`` selects the chain and plans the turn;
+        a continued chain stays busy until the block ends."""
+        return Begun(self, live, request)
+
+    def _begin(self, live: LiveSession, request: TurnRequest) -> tuple[PreparedTurn, int | None]:
+        """The prepared turn, and the chain it keeps busy (marked busy here) if any."""
         conversation = request.conversation
         request_no = live.take_request_no()
         digests = [d.hex() for d in prefix_digests(tools_digest(conversation.tools), conversation.messages)]
@@ -203,16 +226,16 @@ class TurnRunner:
                                  rollback=self._settings.rollback_rewritten_turns)
         received = self._received(live, request, request_no)
         if isinstance(selection, Exhausted):
-            yield PreparedTurn(request=request, request_no=request_no, received=received, refusal=(received,))
-            return
+            return PreparedTurn(request=request, request_no=request_no, received=received, refusal=(received,)), None
         busy = None if isinstance(selection, NewChain) else selection.chain.index
         if busy is not None:
             live.busy.add(busy)
         try:
-            yield self._prepare(live, request, selection, digests, received, request_no)
-        finally:
+            return self._prepare(live, request, selection, digests, received, request_no), busy
+        except BaseException:
             if busy is not None:
                 live.busy.discard(busy)
+            raise
 
     def _prepare(self, live: LiveSession, request: TurnRequest, selection: Continue | Rollback | NewChain,
                  digests: list[str], received: RequestReceived, request_no: int) -> PreparedTurn:

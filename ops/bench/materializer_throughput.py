@@ -14,7 +14,10 @@ materializer derives them: a ~600-token prompt, then turns of a ~60-token tool r
 
 Baseline and sink alternate (in swapped order every other round, each into a fresh
 partition), so a busy machine slows both alike; prints records/s (best and median) and the
-ratio sink / baseline of the bests (target >= 0.8) and of the medians.
+ratio sink / baseline of the bests (target >= 0.8) and of the medians. Most of what the sink
+pays beyond the baseline is TransferQueue's fixed cost per call (controller round trips,
+per-field work), paid per materializer batch: one trajectory put and two prompt-status puts
+where the baseline makes one put for all records, so the ratio rises with ``--batch``.
 
 The process is set up as a rollbus process runs: the sink's puts are awaited on one
 long-lived event loop (the materializer's), and once setup is done the heap is settled

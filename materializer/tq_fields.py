@@ -36,35 +36,43 @@ INT_SEQUENCES = ("prompts", "responses", "input_ids", "attention_mask", "positio
 FLOAT_SEQUENCES = ("rm_scores", "rollout_log_probs")
 
 
-def _offsets(lengths: np.ndarray) -> np.ndarray:
+def _offsets(lengths: np.ndarray) -> torch.Tensor:
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return offsets
+    return torch.from_numpy(offsets)
 
 
-def _nested(values: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
+def _nested(values: np.ndarray, offsets: torch.Tensor) -> torch.Tensor:
     """One nested (jagged) tensor from flat values and offsets: no per-row tensors."""
-    return torch.nested.nested_tensor_from_jagged(torch.from_numpy(values), torch.from_numpy(offsets))
+    return torch.nested.nested_tensor_from_jagged(torch.from_numpy(values), offsets)
 
 
-def _jagged(rows: list[np.ndarray], dtype: type[np.generic]) -> torch.Tensor:
-    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-    values = np.concatenate(rows, dtype=dtype) if rows else np.zeros(0, dtype=dtype)
-    return _nested(values, _offsets(lengths))
+def _flat(rows: list[np.ndarray], dtype: type[np.generic]) -> np.ndarray:
+    return np.concatenate(rows, dtype=dtype) if rows else np.zeros(0, dtype=dtype)
 
 
-def _sequences(records: list[TrajectoryRecord]) -> dict[str, torch.Tensor]:
+class _Layout:
+    """The lengths of a batch's records, as offsets every token field of one length shares."""
+
+    def __init__(self, records: list[TrajectoryRecord]) -> None:
+        n = len(records)
+        self.prompt_lens = np.fromiter((len(r.prompts) for r in records), dtype=np.int64, count=n)
+        self.response_lens = np.fromiter((len(r.responses) for r in records), dtype=np.int64, count=n)
+        self.seq_lens = self.prompt_lens + self.response_lens
+        self.prompt = _offsets(self.prompt_lens)
+        self.response = _offsets(self.response_lens)
+        self.seq = _offsets(self.seq_lens)
+
+
+def _sequences(records: list[TrajectoryRecord], layout: _Layout) -> dict[str, torch.Tensor]:
     """input_ids, attention_mask and position_ids of every record, built over the whole batch at once."""
-    prompts = np.fromiter((len(r.prompts) for r in records), dtype=np.int64, count=len(records))
-    responses = np.fromiter((len(r.responses) for r in records), dtype=np.int64, count=len(records))
-    offsets = _offsets(prompts + responses)
-    total = int(offsets[-1])
-    input_ids = np.concatenate([a for r in records for a in (r.prompts, r.responses)], dtype=np.int64) \
-        if records else np.zeros(0, dtype=np.int64)
-    positions = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], prompts + responses)
-    return {"input_ids": _nested(input_ids, offsets),
-            "attention_mask": _nested(np.ones(total, dtype=np.int64), offsets),
-            "position_ids": _nested(positions, offsets)}
+    total = int(layout.seq[-1])
+    input_ids = _flat([a for r in records for a in (r.prompts, r.responses)], np.int64)
+    ramp = np.arange(int(layout.seq_lens.max(initial=0)), dtype=np.int64)
+    positions = _flat([ramp[:n] for n in layout.seq_lens.tolist()], np.int64)  # one copy, no arithmetic
+    return {"input_ids": _nested(input_ids, layout.seq),
+            "attention_mask": _nested(np.ones(total, dtype=np.int64), layout.seq),
+            "position_ids": _nested(positions, layout.seq)}
 
 
 def _sequence(record: TrajectoryRecord, name: str) -> np.ndarray:
@@ -107,16 +115,24 @@ def _non_tensor(record: TrajectoryRecord, name: str) -> Any:
     return getattr(record, name)
 
 
+def _token_field(records: list[TrajectoryRecord], name: str, layout: _Layout,
+                 built: dict[str, torch.Tensor]) -> torch.Tensor:
+    offsets = layout.prompt if name == "prompts" else layout.response
+    if name == "loss_mask" and "response_mask" in built and all(r.loss_mask is r.response_mask for r in records):
+        return built["response_mask"]  # one array in the records (derive_records): one tensor here
+    dtype = np.float32 if name in FLOAT_SEQUENCES else np.int64
+    return _nested(_flat([_sequence(r, name) for r in records], dtype), offsets)
+
+
 def to_tensordict(records: list[TrajectoryRecord], names: tuple[str, ...]) -> TensorDict:
     """The fields ``names`` of records that all have them, batched."""
-    data: dict[str, Any] = _sequences(records)
+    layout = _Layout(records)
+    data: dict[str, Any] = _sequences(records, layout)
     for name in names:
         if name in data:
             continue
-        if name in INT_SEQUENCES:
-            data[name] = _jagged([_sequence(r, name) for r in records], np.int64)
-        elif name in FLOAT_SEQUENCES:
-            data[name] = _jagged([_sequence(r, name) for r in records], np.float32)
+        if name in INT_SEQUENCES or name in FLOAT_SEQUENCES:
+            data[name] = _token_field(records, name, layout, data)
         elif name == "num_turns":
             data[name] = torch.tensor([r.num_turns for r in records], dtype=torch.int64)
         else:

@@ -14,7 +14,16 @@ materializer derives them: a ~600-token prompt, then turns of a ~60-token tool r
 
 Baseline and sink alternate (in swapped order every other round, each into a fresh
 partition), so a busy machine slows both alike; prints records/s (best and median) and the
-ratio sink / baseline of the bests (target >= 0.8) and of the medians.
+ratio sink / baseline of the bests (target >= 0.8) and of the medians. Most of what the sink
+pays beyond the baseline is TransferQueue's fixed cost per call (controller round trips,
+per-field work), paid per materializer batch: one trajectory put and two prompt-status puts
+where the baseline makes one put for all records, so the ratio rises with ``--batch``.
+
+The process is set up as a rollbus process runs: the sink's puts are awaited on one
+long-lived event loop (the materializer's), and once setup is done the heap is settled
+(:func:`rollbus.heap.settle_heap`, as ``rollbus`` does once started). Each timed section
+starts after a collection, so none pays for the garbage another left (the baseline's
+TensorDict is built untimed, and a full collection of the unsettled heap took ~0.25 s).
 
     python ops/bench/materializer_throughput.py [--records 1024] [--batch 256] [--turns 4]
 """
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import random
 import sys
 import tempfile
@@ -37,6 +47,7 @@ from materializer.parquet import ParquetSink
 from materializer.records import derive_records
 from materializer.tq_fields import fields_of, to_tensordict
 from materializer.transfer_queue import TransferQueueConnection, TransferQueueSink, tq
+from rollbus.heap import settle_heap
 from schemas.records import MaterializedMarker, TrajectoryRecord
 from session_projector.fold import fold
 from tests.helpers import SessionScript
@@ -68,6 +79,7 @@ def batches(records: list[TrajectoryRecord], size: int) -> list[list[TrajectoryR
 def baseline(records: list[TrajectoryRecord], partition: str) -> float:
     fields = to_tensordict(records, fields_of(records[0]))
     tags = [r.tags() for r in records]
+    gc.collect()
     started = time.perf_counter()
     tq.kv_batch_put(keys=[r.key for r in records], partition_id=partition, fields=fields, tags=tags)
     return time.perf_counter() - started
@@ -75,6 +87,7 @@ def baseline(records: list[TrajectoryRecord], partition: str) -> float:
 
 async def sink(records: list[TrajectoryRecord], partition: str, batch: int) -> float:
     writer = TransferQueueSink(partition)
+    gc.collect()
     started = time.perf_counter()
     for chunk in batches(records, batch):
         uids = sorted({r.uid for r in chunk})
@@ -114,17 +127,20 @@ def main() -> None:
           f"materializer batches of {args.batch}")
     connection = TransferQueueConnection(None, storage_units=2)
     connection.open()
+    loop = asyncio.new_event_loop()
+    settle_heap()
     try:
         base, ours = [], []
         for rep in range(args.repeat):
             if rep % 2:
-                ours.append(asyncio.run(sink(records, f"sink{rep}", args.batch)))
+                ours.append(loop.run_until_complete(sink(records, f"sink{rep}", args.batch)))
             base.append(baseline(records, f"base{rep}"))
             if not rep % 2:
-                ours.append(asyncio.run(sink(records, f"sink{rep}", args.batch)))
+                ours.append(loop.run_until_complete(sink(records, f"sink{rep}", args.batch)))
             clear(f"base{rep}")
             clear(f"sink{rep}")
     finally:
+        loop.close()
         connection.close()
     flat = min(parquet(records, args.batch, None) for _ in range(args.repeat))
     padded = min(parquet(records, args.batch, Padding(prompt_length=1024, response_length=2048))

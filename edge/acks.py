@@ -53,7 +53,7 @@ class NoResponders(Exception):
     """Nothing listens on the subject: no stream takes it (JetStream down or not provisioned)."""
 
 
-_decode = msgspec.json.Decoder(Ack).decode
+decode_ack = msgspec.json.Decoder(Ack).decode
 
 
 class AckedPublisher:
@@ -83,7 +83,7 @@ class AckedPublisher:
             future.set_exception(NoResponders(msg.subject))
             return
         try:
-            ack = _decode(msg.data)
+            ack = decode_ack(msg.data)
         except msgspec.DecodeError as exc:
             future.set_exception(exc)
             return
@@ -111,7 +111,7 @@ class AckedPublisher:
 
     async def _send(self, subject: str, reply: str, payload: bytes, headers: dict[str, str]) -> None:
         nc = self._nc
-        block = _header_block(headers) if self._direct and nc.is_connected and not nc.is_draining_pubs else None
+        block = header_block(headers) if self._direct and nc.is_connected and not nc.is_draining_pubs else None
         if block is None or len(payload) > nc.max_payload:
             await nc.publish(subject, payload, reply=reply, headers=headers)
             return
@@ -122,7 +122,7 @@ class AckedPublisher:
             await nc._flush_pending()
 
 
-def _header_block(headers: dict[str, str]) -> bytes | None:
+def header_block(headers: dict[str, str]) -> bytes | None:
     """``NATS/1.0`` and the headers, or None when a value would need the client's sanitizing."""
     text = "NATS/1.0\r\n" + "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
     return None if text.count("\n") != len(headers) + 2 or text.count("\r") != len(headers) + 2 else text.encode()

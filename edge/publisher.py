@@ -26,6 +26,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
 
 from edge.acks import Ack, AckedPublisher, NoResponders, PublishRejected
+from edge.nats_direct import DirectPublisher, direct_publisher
 from schemas import envelope
 from schemas.errors import LogUnavailable, OwnershipLost, PayloadTooLarge
 from schemas.events import SCHEMA_VERSION, Event
@@ -60,8 +61,13 @@ class EventLog(Protocol):
 
 
 class JetStreamLog:
-    def __init__(self, js: JetStreamContext, cfg: LogConfig, *, timeout: float = 5.0, attempts: int = 4) -> None:
-        self._publisher = AckedPublisher(js._nc)  # nats-py exposes the context's client only privately
+    def __init__(self, js: JetStreamContext, cfg: LogConfig, *, timeout: float = 5.0, attempts: int = 4,
+                 direct: bool = False) -> None:
+        """``direct``: publish on a connection of the log's own (:mod:`edge.nats_direct`, where the
+        server's URL allows it; the edge's choice), to be closed with :meth:`close`."""
+        nc = js._nc  # nats-py exposes the context's client only privately
+        self._direct = direct_publisher(nc) if direct else None
+        self._publisher: DirectPublisher | AckedPublisher = self._direct or AckedPublisher(nc)
         self._js = js
         self._cfg = cfg
         self._timeout = timeout
@@ -93,7 +99,8 @@ class JetStreamLog:
                         return stored  # the timed-out attempt was stored
                     raise OwnershipLost(f"session {session_id} was appended to by another writer") from exc
                 raise LogUnavailable(f"JetStream rejected the append: {exc.error.description}") from exc
-            except (TimeoutError, NatsTimeoutError, NoResponders, OutboundBufferLimitError) as exc:
+            except (TimeoutError, NatsTimeoutError, NoResponders, OutboundBufferLimitError,
+                    ConnectionResetError) as exc:
                 log.warning("append to %s timed out (attempt %d/%d): %r", subject, attempt, self._attempts, exc)
                 if attempt == self._attempts:
                     raise LogUnavailable("JetStream did not acknowledge the append") from exc
@@ -102,6 +109,10 @@ class JetStreamLog:
                 raise LogUnavailable("the NATS connection is closed") from exc
         raise LogUnavailable("unreachable")  # pragma: no cover
 
+
+    async def close(self) -> None:
+        if self._direct is not None:
+            await self._direct.close()
 
     async def _stored_last(self, session_id: str, message_id: str) -> Ack | None:
         """The session's last message as an acknowledgement, if it carries ``message_id``."""

@@ -85,6 +85,12 @@ class EdgeService:
     def leases(self) -> KvLeases | None:
         return self._leases
 
+    async def close_log(self) -> None:
+        """Close the log's own connection, if it has one (after the last request)."""
+        close = getattr(self._log, "close", None)
+        if close is not None:
+            await close()
+
     async def open_session(self, spec: OpenSession) -> OpenedSession:
         uid = _check_open_request(spec)
         if len(self._registry) >= self.settings.max_open_sessions:

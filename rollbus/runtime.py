@@ -108,7 +108,7 @@ def build_edge_service(settings: EdgeSettings, js: JetStreamContext, engine: Eng
     """An :class:`EdgeService` writing to JetStream under leases, taking unknown sessions over from it."""
     cfg = settings.log
     codec, parser = load_codec(settings.tokenizer, settings.tool_format)  # refuses a mismatched pair
-    event_log = JetStreamLog(js, cfg)
+    event_log = JetStreamLog(js, cfg, direct=True)
     leases = KvLeases(js, cfg, edge_id=settings.edge_id, url=settings.public_url, ttl=settings.lease_ttl_s,
                       clock=clock)
     registry = Registry(lambda session_id: load_state(js, cfg, session_id), leases=leases,
@@ -253,6 +253,7 @@ class Stack:
         if self._service is not None:
             with contextlib.suppress(Exception):  # leases lapse anyway
                 await asyncio.wait_for(self._service.registry.close(), 5)
+            await self._service.close_log()
         if self._engine is not None:
             await self._engine.aclose()
         if self.nc is not None:

@@ -1,0 +1,99 @@
+"""DirectPublisher: the edge's own publish connection, against real nats-servers."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+from urllib.parse import urlparse
+
+import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from edge.nats_direct import DirectPublisher, _Connection, direct_publisher
+from edge.publisher import JetStreamLog
+from rollbus.nats_server import EmbeddedNats
+from rollbus.provision import connect, provision
+from schemas.log import HDR_MSG_ID, LogConfig
+from tests.helpers import SessionScript
+
+SESSION = "0123456789abcdef0123456789abcdef"
+
+
+def test_a_plain_url_gets_a_direct_publisher_and_credentials_are_read_from_it() -> None:
+    def client(url: str, **options: object) -> Client:
+        return SimpleNamespace(connected_url=urlparse(url), options={"tls": None, **options})  # type: ignore[return-value]
+
+    plain = direct_publisher(client("nats://127.0.0.1:4333"))
+    assert plain is not None and plain._address == ("127.0.0.1", 4333) and plain._auth == {}
+    assert direct_publisher(client("nats://bob:s%40cret@h:1"))._auth == {"user": "bob", "pass": "s@cret"}  # type: ignore[union-attr]
+    assert direct_publisher(client("nats://tok@h:1"))._auth == {"auth_token": "tok"}  # type: ignore[union-attr]
+    assert direct_publisher(client("tls://h:1")) is None
+    assert direct_publisher(client("nats://h:1", tls=object())) is None
+
+
+def test_the_parser_answers_pings_and_reassembles_messages_cut_anywhere() -> None:
+    stream = (b'INFO {"server_id":"x"}\r\nPING\r\n+OK\r\n'
+              b'MSG _INBOX.a.1 1 9\r\n{"seq":1}\r\n'
+              b"HMSG _INBOX.a.2 1 16 16\r\nNATS/1.0 503\r\n\r\n\r\n"
+              b'HMSG _INBOX.a.3 1 12 21\r\nNATS/1.0\r\n\r\n{"seq":3}\r\n')
+
+    async def run() -> None:
+        for cut in range(1, len(stream)):  # every split point of the byte stream
+            delivered: list[tuple[str, bytes | None, bytes]] = []
+            written: list[bytes] = []
+            conn = _Connection(lambda *message, into=delivered: into.append(message))
+            conn.connection_made(SimpleNamespace(write=written.append, close=lambda: None))  # type: ignore[arg-type]
+            conn.data_received(stream[:cut])
+            conn.data_received(stream[cut:])
+            assert delivered == [("_INBOX.a.1", None, b'{"seq":1}'), ("_INBOX.a.2", b"NATS/1.0 503\r\n\r\n", b""),
+                                 ("_INBOX.a.3", b"NATS/1.0\r\n\r\n", b'{"seq":3}')], cut
+            assert written == [b"PONG\r\n"] and (await conn.info) == {"server_id": "x"}, cut
+
+    asyncio.run(run())
+
+
+async def test_the_log_appends_through_its_own_connection(js: JetStreamContext, log_config: LogConfig) -> None:
+    log = JetStreamLog(js, log_config, direct=True)
+    assert isinstance(log._publisher, DirectPublisher)
+    script = SessionScript(session_id=SESSION)
+    appended = await log.append(SESSION, script.events, 0)
+    stored = await js.get_msg(log_config.stream, appended.stream_seq)
+    assert stored.headers is not None and stored.headers[HDR_MSG_ID] == f"{SESSION}:1"
+    await log.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_a_lost_server_fails_fast_and_a_restarted_one_is_used_again(tmp_path: Path) -> None:
+    cfg = LogConfig()
+    server = EmbeddedNats(tmp_path / "store", name="direct-test", port=free_port()).start()
+    nc = await connect(server.url, name="direct-test")
+    try:
+        await provision(nc.jetstream(), cfg)
+        publisher = direct_publisher(nc)
+        assert publisher is not None
+        subject = cfg.subject(SESSION, "turn")
+        assert (await publisher.publish(subject, b"a", {HDR_MSG_ID: "m1"}, 5)).seq == 1
+        await nc.subscribe("silent.listener")  # a responder that never answers: the publish stays pending
+        await nc.flush()
+        waiting = asyncio.ensure_future(publisher.publish("silent.listener", b"x", {HDR_MSG_ID: "m"}, 30))
+        await asyncio.sleep(0.05)
+        await asyncio.to_thread(server.stop)
+        with pytest.raises(ConnectionResetError):  # the pending publish fails at once, not after 30 s
+            await asyncio.wait_for(waiting, 5)
+        with pytest.raises(ConnectionResetError):  # refused while the server is down: retryable
+            await publisher.publish(subject, b"b", {HDR_MSG_ID: "m2"}, 5)
+        await asyncio.to_thread(server.start)
+        ack = await publisher.publish(subject, b"b", {HDR_MSG_ID: "m2"}, 5)
+        assert (ack.seq, ack.duplicate) == (2, False)
+        await publisher.close()
+    finally:
+        await nc.close()
+        server.stop()

@@ -26,6 +26,7 @@ import itertools
 import json
 import logging
 import secrets
+from collections.abc import Callable
 from typing import Any, cast
 from urllib.parse import ParseResult, unquote
 
@@ -50,8 +51,10 @@ class _Connection(asyncio.Protocol):
     def __init__(self, on_reply: Any) -> None:
         self._on_reply = on_reply  # (token, headers block | None, payload) -> None
         self._buffer = bytearray()
+        self._out: list[bytes] = []  # written in the next pass of the loop (see write)
+        self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.info: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.info: asyncio.Future[dict[str, Any]] = self._loop.create_future()
         self.pong: asyncio.Future[None] | None = None
         self.closed = False
         self.error: BaseException | None = None
@@ -71,9 +74,18 @@ class _Connection(asyncio.Protocol):
             self.on_lost(self.error)
 
     def write(self, data: bytes) -> None:
+        """Queue ``data``; everything queued in one pass of the event loop goes out in one write
+        (concurrent turns' publishes share a system call, as nats-py's flusher has them do)."""
         if self.closed or self.transport is None:
             raise self.error or ConnectionResetError("NATS connection closed")
-        self.transport.write(data)
+        self._out.append(data)
+        if len(self._out) == 1:
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if out and not self.closed and self.transport is not None:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
@@ -147,8 +159,12 @@ class DirectPublisher:
     """Acknowledged publishes on a connection of its own (see the module docstring)."""
 
     def __init__(self, host: str, port: int, *, user: str | None = None, password: str | None = None,
-                 token: str | None = None, name: str = "rollbus-edge-publish") -> None:
+                 token: str | None = None, name: str = "rollbus-edge-publish",
+                 follow: Callable[[], tuple[str, int] | None] | None = None) -> None:
+        """``follow``: where the main connection is now (a cluster client moves between servers);
+        asked before each new connection."""
         self._address = (host, port)
+        self._follow = follow
         self._auth = {k: v for k, v in (("user", user), ("pass", password), ("auth_token", token)) if v}
         self._name = name
         self._inbox = f"_INBOX.{secrets.token_hex(11)}"
@@ -175,6 +191,8 @@ class DirectPublisher:
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
+        if self._follow is not None and (address := self._follow()) is not None:
+            self._address = address
         _, conn = await loop.create_connection(lambda: _Connection(self._on_reply), *self._address)
         try:
             info = await conn.info
@@ -265,4 +283,10 @@ def direct_publisher(nc: Client) -> DirectPublisher | None:
     token = options.get("token")
     if user and not password and not token:  # nats://TOKEN@host
         user, token = None, user
-    return DirectPublisher(url.hostname or "127.0.0.1", url.port or 4222, user=user, password=password, token=token)
+
+    def follow() -> tuple[str, int] | None:
+        now = nc.connected_url
+        return (now.hostname or "127.0.0.1", now.port or 4222) if now is not None and nc.is_connected else None
+
+    return DirectPublisher(url.hostname or "127.0.0.1", url.port or 4222, user=user, password=password, token=token,
+                           follow=follow)

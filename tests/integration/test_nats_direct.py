@@ -34,6 +34,16 @@ def test_a_plain_url_gets_a_direct_publisher_and_credentials_are_read_from_it() 
     assert direct_publisher(client("nats://h:1", tls=object())) is None
 
 
+def test_a_new_connection_goes_where_the_main_connection_is_now() -> None:
+    nc = SimpleNamespace(connected_url=urlparse("nats://10.0.0.1:4222"), options={"tls": None}, is_connected=True)
+    publisher = direct_publisher(nc)  # type: ignore[arg-type]
+    assert publisher is not None and publisher._follow is not None
+    nc.connected_url = urlparse("nats://10.0.0.2:4223")  # the cluster client moved
+    assert publisher._follow() == ("10.0.0.2", 4223)
+    nc.is_connected = False  # reconnecting: keep the last known server
+    assert publisher._follow() is None
+
+
 def test_the_parser_answers_pings_and_reassembles_messages_cut_anywhere() -> None:
     stream = (b'INFO {"server_id":"x"}\r\nPING\r\n+OK\r\n'
               b'MSG _INBOX.a.1 1 9\r\n{"seq":1}\r\n'
@@ -48,9 +58,27 @@ def test_the_parser_answers_pings_and_reassembles_messages_cut_anywhere() -> Non
             conn.connection_made(SimpleNamespace(write=written.append, close=lambda: None))  # type: ignore[arg-type]
             conn.data_received(stream[:cut])
             conn.data_received(stream[cut:])
+            await asyncio.sleep(0)  # writes go out at the loop's next pass
             assert delivered == [("_INBOX.a.1", None, b'{"seq":1}'), ("_INBOX.a.2", b"NATS/1.0 503\r\n\r\n", b""),
                                  ("_INBOX.a.3", b"NATS/1.0\r\n\r\n", b'{"seq":3}')], cut
             assert written == [b"PONG\r\n"] and (await conn.info) == {"server_id": "x"}, cut
+
+    asyncio.run(run())
+
+
+def test_writes_of_one_loop_pass_go_out_together() -> None:
+    async def run() -> None:
+        written: list[bytes] = []
+        conn = _Connection(lambda *message: None)
+        conn.connection_made(SimpleNamespace(write=written.append, close=lambda: None))  # type: ignore[arg-type]
+        for command in (b"HPUB a 1\r\n", b"HPUB b 2\r\n", b"PONG\r\n"):
+            conn.write(command)
+        assert written == []
+        await asyncio.sleep(0)
+        assert written == [b"HPUB a 1\r\nHPUB b 2\r\nPONG\r\n"]
+        conn.write(b"PING\r\n")
+        await asyncio.sleep(0)
+        assert written[1:] == [b"PING\r\n"]
 
     asyncio.run(run())
 

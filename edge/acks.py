@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from nats.aio.client import Client
@@ -56,13 +57,40 @@ class NoResponders(Exception):
 decode_ack = msgspec.json.Decoder(Ack).decode
 
 
+class AckWaits:
+    """Publishes waiting for their acknowledgement, by the reply token each was sent with."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, asyncio.Future[Ack]] = {}
+        self._counter = itertools.count(1)
+
+    def take(self, token: str) -> asyncio.Future[Ack] | None:
+        """The future waiting for ``token``'s reply, if one still is."""
+        return self.pending.pop(token, None)
+
+    async def wait(self, send: Callable[[str], Awaitable[None] | None], timeout: float) -> Ack:
+        """``send(token)`` a publish and wait for its reply; ``TimeoutError`` when none came in time."""
+        token = str(next(self._counter))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Ack] = loop.create_future()
+        self.pending[token] = future
+        timer = loop.call_later(timeout, _expire, future)
+        try:
+            sending = send(token)
+            if sending is not None:
+                await sending
+            return await future
+        finally:
+            timer.cancel()
+            self.pending.pop(token, None)
+
+
 class AckedPublisher:
     def __init__(self, nc: Client) -> None:
         self._nc = nc
         self._prefix = ""
         self._sub: Subscription | None = None
-        self._pending: dict[str, asyncio.Future[Ack]] = {}
-        self._counter = itertools.count(1)
+        self._waits = AckWaits()
         self._starting: asyncio.Lock | None = None
         # The client internals a direct HPUB needs (see the module docstring).
         self._direct = all(hasattr(nc, name) for name in ("_send_command", "_flush_pending", "_flush_queue"))
@@ -76,37 +104,18 @@ class AckedPublisher:
                 self._prefix = prefix + "."
 
     async def _on_reply(self, msg: Msg) -> None:
-        future = self._pending.pop(msg.subject[len(self._prefix):], None)
-        if future is None or future.done():
+        future = self._waits.take(msg.subject[len(self._prefix):])
+        if future is None:
             return
-        if not msg.data and msg.headers and msg.headers.get("Status") == NO_RESPONDERS:
-            future.set_exception(NoResponders(msg.subject))
-            return
-        try:
-            ack = decode_ack(msg.data)
-        except msgspec.DecodeError as exc:
-            future.set_exception(exc)
-            return
-        if ack.error is not None:
-            future.set_exception(PublishRejected(ack.error))
-        else:
-            future.set_result(ack)
+        no_responders = not msg.data and bool(msg.headers) and msg.headers.get("Status") == NO_RESPONDERS
+        settle(future, msg.data, no_responders=no_responders, subject=msg.subject)
 
     async def publish(self, subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> Ack:
         """Publish and wait for the acknowledgement; raises ``TimeoutError`` when none came in time."""
         if self._sub is None:
             await self._start()
-        token = str(next(self._counter))
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Ack] = loop.create_future()
-        self._pending[token] = future
-        timer = loop.call_later(timeout, _expire, future)
-        try:
-            await self._send(subject, self._prefix + token, payload, headers)
-            return await future
-        finally:
-            timer.cancel()
-            self._pending.pop(token, None)
+        return await self._waits.wait(lambda token: self._send(subject, self._prefix + token, payload, headers),
+                                      timeout)
 
 
     async def _send(self, subject: str, reply: str, payload: bytes, headers: dict[str, str]) -> None:
@@ -115,11 +124,33 @@ class AckedPublisher:
         if block is None or len(payload) > nc.max_payload:
             await nc.publish(subject, payload, reply=reply, headers=headers)
             return
-        await nc._send_command(b"".join((b"HPUB %s %s %d %d\r\n" % (subject.encode(), reply.encode(), len(block),
-                                                                        len(block) + len(payload)),
-                                          block, payload, b"\r\n")))
+        await nc._send_command(hpub(subject, reply, block, payload))
         if nc._flush_queue is not None and nc._flush_queue.empty():
             await nc._flush_pending()
+
+
+def settle(future: asyncio.Future[Ack], payload: bytes, *, no_responders: bool, subject: str) -> None:
+    """Resolve a publish's future from JetStream's reply: the ack, or the error it stands for."""
+    if future.done():
+        return
+    if no_responders:
+        future.set_exception(NoResponders(subject))
+        return
+    try:
+        ack = decode_ack(payload)
+    except msgspec.DecodeError as exc:  # an undecodable reply is that publish's error
+        future.set_exception(exc)
+        return
+    if ack.error is not None:
+        future.set_exception(PublishRejected(ack.error))
+    else:
+        future.set_result(ack)
+
+
+def hpub(subject: str, reply: str, block: bytes, payload: bytes) -> bytes:
+    """The ``HPUB`` command for a payload with the header ``block`` (see :func:`header_block`)."""
+    line = b"HPUB %s %s %d %d\r\n" % (subject.encode(), reply.encode(), len(block), len(block) + len(payload))
+    return b"".join((line, block, payload, b"\r\n"))
 
 
 def header_block(headers: dict[str, str]) -> bytes | None:

@@ -22,7 +22,6 @@ connection.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import secrets
@@ -30,10 +29,9 @@ from collections.abc import Callable
 from typing import Any, cast
 from urllib.parse import ParseResult, unquote
 
-import msgspec
 from nats.aio.client import Client
 
-from edge.acks import Ack, NoResponders, PublishRejected, decode_ack, header_block
+from edge.acks import Ack, AckWaits, header_block, hpub, settle
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +167,7 @@ class DirectPublisher:
         self._name = name
         self._inbox = f"_INBOX.{secrets.token_hex(11)}"
         self._prefix = self._inbox + "."
-        self._pending: dict[str, asyncio.Future[Ack]] = {}
-        self._counter = itertools.count(1)
+        self._waits = AckWaits()
         self._conn: _Connection | None = None
         self._connecting: asyncio.Lock | None = None
 
@@ -213,27 +210,16 @@ class DirectPublisher:
         return conn
 
     def _fail_pending(self, error: BaseException) -> None:
-        pending, self._pending = self._pending, {}
+        pending, self._waits.pending = self._waits.pending, {}
         for future in pending.values():
             if not future.done():
                 future.set_exception(ConnectionResetError(str(error)))
 
     def _on_reply(self, subject: str, headers: bytes | None, payload: bytes) -> None:
-        future = self._pending.pop(subject[len(self._prefix):], None)
-        if future is None or future.done():
-            return
-        if not payload and headers is not None and headers.split(b"\r\n", 1)[0].split()[1:2] == [b"503"]:
-            future.set_exception(NoResponders(subject))
-            return
-        try:
-            ack = decode_ack(payload)
-        except msgspec.DecodeError as exc:  # an undecodable ack is that publish's error
-            future.set_exception(exc)
-            return
-        if ack.error is not None:
-            future.set_exception(PublishRejected(ack.error))
-        else:
-            future.set_result(ack)
+        future = self._waits.take(subject[len(self._prefix):])
+        if future is not None:
+            status = headers.split(b"\r\n", 1)[0].split()[1:2] if headers is not None else []
+            settle(future, payload, no_responders=not payload and status == [b"503"], subject=subject)
 
     async def publish(self, subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> Ack:
         """Publish and wait for JetStream's acknowledgement. Raises ``TimeoutError`` when none
@@ -244,29 +230,13 @@ class DirectPublisher:
         conn = self._conn
         if conn is None or conn.closed:
             conn = await self._connection()
-        token = str(next(self._counter))
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Ack] = loop.create_future()
-        self._pending[token] = future
-        timer = loop.call_later(timeout, _expire, future)
-        try:
-            conn.write(b"".join((b"HPUB %s %s%s %d %d\r\n" % (subject.encode(), self._prefix.encode(), token.encode(),
-                                                               len(block), len(block) + len(payload)),
-                                 block, payload, b"\r\n")))
-            return await future
-        finally:
-            timer.cancel()
-            self._pending.pop(token, None)
+        return await self._waits.wait(lambda token: conn.write(hpub(subject, self._prefix + token, block, payload)),
+                                      timeout)
 
     async def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-
-
-def _expire(future: asyncio.Future[Ack]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError("no acknowledgement"))
 
 
 def direct_publisher(nc: Client) -> DirectPublisher | None:

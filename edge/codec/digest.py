@@ -79,10 +79,26 @@ def _extend(previous: bytes, message: Message) -> bytes:
     return h.digest()
 
 
+_BY_OBJECT: BoundedCache[int, tuple[Sequence[ToolSpec], bytes]] = BoundedCache(max_items=1024)
+
+
 def tools_digest(tools: Sequence[ToolSpec]) -> bytes:
-    """Digest of the tool specs (key order and JSON formatting do not matter)."""
+    """Digest of the tool specs (key order and JSON formatting do not matter). The wire adapters
+    hand back one tuple per distinct tools JSON, so its digest is remembered by object (the cache
+    holds the tuple, so its id cannot be reused while the entry lives)."""
     if not tools:
         return _NO_TOOLS
+    if not isinstance(tools, tuple):  # a list could change after its digest was remembered
+        return _tools_digest(tools)
+    known = _BY_OBJECT.get(id(tools))
+    if known is not None and known[0] is tools:
+        return known[1]
+    digest = _tools_digest(tools)
+    _BY_OBJECT.put(id(tools), (tools, digest))
+    return digest
+
+
+def _tools_digest(tools: Sequence[ToolSpec]) -> bytes:
     canonical = _json_encoder.encode([[t.name, t.description or "", t.parameters or {}] for t in tools])
     digest = _tools_cache.get(canonical)
     if digest is None:

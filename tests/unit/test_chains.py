@@ -120,3 +120,11 @@ def test_rollback_is_off_unless_asked_and_skips_busy_chains():
     messages = [SYS, U1, A1, T1, A1_EDITED, T2]
     assert isinstance(select_chain(state, hexes(messages), roles=ROLES(messages)), NewChain)
     assert isinstance(select_chain(state, hexes(messages), busy={0}, roles=ROLES(messages), rollback=True), NewChain)
+
+
+def test_tools_digest_ignores_key_order_and_is_the_same_for_a_remembered_tuple():
+    spec = (ToolSpec(name="f", description="d", parameters={"type": "object", "properties": {"a": {}, "b": {}}}),)
+    reordered = (ToolSpec(name="f", description="d", parameters={"properties": {"b": {}, "a": {}}, "type": "object"}),)
+    first = tools_digest(spec)
+    assert tools_digest(spec) == first == tools_digest(reordered) == tools_digest(list(spec))
+    assert tools_digest((ToolSpec(name="f", description="other"),)) != first

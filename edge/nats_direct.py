@@ -30,6 +30,7 @@ from typing import Any, cast
 from urllib.parse import ParseResult, unquote
 
 from nats.aio.client import Client
+from nats.errors import MaxPayloadError
 
 from edge.acks import Ack, AckWaits, header_block, hpub, settle
 
@@ -55,6 +56,7 @@ class _Connection(asyncio.Protocol):
         self.info: asyncio.Future[dict[str, Any]] = self._loop.create_future()
         self.pong: asyncio.Future[None] | None = None
         self.closed = False
+        self.max_payload = 1024 * 1024  # until the server's INFO says
         self.error: BaseException | None = None
         self.on_lost: Any = None
 
@@ -142,8 +144,10 @@ class _Connection(asyncio.Protocol):
             if self.pong is not None and not self.pong.done():
                 self.pong.set_result(None)
         elif line.startswith(b"INFO "):
+            info = json.loads(line[5:])
+            self.max_payload = int(info.get("max_payload", self.max_payload))
             if not self.info.done():
-                self.info.set_result(json.loads(line[5:]))
+                self.info.set_result(info)
         elif line.startswith(b"-ERR"):
             message = line[4:].strip().strip(b"'").decode(errors="replace")
             if not self.info.done() or (self.pong is not None and not self.pong.done()):
@@ -230,6 +234,8 @@ class DirectPublisher:
         conn = self._conn
         if conn is None or conn.closed:
             conn = await self._connection()
+        if len(block) + len(payload) > conn.max_payload:  # the server would drop the connection for it
+            raise MaxPayloadError
         return await self._waits.wait(lambda token: conn.write(hpub(subject, self._prefix + token, block, payload)),
                                       timeout)
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import msgspec
-from nats.errors import ConnectionClosedError, OutboundBufferLimitError
+from nats.errors import ConnectionClosedError, MaxPayloadError, OutboundBufferLimitError
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
@@ -107,6 +107,9 @@ class JetStreamLog:
                 await asyncio.sleep(0.05 * attempt)
             except ConnectionClosedError as exc:
                 raise LogUnavailable("the NATS connection is closed") from exc
+            except MaxPayloadError as exc:  # the server's max_payload is below the log's max_event_bytes
+                raise PayloadTooLarge(f"an envelope of {len(payload)} bytes is over the NATS server's max_payload; "
+                                      "lower the log's max_event_bytes or raise max_payload") from exc
         raise LogUnavailable("unreachable")  # pragma: no cover
 
 

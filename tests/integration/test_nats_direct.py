@@ -125,3 +125,19 @@ async def test_a_lost_server_fails_fast_and_a_restarted_one_is_used_again(tmp_pa
     finally:
         await nc.close()
         server.stop()
+
+
+async def test_a_payload_over_the_servers_limit_is_refused_before_it_is_sent(js: JetStreamContext,
+                                                                          log_config: LogConfig) -> None:
+    from nats.errors import MaxPayloadError
+
+    log = JetStreamLog(js, log_config, direct=True)
+    publisher = log._publisher
+    assert isinstance(publisher, DirectPublisher)
+    await publisher.publish(log_config.subject(SESSION, "turn"), b"x", {HDR_MSG_ID: "small"}, 5)
+    assert publisher._conn is not None and publisher._conn.max_payload == 1024 * 1024  # from the server's INFO
+    publisher._conn.max_payload = 100  # as a server configured with max_payload: 100 would say
+    with pytest.raises(MaxPayloadError):
+        await publisher.publish(log_config.subject(SESSION, "turn"), b"y" * 200, {HDR_MSG_ID: "big"}, 5)
+    assert not publisher._conn.closed  # nothing was sent: the connection (and others' publishes) live on
+    await log.close()

@@ -46,7 +46,9 @@ class MaterializerOptions(msgspec.Struct, frozen=True, kw_only=True):
     tq_partition: str = "train"
     tq_storage_units: int = 2
     reward_scorer: str | None = None  # module:attr
-    max_batch: int = 256
+    # TransferQueue costs ~20 ms a call whatever its size: a burst of ended sessions (the end of a
+    # rollout step) goes out in few large puts; a quiet edge's batch leaves after max_delay.
+    max_batch: int = 1024
     max_delay: float = 0.5
     ack_wait: float = 30.0
     durable: str = "rollbus-materializer"

@@ -91,7 +91,8 @@ def _materializer_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tq-partition", default="train")
     group.add_argument("--rollout-n", type=int, default=1,
                        help="sessions per prompt when a session's metadata has no rollout_n [1]")
-    group.add_argument("--batch-size", type=int, default=256, help="ready sessions per materialized batch [256]")
+    group.add_argument("--batch-size", type=int, default=MaterializerOptions().max_batch,
+                       help=f"ready sessions per materialized batch [{MaterializerOptions().max_batch}]")
     group.add_argument("--batch-delay", type=float, default=0.5,
                        help="seconds a batch waits for more sessions after its first [0.5]")
     group.add_argument("--ack-wait", type=float, default=30.0,

@@ -17,7 +17,9 @@ partition), so a busy machine slows both alike; prints records/s (best and media
 ratio sink / baseline of the bests (target >= 0.8) and of the medians. Most of what the sink
 pays beyond the baseline is TransferQueue's fixed cost per call (controller round trips,
 per-field work), paid per materializer batch: one trajectory put and two prompt-status puts
-where the baseline makes one put for all records, so the ratio rises with ``--batch``.
+where the baseline makes one put for all records, so the ratio rises with the batch size. It
+is reported for the materializer's default batch size (``rollbus materializer --batch-size``)
+and for 256.
 
 The process is set up as a rollbus process runs: the sink's puts are awaited on one
 long-lived event loop (the materializer's), and once setup is done the heap is settled
@@ -25,7 +27,7 @@ long-lived event loop (the materializer's), and once setup is done the heap is s
 starts after a collection, so none pays for the garbage another left (the baseline's
 TensorDict is built untimed, and a full collection of the unsettled heap took ~0.25 s).
 
-    python ops/bench/materializer_throughput.py [--records 1024] [--batch 256] [--turns 4]
+    python ops/bench/materializer_throughput.py [--records 1024] [--batches DEFAULT,256] [--turns 4]
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from materializer.padding import Padding
 from materializer.parquet import ParquetSink
 from materializer.records import derive_records
+from materializer.service import MaterializerOptions
 from materializer.tq_fields import fields_of, to_tensordict
 from materializer.transfer_queue import TransferQueueConnection, TransferQueueSink, tq
 from rollbus.heap import settle_heap
@@ -114,45 +117,52 @@ def clear(partition: str) -> None:
 
 
 def main() -> None:
+    default_batch = MaterializerOptions().max_batch
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=256, help="records per materializer batch")
+    parser.add_argument("--batches", default=f"{default_batch},256",
+                        help=f"materializer batch sizes to measure (the default is {default_batch})")
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
+    sizes = [int(b) for b in args.batches.split(",")]
 
     records = build_records(args.records, args.turns)
     tokens = sum(r.seq_len for r in records)
     print(f"{len(records)} records, {tokens / len(records):.0f} tokens each on average; "
-          f"materializer batches of {args.batch}")
+          f"materializer batches of {' and '.join(map(str, sizes))} (default {default_batch})")
     connection = TransferQueueConnection(None, storage_units=2)
     connection.open()
     loop = asyncio.new_event_loop()
     settle_heap()
+    results: dict[int, tuple[list[float], list[float]]] = {}
     try:
-        base, ours = [], []
-        for rep in range(args.repeat):
-            if rep % 2:
-                ours.append(loop.run_until_complete(sink(records, f"sink{rep}", args.batch)))
-            base.append(baseline(records, f"base{rep}"))
-            if not rep % 2:
-                ours.append(loop.run_until_complete(sink(records, f"sink{rep}", args.batch)))
-            clear(f"base{rep}")
-            clear(f"sink{rep}")
+        for size in sizes:
+            base, ours = results.setdefault(size, ([], []))
+            for rep in range(args.repeat):
+                if rep % 2:
+                    ours.append(loop.run_until_complete(sink(records, f"sink{size}_{rep}", size)))
+                base.append(baseline(records, f"base{size}_{rep}"))
+                if not rep % 2:
+                    ours.append(loop.run_until_complete(sink(records, f"sink{size}_{rep}", size)))
+                clear(f"base{size}_{rep}")
+                clear(f"sink{size}_{rep}")
     finally:
         loop.close()
         connection.close()
-    flat = min(parquet(records, args.batch, None) for _ in range(args.repeat))
-    padded = min(parquet(records, args.batch, Padding(prompt_length=1024, response_length=2048))
+    flat = min(parquet(records, sizes[0], None) for _ in range(args.repeat))
+    padded = min(parquet(records, sizes[0], Padding(prompt_length=1024, response_length=2048))
                  for _ in range(args.repeat))
     n = len(records)
-    print(f"{'':<42}{'best':>10}{'median':>10}  (records/s, {args.repeat} rounds)")
-    print(f"{'transferqueue bulk kv_batch_put (baseline)':<42}{n / min(base):>10.0f}{n / median(base):>10.0f}")
-    print(f"{'transferqueue sink, batched':<42}{n / min(ours):>10.0f}{n / median(ours):>10.0f}")
-    print(f"{'ratio sink / bulk put (target >= 0.8)':<42}{min(base) / min(ours):>10.2f}"
-          f"{median(base) / median(ours):>10.2f}")
-    print(f"{'parquet sink, unpadded':<42}{n / flat:>10.0f}")
-    print(f"{'parquet sink, padded 1024/2048':<42}{n / padded:>10.0f}")
+    print(f"{'':<46}{'best':>10}{'median':>10}  (records/s, {args.repeat} rounds)")
+    for size, (base, ours) in results.items():
+        print(f"{f'batches of {size}:':<46}")
+        print(f"{'  transferqueue bulk kv_batch_put (baseline)':<46}{n / min(base):>10.0f}{n / median(base):>10.0f}")
+        print(f"{'  transferqueue sink, batched':<46}{n / min(ours):>10.0f}{n / median(ours):>10.0f}")
+        print(f"{'  ratio sink / bulk put (target >= 0.8)':<46}{min(base) / min(ours):>10.2f}"
+              f"{median(base) / median(ours):>10.2f}")
+    print(f"{f'parquet sink, unpadded, batches of {sizes[0]}':<46}{n / flat:>10.0f}")
+    print(f"{f'parquet sink, padded 1024/2048, batches of {sizes[0]}':<46}{n / padded:>10.0f}")
 
 
 if __name__ == "__main__":

@@ -94,6 +94,8 @@ class HttpEngine:
         max_connections: int = 256,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
+        if not urls:
+            raise ValueError(f"{type(self).__name__} needs at least one server URL")
         self.pool = ServerPool(urls, max_sessions=max_sessions)
         self.urls = self.pool.urls
         self._health_interval = min(MAX_HEALTH_INTERVAL, max(MIN_HEALTH_INTERVAL, health_interval))

@@ -27,9 +27,6 @@ Aborts: ``POST /abort_request {"rid": ...}``; the request then ends with finish 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import msgspec
 
 from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, id_list
@@ -71,11 +68,6 @@ class SGLangEngine(HttpEngine):
 
     name = "sglang"
     label = LABEL
-
-    def __init__(self, urls: Sequence[str], **options: Any) -> None:
-        if not urls:
-            raise ValueError("SGLangEngine needs at least one server URL")
-        super().__init__(urls, **options)
 
     def url_for(self, request_id: str) -> str | None:
         """The server the request's session is placed on (``None`` before its first request)."""

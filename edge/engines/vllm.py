@@ -95,8 +95,6 @@ class VLLMEngine(HttpEngine):
 
     def __init__(self, urls: Sequence[str], *, api: Literal["auto", "generate", "completions"] = "auto",
                  model: str | None = None, **options: Any) -> None:
-        if not urls:
-            raise ValueError("VLLMEngine needs at least one server URL")
         if api not in ("auto", "generate", "completions"):
             raise ValueError(f"unknown vLLM api {api!r}; expected auto, generate or completions")
         super().__init__(urls, **options)

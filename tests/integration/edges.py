@@ -3,7 +3,9 @@ and a clock the test moves (so lease expiry and idle timeouts need no sleeping).
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from edge.codec.openai_wire import decode_request
@@ -40,10 +42,22 @@ def responder(tokenizer: Tokenizer):
     return reply
 
 
-def make_edge(js, cfg: LogConfig, engine_url: str, *, edge_id: str, clock: FakeClock, ttl: float = 10.0,
+def make_edge(js, cfg: LogConfig, engine_url: str, *, edge_id: str, clock: Callable[[], float], ttl: float = 10.0,
               idle: float = 3600.0) -> EdgeService:
     settings = EdgeSettings(edge_id=edge_id, lease_ttl_s=ttl, idle_timeout_s=idle, log=cfg, max_trajectory_length=4096)
     return build_edge_service(settings, js, SGLangEngine([engine_url]), clock=clock)
+
+
+@contextlib.asynccontextmanager
+async def edges(js, cfg: LogConfig, engine_url: str, clock: Callable[[], float], *ids: str,
+                **opts: Any) -> AsyncIterator[list[EdgeService]]:
+    """Edge services with the given ids (one each), their engine clients closed at the end."""
+    made = [make_edge(js, cfg, engine_url, edge_id=edge_id, clock=clock, **opts) for edge_id in ids]
+    try:
+        yield made
+    finally:
+        for edge in made:
+            await edge._turns._engine.aclose()
 
 
 class Agent:

@@ -9,29 +9,14 @@ import sys
 import time
 import weakref
 
-import pytest
-
-from edge.codec.tokenizer import load_tokenizer
-from edge.engines.scripted import ScriptedEngineServer
 from edge.keeper import SessionKeeper
 from edge.publisher import JetStreamLog
 from schemas.events import RewardReported, SessionAborted
 from session_projector.projections import iter_projections
 from session_projector.reader import read_session
 from session_projector.service import Projector
-from tests.integration.edges import Agent, FakeClock, make_edge, responder
+from tests.integration.edges import Agent, FakeClock, edges
 from tests.integration.projecting import running, wait_projected
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer("builtin:qwen2.5")
-
-
-@pytest.fixture
-def engine(tokenizer):
-    with ScriptedEngineServer(responder=responder(tokenizer)) as server:
-        yield server
 
 
 def keeper(edge, js, cfg, clock, idle: float) -> SessionKeeper:
@@ -46,8 +31,7 @@ async def aborted_reason(js, cfg, session_id: str) -> str | None:
 
 async def test_idle_sessions_are_aborted_and_their_memory_and_lease_released(js, log_config, engine):
     clock = FakeClock()
-    edge = make_edge(js, log_config, engine.url, edge_id="a", clock=clock, idle=60)
-    try:
+    async with edges(js, log_config, engine.url, clock, "a", idle=60) as (edge,):
         idle, busy, recent = [await Agent.open(edge) for _ in range(3)]
         await idle.turn(edge, "hello")
         live = await edge.registry.get(idle.session_id)
@@ -69,13 +53,10 @@ async def test_idle_sessions_are_aborted_and_their_memory_and_lease_released(js,
         gc.collect()
         assert watch() is None
         assert sys.getrefcount(token_buffer) == 2  # this test's name and the call's argument: nothing else
-    finally:
-        await edge._turns._engine.aclose()
 
 
 async def test_finalize_releases_the_live_state_and_the_lease(js, log_config, engine):
-    edge = make_edge(js, log_config, engine.url, edge_id="a", clock=FakeClock())
-    try:
+    async with edges(js, log_config, engine.url, FakeClock(), "a") as (edge,):
         agent = await Agent.open(edge)
         await agent.turn(edge, "hello")
         watch = weakref.ref(await edge.registry.get(agent.session_id))
@@ -85,15 +66,11 @@ async def test_finalize_releases_the_live_state_and_the_lease(js, log_config, en
         lease, _ = await edge.leases.read(agent.session_id)
         assert lease is None
         assert (await edge.summary(agent.session_id)).status == "finalized"
-    finally:
-        await edge._turns._engine.aclose()
 
 
 async def test_an_orphan_left_by_a_dead_edge_is_aborted_by_another(js, log_config, engine):
     clock = FakeClock()
-    dead = make_edge(js, log_config, engine.url, edge_id="dead", clock=clock, idle=60)
-    other = make_edge(js, log_config, engine.url, edge_id="other", clock=clock, idle=60)
-    try:
+    async with edges(js, log_config, engine.url, clock, "dead", "other", idle=60) as (dead, other):
         orphan, alive = await Agent.open(dead), await Agent.open(dead)
         await orphan.turn(dead, "hello")
         clock.advance(61)
@@ -104,14 +81,10 @@ async def test_an_orphan_left_by_a_dead_edge_is_aborted_by_another(js, log_confi
         assert await aborted_reason(js, log_config, orphan.session_id) == "idle_timeout"
         assert await aborted_reason(js, log_config, alive.session_id) is None
         assert not other.registry.holds(orphan.session_id) and not other.registry.holds(alive.session_id)
-    finally:
-        for edge in (dead, other):
-            await edge._turns._engine.aclose()
 
 
 async def test_the_running_keeper_aborts_an_idle_session(js, log_config, engine):
-    edge = make_edge(js, log_config, engine.url, edge_id="a", clock=time.time, idle=0.3)  # type: ignore[arg-type]
-    try:
+    async with edges(js, log_config, engine.url, time.time, "a", idle=0.3) as (edge,):
         agent = await Agent.open(edge)
         stop = asyncio.Event()
         task = asyncio.create_task(keeper(edge, js, log_config, time.time, 0.3).run(stop))
@@ -122,15 +95,11 @@ async def test_the_running_keeper_aborts_an_idle_session(js, log_config, engine)
         stop.set()
         await asyncio.wait_for(task, 5)
         assert await aborted_reason(js, log_config, agent.session_id) == "idle_timeout"
-    finally:
-        await edge._turns._engine.aclose()
 
 
 async def test_a_sweep_lets_go_of_a_session_that_is_not_idle_after_all(js, log_config, engine):
     clock = FakeClock()
-    dead = make_edge(js, log_config, engine.url, edge_id="dead", clock=clock, idle=60)
-    other = make_edge(js, log_config, engine.url, edge_id="other", clock=clock, idle=60)
-    try:
+    async with edges(js, log_config, engine.url, clock, "dead", "other", idle=60) as (dead, other):
         agent = await Agent.open(dead)
         await agent.turn(dead, "hello")
         async with running(Projector(js, log_config)):
@@ -144,6 +113,3 @@ async def test_a_sweep_lets_go_of_a_session_that_is_not_idle_after_all(js, log_c
         assert not other.registry.holds(agent.session_id)
         lease, _ = await other.leases.read(agent.session_id)
         assert lease is None  # let go: the next edge asked for it takes it at once
-    finally:
-        for edge in (dead, other):
-            await edge._turns._engine.aclose()

@@ -5,17 +5,12 @@ registry, leases instance and engine client), as a separate process would have."
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 import msgspec
 import numpy as np
 import pytest
 
-from edge.codec.tokenizer import load_tokenizer
-from edge.engines.scripted import ScriptedEngineServer
 from edge.publisher import JetStreamLog
-from edge.service import EdgeService
 from edge.turns import TurnOutcome
 from schemas.errors import IdempotencyKeyReused, OwnershipLost, SessionOwned
 from schemas.events import RewardReported
@@ -23,34 +18,13 @@ from session_projector.fold import fold
 from session_projector.reader import load_state, read_session
 from session_projector.service import Projector
 from session_projector.summary import summarize
-from tests.integration.edges import Agent, FakeClock, make_edge, responder
+from tests.integration.edges import Agent, FakeClock, edges
 from tests.integration.projecting import running, wait_projected
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer("builtin:qwen2.5")
-
-
-@pytest.fixture
-def engine(tokenizer):
-    with ScriptedEngineServer(responder=responder(tokenizer)) as server:
-        yield server
 
 
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
-
-
-@contextlib.asynccontextmanager
-async def edges(js, cfg, engine, clock, *ids: str, **opts) -> AsyncIterator[list[EdgeService]]:
-    made = [make_edge(js, cfg, engine.url, edge_id=edge_id, clock=clock, **opts) for edge_id in ids]
-    try:
-        yield made
-    finally:
-        for edge in made:
-            await edge._turns._engine.aclose()
 
 
 def same(replayed: TurnOutcome, original: TurnOutcome) -> bool:
@@ -66,7 +40,7 @@ async def stored_tokens(js, cfg, session_id: str) -> list[int]:
 
 
 async def test_another_edge_takes_over_once_the_lease_lapses_and_the_old_one_stops(js, log_config, engine, clock):
-    async with edges(js, log_config, engine, clock, "a", "b") as (a, b):
+    async with edges(js, log_config, engine.url, clock, "a", "b") as (a, b):
         agent = await Agent.open(a)
         await agent.turn(a, "one")
         before = await stored_tokens(js, log_config, agent.session_id)
@@ -92,7 +66,7 @@ async def test_another_edge_takes_over_once_the_lease_lapses_and_the_old_one_sto
 
 
 async def test_an_edge_restarted_with_the_same_id_takes_its_sessions_back_at_once(js, log_config, engine, clock):
-    async with edges(js, log_config, engine, clock, "a", "a") as (first, restarted):
+    async with edges(js, log_config, engine.url, clock, "a", "a") as (first, restarted):
         agent = await Agent.open(first)
         await agent.turn(first, "one")
         before = await stored_tokens(js, log_config, agent.session_id)
@@ -102,7 +76,7 @@ async def test_an_edge_restarted_with_the_same_id_takes_its_sessions_back_at_onc
 
 
 async def test_a_foreign_append_drops_the_live_state_and_the_session_reloads(js, log_config, engine, clock):
-    async with edges(js, log_config, engine, clock, "a") as (a,):
+    async with edges(js, log_config, engine.url, clock, "a") as (a,):
         agent = await Agent.open(a)
         await agent.turn(a, "one")
         live = await a.registry.get(agent.session_id)
@@ -118,7 +92,7 @@ async def test_a_foreign_append_drops_the_live_state_and_the_session_reloads(js,
 
 
 async def test_retries_get_the_recorded_completion_also_after_a_restart(js, log_config, engine, clock):
-    async with edges(js, log_config, engine, clock, "a", "a") as (first, restarted):
+    async with edges(js, log_config, engine.url, clock, "a", "a") as (first, restarted):
         agent = await Agent.open(first)
         request = agent.request("one", key="req-1")
         original = await agent.send(first, request)
@@ -140,7 +114,7 @@ async def test_retries_get_the_recorded_completion_also_after_a_restart(js, log_
 
 async def test_a_summary_of_a_session_held_elsewhere_comes_from_its_projection_without_taking_it(
         js, log_config, engine, clock):
-    async with edges(js, log_config, engine, clock, "a", "b") as (a, b):
+    async with edges(js, log_config, engine.url, clock, "a", "b") as (a, b):
         agent = await Agent.open(a)
         await agent.turn(a, "one")
         unprojected = await b.summary(agent.session_id)  # no projection yet: replayed
@@ -157,7 +131,7 @@ async def test_a_summary_of_a_session_held_elsewhere_comes_from_its_projection_w
 
 
 async def test_concurrent_takeovers_have_exactly_one_winner(js, log_config, engine, clock):
-    async with edges(js, log_config, engine, clock, "a", "b", "c", "d") as (a, *others):
+    async with edges(js, log_config, engine.url, clock, "a", "b", "c", "d") as (a, *others):
         agent = await Agent.open(a)
         await agent.turn(a, "one")
         clock.advance(13)

@@ -146,7 +146,7 @@ class _Plan(msgspec.Struct, frozen=True, kw_only=True):
     """What the turn appends before sampling, and where."""
 
     chain: int | None  # None: a new chain
-    context_ids: Sequence[int]  # new tokens: the whole prompt for a new chain, else the increment
+    context: bytes  # new tokens, packed: the whole prompt for a new chain, else the increment
     input_ids: Sequence[int]  # everything the engine sees (a continued chain's: a view of its packed ids)
     n_messages: int
     chat_turns: int
@@ -277,7 +277,7 @@ class TurnRunner:
         messages = conversation.messages
         if isinstance(selection, NewChain):
             prompt = self.codec.encode_prompt(messages, conversation.tools)
-            return _Plan(chain=None, context_ids=prompt, input_ids=prompt, n_messages=len(messages),
+            return _Plan(chain=None, context=tokens.pack_ids(prompt), input_ids=prompt, n_messages=len(messages),
                          chat_turns=_chat_turns(messages), prefix_digest=digests[-1])
         if isinstance(selection, Rollback):
             try:
@@ -286,9 +286,8 @@ class TurnRunner:
                 return self._plan(state, conversation, NewChain(), digests)
         chain = selection.chain
         new = messages[selection.n_history:]
-        increment = self.codec.encode_increment(new, last_token=chain.last_token())
-        return _Plan(chain=chain.index, context_ids=increment,
-                     input_ids=tokens.unpack_ids(chain.packed_ids() + tokens.pack_ids(increment)),
+        increment = tokens.pack_ids(self.codec.encode_increment(new, last_token=chain.last_token()))
+        return _Plan(chain=chain.index, context=increment, input_ids=tokens.unpack_ids(chain.packed_ids() + increment),
                      n_messages=len(messages), chat_turns=_chat_turns(new), prefix_digest=digests[-1])
 
     def _rollback_plan(self, selection: Rollback, messages: Sequence[Message], digests: list[str]) -> _Plan:
@@ -299,10 +298,9 @@ class TurnRunner:
         kept = [s for s in chain.segments[turn.first_segment: turn.end_segment] if not s.generated]
         base = b"".join([chain.prompt_ids, *(s.token_ids for s in chain.segments[: turn.first_segment]),
                          *(s.token_ids for s in kept)])
-        increment = self.codec.encode_rewrite(new)
+        increment = tokens.pack_ids(self.codec.encode_rewrite(new))
         dropped = sum(s.length for s in chain.segments[turn.first_segment: turn.end_segment] if s.generated)
-        return _Plan(chain=chain.index, context_ids=increment,
-                     input_ids=tokens.unpack_ids(base + tokens.pack_ids(increment)),
+        return _Plan(chain=chain.index, context=increment, input_ids=tokens.unpack_ids(base + increment),
                      n_messages=len(messages), chat_turns=_chat_turns(new), prefix_digest=digests[-1],
                      rollback=(turn.request_no, dropped))
 
@@ -335,8 +333,8 @@ class TurnRunner:
                   "request_no": request_no, "prefix_digest": plan.prefix_digest, "n_messages": plan.n_messages,
                   "chat_turns": plan.chat_turns}
         if plan.chain is None:
-            return ChainStarted(prompt_ids=tokens.pack_ids(plan.context_ids), **common)
-        return ContextAppended(token_ids=tokens.pack_ids(plan.context_ids), **common)
+            return ChainStarted(prompt_ids=plan.context, **common)
+        return ContextAppended(token_ids=plan.context, **common)
 
     def _tokens(self, live: LiveSession, chain: int, request_no: int, result: GenerateResult) -> TokensGenerated:
         logprobs = tokens.pack_logprobs(result.logprobs) if result.logprobs is not None else None

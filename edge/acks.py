@@ -1,18 +1,15 @@
 """Acknowledged JetStream publishes with less per-call work than ``js.publish``.
 
 Every append waits for JetStream's acknowledgement, so its cost is on every model turn.
-:class:`AckedPublisher` keeps one wildcard reply subscription per connection and a table
-of pending futures keyed by a counter; a publish is one ``HPUB`` plus a timer, and the
-acknowledgement is decoded with msgspec into a small struct. What it returns (or raises)
-is what ``js.publish`` would: the stream and sequence, the duplicate flag, or the API
-error (``err_code``) and the no-responders status.
+:class:`AckWaits` is a table of pending futures keyed by a counter (the reply subject's
+last token); a publish is one ``HPUB`` plus a timer, and :func:`settle` decodes the
+acknowledgement with msgspec into a small struct. What a publisher returns (or raises) is
+what ``js.publish`` would: the stream and sequence, the duplicate flag, or the API error
+(``err_code``) and the no-responders status.
 
-While the connection is up, the ``HPUB`` is built here and queued on the client's write
-buffer directly: nats-py's ``publish`` re-validates and re-encodes every header and copies
-the payload twice, about three quarters of a publish's cost. Our headers are fixed names
-and values we made (a value with a line break goes the client's way). Otherwise (not
-connected, or a nats-py without those internals) the client's own ``publish`` is used,
-with its buffering and errors.
+Two publishers share this: :class:`AckedPublisher` on nats-py's connection (one wildcard
+reply subscription per connection), and the edge's own connection
+(:mod:`edge.nats_direct`), which the edge uses where the server's URL allows it.
 """
 
 from __future__ import annotations
@@ -92,8 +89,6 @@ class AckedPublisher:
         self._sub: Subscription | None = None
         self._waits = AckWaits()
         self._starting: asyncio.Lock | None = None
-        # The client internals a direct HPUB needs (see the module docstring).
-        self._direct = all(hasattr(nc, name) for name in ("_send_command", "_flush_pending", "_flush_queue"))
 
     async def _start(self) -> None:
         self._starting = self._starting or asyncio.Lock()
@@ -114,19 +109,8 @@ class AckedPublisher:
         """Publish and wait for the acknowledgement; raises ``TimeoutError`` when none came in time."""
         if self._sub is None:
             await self._start()
-        return await self._waits.wait(lambda token: self._send(subject, self._prefix + token, payload, headers),
-                                      timeout)
-
-
-    async def _send(self, subject: str, reply: str, payload: bytes, headers: dict[str, str]) -> None:
-        nc = self._nc
-        block = header_block(headers) if self._direct and nc.is_connected and not nc.is_draining_pubs else None
-        if block is None or len(payload) > nc.max_payload:
-            await nc.publish(subject, payload, reply=reply, headers=headers)
-            return
-        await nc._send_command(hpub(subject, reply, block, payload))
-        if nc._flush_queue is not None and nc._flush_queue.empty():
-            await nc._flush_pending()
+        return await self._waits.wait(
+            lambda token: self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers), timeout)
 
 
 def settle(future: asyncio.Future[Ack], payload: bytes, *, no_responders: bool, subject: str) -> None:
@@ -145,18 +129,6 @@ def settle(future: asyncio.Future[Ack], payload: bytes, *, no_responders: bool, 
         future.set_exception(PublishRejected(ack.error))
     else:
         future.set_result(ack)
-
-
-def hpub(subject: str, reply: str, block: bytes, payload: bytes) -> bytes:
-    """The ``HPUB`` command for a payload with the header ``block`` (see :func:`header_block`)."""
-    line = b"HPUB %s %s %d %d\r\n" % (subject.encode(), reply.encode(), len(block), len(block) + len(payload))
-    return b"".join((line, block, payload, b"\r\n"))
-
-
-def header_block(headers: dict[str, str]) -> bytes | None:
-    """``NATS/1.0`` and the headers, or None when a value would need the client's sanitizing."""
-    text = "NATS/1.0\r\n" + "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
-    return None if text.count("\n") != len(headers) + 2 or text.count("\r") != len(headers) + 2 else text.encode()
 
 
 def _expire(future: asyncio.Future[Ack]) -> None:

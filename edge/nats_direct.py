@@ -32,7 +32,7 @@ from urllib.parse import ParseResult, unquote
 from nats.aio.client import Client
 from nats.errors import MaxPayloadError
 
-from edge.acks import Ack, AckWaits, header_block, hpub, settle
+from edge.acks import Ack, AckWaits, settle
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +243,18 @@ class DirectPublisher:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def hpub(subject: str, reply: str, block: bytes, payload: bytes) -> bytes:
+    """The ``HPUB`` command for a payload with the header ``block`` (see :func:`header_block`)."""
+    line = b"HPUB %s %s %d %d\r\n" % (subject.encode(), reply.encode(), len(block), len(block) + len(payload))
+    return b"".join((line, block, payload, b"\r\n"))
+
+
+def header_block(headers: dict[str, str]) -> bytes | None:
+    """``NATS/1.0`` and the headers, or None when a value holds a line break."""
+    text = "NATS/1.0\r\n" + "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
+    return None if text.count("\n") != len(headers) + 2 or text.count("\r") != len(headers) + 2 else text.encode()
 
 
 def direct_publisher(nc: Client) -> DirectPublisher | None:

@@ -1,5 +1,5 @@
-"""AckedPublisher and JetStreamLog against a real JetStream: the HPUB it writes itself carries exactly the headers and
-payload it was given, and acknowledgements, duplicates and rejections come back as js.publish's would."""
+"""AckedPublisher and JetStreamLog against a real JetStream: a publish stores exactly the headers and payload it
+was given, and acknowledgements, duplicates and rejections come back as js.publish's would."""
 
 from __future__ import annotations
 
@@ -23,10 +23,9 @@ def headers(cfg: LogConfig, msg_id: str, expected_last: int, **extra: str) -> di
             HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: cfg.session_filter(SESSION), **extra}
 
 
-async def test_direct_publish_stores_headers_and_payload_as_given(nc: Client, js: JetStreamContext,
+async def test_a_publish_stores_headers_and_payload_as_given(nc: Client, js: JetStreamContext,
                                                                   log_config: LogConfig) -> None:
     publisher = AckedPublisher(nc)
-    assert publisher._direct  # this nats-py has the internals the direct path needs
     subject = log_config.subject(SESSION, "turn")
     payload = bytes(range(256)) * 40  # binary, CR/LF bytes included
     ack = await publisher.publish(subject, payload, headers(log_config, f"{SESSION}:1", 0, **{"Rollbus-Seq": "1-4"}), 5)
@@ -48,7 +47,7 @@ async def test_duplicates_and_wrong_sequence_are_reported(nc: Client, log_config
     assert rejected.value.error.err_code == 10071
 
 
-async def test_a_value_with_a_line_break_goes_the_clients_way(nc: Client, js: JetStreamContext,
+async def test_a_value_with_a_line_break_is_sanitized_by_the_client(nc: Client, js: JetStreamContext,
                                                              log_config: LogConfig) -> None:
     publisher = AckedPublisher(nc)
     subject = log_config.subject(SESSION, "turn")

@@ -127,7 +127,7 @@ async def test_a_lost_server_fails_fast_and_a_restarted_one_is_used_again(tmp_pa
         server.stop()
 
 
-async def test_a_payload_over_the_servers_limit_is_refused_before_it_is_sent(js: JetStreamContext,
+async def test_what_the_server_would_refuse_is_refused_before_it_is_sent(js: JetStreamContext,
                                                                           log_config: LogConfig) -> None:
     from nats.errors import MaxPayloadError
 
@@ -140,4 +140,7 @@ async def test_a_payload_over_the_servers_limit_is_refused_before_it_is_sent(js:
     with pytest.raises(MaxPayloadError):
         await publisher.publish(log_config.subject(SESSION, "turn"), b"y" * 200, {HDR_MSG_ID: "big"}, 5)
     assert not publisher._conn.closed  # nothing was sent: the connection (and others' publishes) live on
+    with pytest.raises(ValueError):  # a header it would have to sanitize: refused, not sent
+        await publisher.publish(log_config.subject(SESSION, "turn"), b"z", {HDR_MSG_ID: "a\r\nb"}, 5)
+    assert not publisher._conn.closed
     await log.close()

@@ -114,3 +114,37 @@ def prefix_digests(root: bytes, messages: Sequence[Message]) -> list[bytes]:
         current = extend(current, message)
         out.append(current)
     return out
+
+
+class HistoryDigests:
+    """A session's prefix digests, as hex, with the last request's remembered for the next.
+
+    An agent resends its whole history with every request, and the wire adapters hand back
+    the very same message objects for the messages they have seen, so the history the next
+    request shares with the last one is found by identity and only the new messages are hashed.
+    """
+
+    __slots__ = ("_digests", "_hex", "_messages", "_root")
+
+    def __init__(self) -> None:
+        self._root = b""
+        self._messages: Sequence[Message] = ()
+        self._digests: list[bytes] = []
+        self._hex: list[str] = []
+
+    def of(self, root: bytes, messages: Sequence[Message]) -> list[str]:
+        """``out[i]`` is the hex digest of ``messages[: i + 1]`` under ``root`` (do not modify it)."""
+        shared = 0
+        if root == self._root:
+            previous = self._messages
+            limit = min(len(previous), len(messages))
+            while shared < limit and messages[shared] is previous[shared]:
+                shared += 1
+        digests, hexes = self._digests[:shared], self._hex[:shared]
+        current = digests[-1] if digests else root
+        for message in messages[shared:]:
+            current = extend(current, message)
+            digests.append(current)
+            hexes.append(current.hex())
+        self._root, self._messages, self._digests, self._hex = root, messages, digests, hexes
+        return hexes

@@ -13,7 +13,6 @@ and the registry of names live in :mod:`edge.codec.parsers`.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -53,25 +52,35 @@ class HermesParser:
 
     name = "hermes"
     start_markers = ("<tool_call>",)
-    _block = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
     def parse(self, text: str, call_id: CallId, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
-        start = text.find("<tool_call>")
+        start = text.find(_OPEN)
         if start < 0:
             return ParsedOutput(content=text)
+        # Each <tool_call> with the first </tool_call> after it is one block (the blocks do not
+        # nest); what lies outside the blocks, after the first, is kept as content.
         calls: list[ToolCall] = []
-        for index, match in enumerate(self._block.finditer(text)):
-            call = json_call(match.group(1), call_id(index))
+        outside: list[str] = []
+        position = start
+        while (opened := text.find(_OPEN, position)) >= 0:
+            closed = text.find(_CLOSE, opened + len(_OPEN))
+            if closed < 0:
+                break
+            call = json_call(text[opened + len(_OPEN):closed], call_id(len(calls)))
             if isinstance(call, str):
                 return ParsedOutput(content=text, parse_error=call)
             calls.append(call)
+            outside.append(text[position:opened])
+            position = closed + len(_CLOSE)
         if not calls:
             return ParsedOutput(content=text, parse_error="unterminated <tool_call>")
-        leftover = self._block.sub("", text[start:]).strip()
+        leftover = "".join([*outside, text[position:]]).strip()
         content = text[:start].rstrip("\n")
         if leftover:
             content = f"{content}\n{leftover}" if content else leftover
         return ParsedOutput(content=content, tool_calls=tuple(calls))
+
+
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 
 
 def json_call(body: str | dict[str, object], call_id: str) -> ToolCall | str:
@@ -83,7 +92,22 @@ def json_call(body: str | dict[str, object], call_id: str) -> ToolCall | str:
     return call_from(value, call_id)
 
 
-_dump_arguments = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_ascii=False), built once
+def _arguments_encoder() -> Callable[[dict[str, object]], str]:
+    """``json.dumps(value, ensure_ascii=False)`` (the formatting chat templates' ``tojson`` uses).
+
+    ``JSONEncoder.encode`` sets up its C encoder anew on every call, which costs more than encoding
+    a tool call's few arguments; here it is set up once. Decoded JSON holds no cycles, so the
+    circular-reference check is left out."""
+    reference = json.JSONEncoder(ensure_ascii=False)
+    make = json.encoder.c_make_encoder
+    if make is None:  # no C accelerator in this interpreter
+        return reference.encode
+    encode = make(None, reference.default, json.encoder.encode_basestring, None, reference.key_separator,
+                  reference.item_separator, False, False, True)
+    return lambda value: "".join(encode(value, 0))
+
+
+_dump_arguments = _arguments_encoder()
 
 
 def call_from(value: object, call_id: str) -> ToolCall | str:

@@ -402,8 +402,6 @@ class TurnRunner:
         )
 
 
-def _first(*values: T | None) -> T:
-    for value in values:
-        if value is not None:
-            return value
-    raise ValueError("no default")
+def _first(asked: T | None, default: T | None, fallback: T) -> T:
+    """The request's value, else the session's default, else ``fallback``."""
+    return asked if asked is not None else default if default is not None else fallback

@@ -128,7 +128,7 @@ class HistoryDigests:
 
     def __init__(self) -> None:
         self._root = b""
-        self._messages: Sequence[Message] = ()
+        self._messages: tuple[Message, ...] = ()
         self._digests: list[bytes] = []
         self._hex: list[str] = []
 
@@ -137,14 +137,18 @@ class HistoryDigests:
         shared = 0
         if root == self._root:
             previous = self._messages
-            limit = min(len(previous), len(messages))
-            while shared < limit and messages[shared] is previous[shared]:
-                shared += 1
+            shared = len(previous)
+            # the usual case, the whole last history resent (compared in C: same objects match at once)
+            if len(messages) < shared or tuple(messages[:shared]) != previous:
+                limit = min(shared, len(messages))
+                shared = 0
+                while shared < limit and messages[shared] is previous[shared]:
+                    shared += 1
         digests, hexes = self._digests[:shared], self._hex[:shared]
         current = digests[-1] if digests else root
         for message in messages[shared:]:
             current = extend(current, message)
             digests.append(current)
             hexes.append(current.hex())
-        self._root, self._messages, self._digests, self._hex = root, messages, digests, hexes
+        self._root, self._messages, self._digests, self._hex = root, tuple(messages), digests, hexes
         return hexes

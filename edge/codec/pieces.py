@@ -91,6 +91,6 @@ class ByteLevelDecoder:
         try:
             if ids and min(ids) < 0:
                 return None
-            return b"".join([table[i] for i in ids]).decode("utf-8", errors="replace")
+            return b"".join(map(table.__getitem__, ids)).decode("utf-8", errors="replace")
         except (IndexError, TypeError):
             return None

@@ -9,12 +9,16 @@ Every session is a new one (its first prompt is the same: the edge's first-promp
 serves all but the first; see README).
 
 Both servers run side by side and their runs alternate (order swapped every round), so
-the ratios hold on a machine whose speed drifts between runs; medians of ``--repeat``.
+each round is a floor run and an edge run made moments apart. This VM's speed drifts by
+up to 2x over minutes, so a ratio is the median over rounds of each round's own ratio,
+not a ratio of medians. A process's speed also depends on its string-hash seed (dict
+layouts) by up to ~15% here, so the rounds are spread over ``--seeds``: each seed is a
+fresh pair of servers, both started with that ``PYTHONHASHSEED``.
 
 Reports turns/s, p50/p99 latency, and server CPU ms per turn (the server process's own
-CPU time), with the edge/floor ratios the targets are stated in.
+CPU time; medians over all rounds), with the edge/floor ratios the targets are stated in.
 
-    python ops/bench/edge_overhead.py [--ks 1,16,64] [--turns 8] [--repeat 5]
+    python ops/bench/edge_overhead.py [--ks 1,16,64] [--turns 8] [--repeat 5] [--seeds 0,1,2]
 """
 
 from __future__ import annotations
@@ -104,13 +108,14 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Server:
-    def __init__(self, kind: str, port: int, nats_url: str, cpu: int | None) -> None:
+    def __init__(self, kind: str, port: int, nats_url: str, cpu: int | None, seed: int | None = None) -> None:
         cmd = [sys.executable, str(HERE / "_servers.py"), kind, "--port", str(port), "--nats", nats_url]
         if cpu is not None:
             cmd += ["--cpu", str(cpu)]
+        env = dict(os.environ) if seed is None else {**os.environ, "PYTHONHASHSEED": str(seed)}
         self.kind = kind
         self.port = port
-        self.proc = subprocess.Popen(cmd)
+        self.proc = subprocess.Popen(cmd, env=env)
 
     async def wait_ready(self) -> None:
         for _ in range(600):
@@ -174,45 +179,57 @@ async def run_load(server: Server, k: int, turn_bodies: list[bytes], min_turns: 
             "cpu_ms": 1e3 * cpu / turns}
 
 
-async def measure(nats_url: str, ks: list[int], turn_bodies: list[bytes], repeat: int,
-                  cpu: int | None) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
-    """Both servers up side by side (the idle one costs nothing); for each K their runs alternate,
-    the order swapped every round, so a machine that speeds up or slows down between runs moves
-    both alike. The median of ``repeat`` runs per server and K."""
-    servers = {"floor": Server("floor", 18631, nats_url, cpu), "edge": Server("edge", 18632, nats_url, cpu)}
-    try:
-        for server in servers.values():
-            await server.wait_ready()
-            await run_load(server, 4, turn_bodies, min_turns=64)  # warm up: lazy imports and caches
-        results: dict[str, dict[int, dict[str, float]]] = {"floor": {}, "edge": {}}
-        for k in ks:
-            runs: dict[str, list[dict[str, float]]] = {"floor": [], "edge": []}
-            for rep in range(repeat):
-                for kind in ("floor", "edge") if rep % 2 == 0 else ("edge", "floor"):
-                    runs[kind].append(await run_load(servers[kind], k, turn_bodies))
-            for kind, rows in runs.items():
-                results[kind][k] = {m: statistics.median(r[m] for r in rows) for m in rows[0]}
-        return results["floor"], results["edge"]
-    finally:
-        for server in servers.values():
-            server.stop()
+Run = dict[str, float]
+Rounds = dict[int, list[tuple[Run, Run]]]  # per K: (floor run, edge run) of each round
 
 
-def report(floor: dict[int, dict[str, float]], edge: dict[int, dict[str, float]], prompt_tokens: int) -> None:
-    print(f"first prompt: {prompt_tokens} tokens, 3 tools; server pinned to CPU 0, load generator to CPU 1")
-    print(f"{'K':>3} {'server':>6} {'turns/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/turn':>12}")
-    for k in floor:
-        for name, row in (("floor", floor[k]), ("edge", edge[k])):
+async def measure(nats_url: str, ks: list[int], turn_bodies: list[bytes], repeat: int, cpu: int | None,
+                  seeds: list[int]) -> Rounds:
+    """For each seed a fresh floor and edge side by side (the idle one costs nothing); for each K,
+    ``repeat`` rounds of one run each, the order swapped every round."""
+    rounds: Rounds = {k: [] for k in ks}
+    for index, seed in enumerate(seeds):
+        servers = {kind: Server(kind, 18631 + 2 * index + offset, nats_url, cpu, seed)
+                   for offset, kind in enumerate(("floor", "edge"))}
+        try:
+            for server in servers.values():
+                await server.wait_ready()
+                await run_load(server, 4, turn_bodies, min_turns=64)  # warm up: lazy imports and caches
+            for k in ks:
+                for rep in range(repeat):
+                    runs: dict[str, Run] = {}
+                    for kind in ("floor", "edge") if rep % 2 == 0 else ("edge", "floor"):
+                        runs[kind] = await run_load(servers[kind], k, turn_bodies)
+                    rounds[k].append((runs["floor"], runs["edge"]))
+        finally:
+            for server in servers.values():
+                server.stop()
+    return rounds
+
+
+def report(rounds: Rounds, prompt_tokens: int, seeds: list[int]) -> None:
+    n = len(next(iter(rounds.values())))
+    print(f"first prompt: {prompt_tokens} tokens, 3 tools; server pinned to CPU 0, load generator to CPU 1; "
+          f"{n} rounds per K over hash seeds {','.join(map(str, seeds))}")
+    print(f"{'K':>3} {'server':>6} {'turns/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/turn':>12}   (medians)")
+    for k, pairs in rounds.items():
+        for side, name in ((0, "floor"), (1, "edge")):
+            row = {m: statistics.median(pair[side][m] for pair in pairs) for m in pairs[0][side]}
             print(f"{k:>3} {name:>6} {row['turns_s']:>9.0f} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
                   f"{row['cpu_ms']:>12.3f}")
-    print()
-    for k in floor:
-        cpu_ratio = edge[k]["cpu_ms"] / floor[k]["cpu_ms"]
-        tput_ratio = edge[k]["turns_s"] / floor[k]["turns_s"]
-        added = edge[k]["p50_ms"] - floor[k]["p50_ms"]
-        print(f"K={k:<3} CPU/turn edge/floor = {cpu_ratio:.2f}x (target <= 2.0)   "
-              f"turns/s edge/floor = {tput_ratio:.2f} (target >= 0.5 at K=64)   added p50 = {added:.2f} ms"
-              + ("  (target <= 2 ms)" if k == 1 else ""))
+    print("\nedge/floor, the median of the rounds' own ratios (in brackets: the middle half of them)")
+    for k, pairs in rounds.items():
+        cpu = _spread([edge["cpu_ms"] / floor["cpu_ms"] for floor, edge in pairs])
+        tput = _spread([edge["turns_s"] / floor["turns_s"] for floor, edge in pairs])
+        added = statistics.median(edge["p50_ms"] - floor["p50_ms"] for floor, edge in pairs)
+        print(f"K={k:<3} CPU/turn = {cpu} (target <= 2.0)   turns/s = {tput} (target >= 0.5 at K=64)   "
+              f"added p50 = {added:.2f} ms" + ("  (target <= 2 ms)" if k == 1 else ""))
+
+
+def _spread(values: list[float]) -> str:
+    values = sorted(values)
+    quarter = len(values) // 4
+    return f"{statistics.median(values):.2f}x [{values[quarter]:.2f}-{values[-quarter - 1]:.2f}]"
 
 
 def prompt_tokens() -> int:
@@ -231,16 +248,18 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ks", default="1,16,64")
     parser.add_argument("--turns", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=5, help="rounds per K and seed")
+    parser.add_argument("--seeds", default="0,1,2", help="PYTHONHASHSEED of each pair of servers")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
+    seeds = [int(seed) for seed in args.seeds.split(",")]
     two_cores = len(os.sched_getaffinity(0)) >= 2
     if two_cores:
         os.sched_setaffinity(0, {1})
     turn_bodies = bodies(args.turns)
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", name="bench") as nats:
-        floor, edge = await measure(nats.url, ks, turn_bodies, args.repeat, 0 if two_cores else None)
-    report(floor, edge, prompt_tokens())
+        rounds = await measure(nats.url, ks, turn_bodies, args.repeat, 0 if two_cores else None, seeds)
+    report(rounds, prompt_tokens(), seeds)
 
 
 if __name__ == "__main__":

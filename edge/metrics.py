@@ -9,20 +9,29 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 
+CounterKey = tuple[str, tuple[tuple[str, str], ...]]  # name, sorted labels
+
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class Metrics:
     def __init__(self) -> None:
-        self.counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = defaultdict(float)
+        self.counters: dict[CounterKey, float] = defaultdict(float)
         self._hist: dict[str, list[int]] = {}
         self._hist_sum: dict[str, float] = defaultdict(float)
         self._help: dict[str, str] = {}
 
     def inc(self, name: str, amount: float = 1.0, help_text: str = "", **labels: str) -> None:
-        self.counters[(name, tuple(sorted(labels.items())))] += amount
+        self.counters[self.key(name, help_text, **labels)] += amount
+
+    def key(self, name: str, help_text: str = "", **labels: str) -> CounterKey:
+        """A counter's key, for :meth:`add` (a hot path keeps its keys instead of labels)."""
         if help_text:
             self._help.setdefault(name, help_text)
+        return name, tuple(sorted(labels.items()))
+
+    def add(self, key: CounterKey, amount: float = 1.0) -> None:
+        self.counters[key] += amount
 
     def observe(self, name: str, seconds: float, help_text: str = "") -> None:
         counts = self._hist.setdefault(name, [0] * (len(_BUCKETS) + 1))

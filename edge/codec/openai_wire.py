@@ -109,19 +109,23 @@ _message_decoder = msgspec.json.Decoder(MessageIn)
 _MESSAGES: BoundedCache[tuple[int, bytes], Message] = BoundedCache()
 
 
-def _cached_message(index: int, raw: msgspec.Raw) -> Message:
-    """The message at ``index``, decoded once: agents send the whole history with every request, so
+def _cached_messages(raws: list[msgspec.Raw]) -> tuple[Message, ...]:
+    """The messages, each decoded once: agents send the whole history with every request, so
     the same raw message at the same position is converted once (bounded cache)."""
-    key = (index, bytes(raw))
-    message = _MESSAGES.get(key)
-    if message is None:
-        try:
-            wire = _message_decoder.decode(key[1])
-        except msgspec.ValidationError as exc:
-            raise MalformedRequest(f"invalid request: {exc} (in messages[{index}])",
-                                   param=f"messages[{index}]") from exc
-        message = _MESSAGES.put(key, _message(index, wire), 2 * len(key[1]))
-    return message
+    cached = _MESSAGES.get
+    messages = []
+    for index, raw in enumerate(raws):
+        key = (index, bytes(raw))
+        message = cached(key)
+        if message is None:
+            try:
+                wire = _message_decoder.decode(key[1])
+            except msgspec.ValidationError as exc:
+                raise MalformedRequest(f"invalid request: {exc} (in messages[{index}])",
+                                       param=f"messages[{index}]") from exc
+            message = _MESSAGES.put(key, _message(index, wire), 2 * len(key[1]))
+        messages.append(message)
+    return tuple(messages)
 
 
 _tools_decoder = msgspec.json.Decoder(list[ToolDef] | None)
@@ -151,7 +155,7 @@ def decode_request(body: bytes) -> Conversation:
         raise MalformedRequest("messages must not be empty", param="messages")
     tools = _cached_tools(req.tools)
     return Conversation(
-        messages=tuple(_cached_message(i, m) for i, m in enumerate(req.messages)),
+        messages=_cached_messages(req.messages),
         tools=tools,
         tool_choice=_tool_choice(req),  # type: ignore[arg-type]
         sampling=_sampling(req),

@@ -24,7 +24,7 @@ from starlette.responses import Response, StreamingResponse
 
 from edge.codec.adapter import StreamEncoder, WireAdapter
 from edge.idempotency import retry_count
-from edge.metrics import Metrics
+from edge.metrics import CounterKey, Metrics
 from edge.routes.wire import bearer, check_declared_size, guarded
 from edge.service import EdgeService
 from edge.streaming import Item, RecordedStream, TurnStream
@@ -81,10 +81,7 @@ async def _listen(receive: Receive, disconnect: Disconnect) -> None:
 def _headers(scope: Scope) -> dict[str, str]:
     """The request's headers by lowercase name (ASGI servers send names lowercased); of a repeated
     header, the first."""
-    headers: dict[str, str] = {}
-    for name, value in scope["headers"]:
-        headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
-    return headers
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(scope["headers"])}
 
 
 async def _body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
@@ -114,6 +111,7 @@ class ModelRoutes:
         self._service = service
         self._metrics = metrics
         self._adapters = adapters
+        self._counters: dict[tuple[str, int], CounterKey] = {}  # requests by route and status
 
     def __getattr__(self, name: str) -> Any:  # ``state``, ``router``, ... of the wrapped app
         return getattr(self.app, name)
@@ -150,8 +148,12 @@ class ModelRoutes:
         else:
             status = reply.status_code
             await reply(scope, receive, send)
-        self._metrics.inc("rollbus_http_requests_total", help_text="HTTP requests by route and status",
-                          route=f"/sessions/{{session_id}}/{tail}", status=str(status))
+        counted = self._counters.get((tail, status))
+        if counted is None:
+            counted = self._counters[(tail, status)] = self._metrics.key(
+                "rollbus_http_requests_total", help_text="HTTP requests by route and status",
+                route=f"/sessions/{{session_id}}/{tail}", status=str(status))
+        self._metrics.add(counted)
         self._metrics.observe("rollbus_http_request_seconds", time.perf_counter() - started,
                               help_text="HTTP request latency")
 

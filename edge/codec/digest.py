@@ -121,7 +121,8 @@ class HistoryDigests:
 
     An agent resends its whole history with every request, and the wire adapters hand back
     the very same message objects for the messages they have seen, so the history the next
-    request shares with the last one is found by identity and only the new messages are hashed.
+    request shares with the last one is found by comparing messages (the same object compares
+    at once) and only the new messages are hashed.
     """
 
     __slots__ = ("_digests", "_hex", "_messages", "_root")

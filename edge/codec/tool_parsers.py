@@ -52,6 +52,7 @@ class HermesParser:
 
     name = "hermes"
     start_markers = ("<tool_call>",)
+
     def parse(self, text: str, call_id: CallId, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
         start = text.find(_OPEN)
         if start < 0:

@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -43,3 +44,38 @@ def test_unparseable_calls_are_returned_as_content_with_a_reason(text):
 def test_unknown_format_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown tool format"):
         get_parser("nope")
+
+
+def _regex_parse(text: str) -> tuple[str, list[str]]:
+    """The parser's rule, stated as a regular expression: each <tool_call> with the first
+    </tool_call> after it is a block; the text outside the blocks, after the first, is content."""
+    block = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+    start = text.find("<tool_call>")
+    leftover = block.sub("", text[start:]).strip()
+    head = text[:start].rstrip("\n")
+    content = f"{head}\n{leftover}" if head and leftover else head or leftover
+    return content, [json.loads(m.group(1))["name"] for m in block.finditer(text)]
+
+
+CALL = '<tool_call>\n{"name": "%s", "arguments": {}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("text", [
+    "before\n" + CALL % "a" + " between " + CALL % "b" + "\nafter",
+    CALL % "a" + CALL % "b" + " trailing <tool_call> never closed",
+    "x\n\n" + CALL % "a" + "</tool_call> stray close",
+    CALL % "a" + "\n" + CALL % "b" + "\n" + CALL % "c",
+])
+def test_text_outside_the_blocks_is_kept_as_content(text):
+    out = HermesParser().parse(text, ids)
+    assert (out.content, [c.name for c in out.tool_calls]) == _regex_parse(text)
+    assert out.parse_error is None
+
+
+@pytest.mark.parametrize("arguments", [
+    {}, {"path": "src/app/main.py", "start": 1, "end": 80}, {"q": "é \u2028 😀", "quote": 'a"b\\c\n'},
+    {"nested": {"list": [1, 2.5, -0.0, 1e300, None, True, False], "empty": []}}, {"b": 1, "a": 2},
+])
+def test_object_arguments_are_dumped_as_json_dumps_does(arguments):
+    text = f'<tool_call>\n{{"name": "f", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+    assert HermesParser().parse(text, ids).tool_calls[0].arguments == json.dumps(arguments, ensure_ascii=False)

@@ -27,7 +27,7 @@ import logging
 import secrets
 from collections.abc import Callable
 from typing import Any, cast
-from urllib.parse import ParseResult, unquote
+from urllib.parse import ParseResult
 
 from nats.aio.client import Client
 from nats.errors import MaxPayloadError
@@ -266,11 +266,20 @@ def direct_publisher(nc: Client) -> DirectPublisher | None:
         return None
     if any(getattr(nc, name, None) for name in ("_user_credentials", "_nkeys_seed", "_nkeys_seed_str")):
         return None
-    user = unquote(url.username) if url.username else options.get("user")
-    password = unquote(url.password) if url.password else options.get("password")
-    token = options.get("token")
-    if user and not password and not token:  # nats://TOKEN@host
-        user, token = None, user
+    if any(callable(options.get(name)) for name in ("user", "password", "token")):
+        return None  # asked anew at each (re)connect: nats-py's to ask
+    # The credentials nats-py's CONNECT sends, in its order: the user and password options, the
+    # token option, else the URL's (as written: nats-py does not percent-decode them).
+    user, password, token = None, None, None
+    if options.get("user") is not None and options.get("password") is not None:
+        user, password = options["user"], options["password"]
+    elif options.get("token") is not None:
+        token = options["token"]
+    elif url.username is not None:
+        if url.password is None:  # nats://TOKEN@host
+            token = url.username
+        else:
+            user, password = url.username, url.password
 
     def follow() -> tuple[str, int] | None:
         now = nc.connected_url

@@ -28,8 +28,19 @@ def test_a_plain_url_gets_a_direct_publisher_and_credentials_are_read_from_it() 
 
     plain = direct_publisher(client("nats://127.0.0.1:4333"))
     assert plain is not None and plain._address == ("127.0.0.1", 4333) and plain._auth == {}
-    assert direct_publisher(client("nats://bob:s%40cret@h:1"))._auth == {"user": "bob", "pass": "s@cret"}  # type: ignore[union-attr]
-    assert direct_publisher(client("nats://tok@h:1"))._auth == {"auth_token": "tok"}  # type: ignore[union-attr]
+
+    def auth(url: str, **options: object) -> dict[str, str]:
+        publisher = direct_publisher(client(url, **{"user": None, "password": None, "token": None, **options}))
+        assert publisher is not None
+        return publisher._auth
+
+    # what nats-py's CONNECT sends: the URL's credentials as written (it does not percent-decode)...
+    assert auth("nats://bob:s%40cret@h:1") == {"user": "bob", "pass": "s%40cret"}
+    assert auth("nats://tok@h:1") == {"auth_token": "tok"}
+    # ...unless given as options: user and password first, then a token
+    assert auth("nats://tok@h:1", user="ann", password="pw", token="t") == {"user": "ann", "pass": "pw"}
+    assert auth("nats://bob:x@h:1", token="t") == {"auth_token": "t"}
+    assert direct_publisher(client("nats://h:1", token=lambda: "fresh")) is None  # asked anew per connect
     assert direct_publisher(client("tls://h:1")) is None
     assert direct_publisher(client("nats://h:1", tls=object())) is None
 
@@ -144,3 +155,41 @@ async def test_what_the_server_would_refuse_is_refused_before_it_is_sent(js: Jet
         await publisher.publish(log_config.subject(SESSION, "turn"), b"z", {HDR_MSG_ID: "a\r\nb"}, 5)
     assert not publisher._conn.closed
     await log.close()
+
+
+class AuthNats(EmbeddedNats):
+    """A nats-server that requires the given credentials (``--user/--pass`` or ``--auth``)."""
+
+    def __init__(self, store_dir: Path, auth: list[str]) -> None:
+        super().__init__(store_dir, name="direct-auth")
+        self._auth = auth
+
+    def _command(self, binary: Path) -> list[str]:
+        return [*super()._command(binary), *self._auth]
+
+
+@pytest.mark.parametrize(("auth", "credentials", "wrong"), [
+    (["--user", "bob", "--pass", "s3cret"], "bob:s3cret@", {"user": "bob", "password": "nope"}),
+    (["--auth", "t0ken"], "t0ken@", {"token": "nope"}),
+])
+async def test_the_direct_connection_logs_in_as_the_main_connection_does(tmp_path: Path, auth: list[str],
+                                                                           credentials: str,
+                                                                           wrong: dict[str, str]) -> None:
+    cfg = LogConfig()
+    with AuthNats(tmp_path / "store", auth) as server:
+        nc = await connect(server.url.replace("nats://", "nats://" + credentials), name="direct-auth")
+        try:
+            await provision(nc.jetstream(), cfg)
+            log = JetStreamLog(nc.jetstream(), cfg, direct=True)
+            assert isinstance(log._publisher, DirectPublisher)
+            appended = await log.append(SESSION, SessionScript(session_id=SESSION).events, 0)
+            stored = await nc.jetstream().get_msg(cfg.stream, appended.stream_seq)
+            assert stored.headers is not None and stored.headers[HDR_MSG_ID] == f"{SESSION}:1"
+            await log.close()
+            host, port = server.url.removeprefix("nats://").split(":")
+            refused = DirectPublisher(host, int(port), **wrong)
+            with pytest.raises(ConnectionResetError, match="Authorization Violation"):
+                await refused.publish(cfg.subject(SESSION, "turn"), b"x", {HDR_MSG_ID: "m"}, 5)
+            await refused.close()
+        finally:
+            await nc.close()

@@ -73,11 +73,16 @@ class _Connection(asyncio.Protocol):
         if self.on_lost is not None:
             self.on_lost(self.error)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes, *, alone: bool = False) -> None:
         """Queue ``data``; everything queued in one pass of the event loop goes out in one write
-        (concurrent turns' publishes share a system call, as nats-py's flusher has them do)."""
+        (concurrent turns' publishes share a system call, as nats-py's flusher has them do).
+        ``alone``: the caller knows of nothing else to send with it, so it goes out at once, when
+        nothing is queued before it (a lone turn saves the loop pass the queue waits for)."""
         if self.closed or self.transport is None:
             raise self.error or ConnectionResetError("NATS connection closed")
+        if alone and not self._out:
+            self.transport.write(data)
+            return
         self._out.append(data)
         if len(self._out) == 1:
             self._loop.call_soon(self._flush)
@@ -236,8 +241,9 @@ class DirectPublisher:
             conn = await self._connection()
         if len(block) + len(payload) > conn.max_payload:  # the server would drop the connection for it
             raise MaxPayloadError
-        return await self._waits.wait(lambda token: conn.write(hpub(subject, self._prefix + token, block, payload)),
-                                      timeout)
+        alone = not self._waits.pending  # no other publish in flight: none to share a write with
+        return await self._waits.wait(
+            lambda token: conn.write(hpub(subject, self._prefix + token, block, payload), alone=alone), timeout)
 
     async def close(self) -> None:
         if self._conn is not None:

@@ -77,7 +77,7 @@ def test_the_parser_answers_pings_and_reassembles_messages_cut_anywhere() -> Non
     asyncio.run(run())
 
 
-def test_writes_of_one_loop_pass_go_out_together() -> None:
+def test_writes_of_one_loop_pass_go_out_together_and_a_lone_publish_at_once() -> None:
     async def run() -> None:
         written: list[bytes] = []
         conn = _Connection(lambda *message: None)
@@ -90,6 +90,13 @@ def test_writes_of_one_loop_pass_go_out_together() -> None:
         conn.write(b"PING\r\n")
         await asyncio.sleep(0)
         assert written[1:] == [b"PING\r\n"]
+        conn.write(b"HPUB lone 3\r\n", alone=True)  # nothing to share a write with: out at once
+        assert written[2:] == [b"HPUB lone 3\r\n"]
+        conn.write(b"PONG\r\n")
+        conn.write(b"HPUB after 4\r\n", alone=True)  # but never ahead of what is queued
+        assert written[3:] == []
+        await asyncio.sleep(0)
+        assert written[3:] == [b"PONG\r\nHPUB after 4\r\n"]
 
     asyncio.run(run())
 

@@ -28,7 +28,6 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 
-from edge.codec.digest import HistoryDigests
 from edge.idempotency import InFlight
 from edge.ownership import KvLeases, LeaseHandle
 from edge.publisher import EventLog
@@ -59,7 +58,6 @@ class LiveSession:
         self.busy: set[int] = set()  # chains with a request in flight
         self.verified_key: str | None = None  # the api key once checked against its digest
         self.inflight = InFlight()  # requests in flight, by identity (edge.idempotency)
-        self.history = HistoryDigests()  # the last request's history digests, for the next request's
         self.active = 0  # requests in flight
         self.touched = state.updated_at  # last activity: a request started or an event committed
         self.lost = False

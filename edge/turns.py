@@ -19,7 +19,7 @@ import msgspec
 
 from edge.chains import Continue, Exhausted, NewChain, Rollback, select_chain
 from edge.codec.conversation import Conversation, Message, TurnOutcome
-from edge.codec.digest import extend, tools_digest
+from edge.codec.digest import extend, prefix_digests, tools_digest
 from edge.codec.incremental import TemplateCodec, TemplateNotIncremental
 from edge.codec.reasoning import opens_reasoning
 from edge.codec.reply import ReplyParser, call_ids
@@ -221,7 +221,7 @@ class TurnRunner:
         """The prepared turn, and the chain it keeps busy (marked busy here) if any."""
         conversation = request.conversation
         request_no = live.take_request_no()
-        digests = live.history.of(tools_digest(conversation.tools), conversation.messages)
+        digests = list(map(bytes.hex, prefix_digests(tools_digest(conversation.tools), conversation.messages)))
         selection = select_chain(live.state, digests, live.busy, [m.role for m in conversation.messages],
                                  rollback=self._settings.rollback_rewritten_turns)
         received = self._received(live, request, request_no)

@@ -56,15 +56,23 @@ def _field(value: bytes) -> bytes:
 
 
 _EXTENDED: BoundedCache[tuple[bytes, Message], bytes] = BoundedCache()
+_BY_MESSAGE: BoundedCache[tuple[bytes, int], tuple[Message, bytes]] = BoundedCache()
 
 
 def extend(previous: bytes, message: Message) -> bytes:
-    """The digest of a history one message longer. Cached: every request repeats its history, and
-    the wire adapters hand back the same (hashable) message objects for it."""
-    key = (previous, message)
-    digest = _EXTENDED.get(key)
+    """The digest of a history one message longer. Cached, since every request repeats its
+    history: by the message object first (the OpenAI adapter hands back the same objects for the
+    messages it has seen, and finding those costs no hashing of the message; an entry holds its
+    message, so the id cannot be reused while the entry lives), then by value (the Anthropic
+    adapter builds new, equal messages for each request)."""
+    key = (previous, id(message))
+    known = _BY_MESSAGE.get(key)
+    if known is not None and known[0] is message:
+        return known[1]
+    digest = _EXTENDED.get((previous, message))
     if digest is None:
-        digest = _EXTENDED.put(key, _extend(previous, message), len(message.content))
+        digest = _EXTENDED.put((previous, message), _extend(previous, message), len(message.content))
+    _BY_MESSAGE.put(key, (message, digest), 64)
     return digest
 
 
@@ -110,46 +118,9 @@ def prefix_digests(root: bytes, messages: Sequence[Message]) -> list[bytes]:
     """``out[i]`` is the digest of ``messages[: i + 1]`` under ``root`` (the tools digest)."""
     out: list[bytes] = []
     current = root
+    by_message = _BY_MESSAGE.get  # extend's first lookup, inline: a resent history is all hits
     for message in messages:
-        current = extend(current, message)
+        known = by_message((current, id(message)))
+        current = known[1] if known is not None and known[0] is message else extend(current, message)
         out.append(current)
     return out
-
-
-class HistoryDigests:
-    """A session's prefix digests, as hex, with the last request's remembered for the next.
-
-    An agent resends its whole history with every request, and the wire adapters hand back
-    the very same message objects for the messages they have seen, so the history the next
-    request shares with the last one is found by comparing messages (the same object compares
-    at once) and only the new messages are hashed.
-    """
-
-    __slots__ = ("_digests", "_hex", "_messages", "_root")
-
-    def __init__(self) -> None:
-        self._root = b""
-        self._messages: tuple[Message, ...] = ()
-        self._digests: list[bytes] = []
-        self._hex: list[str] = []
-
-    def of(self, root: bytes, messages: Sequence[Message]) -> list[str]:
-        """``out[i]`` is the hex digest of ``messages[: i + 1]`` under ``root`` (do not modify it)."""
-        shared = 0
-        if root == self._root:
-            previous = self._messages
-            shared = len(previous)
-            # the usual case, the whole last history resent (compared in C: same objects match at once)
-            if len(messages) < shared or tuple(messages[:shared]) != previous:
-                limit = min(shared, len(messages))
-                shared = 0
-                while shared < limit and messages[shared] is previous[shared]:
-                    shared += 1
-        digests, hexes = self._digests[:shared], self._hex[:shared]
-        current = digests[-1] if digests else root
-        for message in messages[shared:]:
-            current = extend(current, message)
-            digests.append(current)
-            hexes.append(current.hex())
-        self._root, self._messages, self._digests, self._hex = root, tuple(messages), digests, hexes
-        return hexes

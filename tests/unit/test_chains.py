@@ -4,8 +4,9 @@ import msgspec
 import pytest
 
 from edge.chains import Continue, Exhausted, NewChain, Rollback, select_chain
+from edge.codec import digest
 from edge.codec.conversation import Message, ToolSpec
-from edge.codec.digest import HistoryDigests, prefix_digests, tools_digest
+from edge.codec.digest import prefix_digests, tools_digest
 from schemas.events import ToolCall
 from session_projector.fold import fold
 from tests.helpers import SessionScript
@@ -130,18 +131,18 @@ def test_tools_digest_ignores_key_order_and_is_the_same_for_a_remembered_tuple()
     assert tools_digest((ToolSpec(name="f", description="other"),)) != first
 
 
-def test_history_digests_reuse_the_shared_history_and_match_a_full_pass():
-    memo = HistoryDigests()
-    first = [SYS, U1, A1]
-    assert memo.of(ROOT, first) == hexes(first)
-    longer = [*first, T1, A2]  # the same objects, two more messages
-    assert memo.of(ROOT, longer) == hexes(longer)
-    # equal messages that are other objects, a rewrite, a shorter history, another tools root
-    copies = [msgspec.structs.replace(m) for m in longer]
-    assert memo.of(ROOT, copies) == hexes(longer)
-    rewritten = [SYS, U1, A2, U2]
-    assert memo.of(ROOT, rewritten) == hexes(rewritten)
-    assert memo.of(ROOT, rewritten[:2]) == hexes(rewritten[:2])
-    other_root = tools_digest([ToolSpec(name="g")])
-    assert memo.of(other_root, rewritten) == hexes(rewritten, other_root) != hexes(rewritten)
-    assert memo.of(ROOT, []) == []
+def test_history_digests_are_the_same_for_the_same_messages_and_for_equal_copies():
+    history = [SYS, U1, A1, T1, A2]
+    expected = [_extend_uncached(history[: i + 1]) for i in range(len(history))]
+    assert hexes(history) == expected  # computed, then found by object...
+    assert hexes(history) == expected
+    copies = [msgspec.structs.replace(m) for m in history]  # ...and by value, for equal new objects
+    assert hexes(copies) == expected
+    assert hexes([SYS, U1, A2]) != hexes([SYS, U1, A1])[:3]
+
+
+def _extend_uncached(messages):
+    current = ROOT
+    for message in messages:
+        current = digest._extend(current, message)
+    return current.hex()

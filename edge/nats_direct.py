@@ -13,8 +13,9 @@ task in between. It answers the server's ``PING``s, and after a lost connection 
 what was pending (as a retryable :class:`ConnectionResetError`) and connects again on the
 next publish. What it returns or raises is what :class:`edge.acks.AckedPublisher` does.
 
-It covers plain TCP with no credentials, user/password or a token in the URL. Anything
-else (TLS, credential files, nkeys) is left to nats-py: :func:`direct_publisher` returns
+It covers plain TCP with no credentials, or a user/password or token (in the URL or as
+nats-py's options; it logs in with what nats-py sends). Anything else (TLS, credential
+files, nkeys, credentials given as callables) is left to nats-py: :func:`direct_publisher` returns
 None and the edge keeps :class:`edge.acks.AckedPublisher`, which goes through the main
 connection.
 """
@@ -32,12 +33,13 @@ from urllib.parse import ParseResult
 from nats.aio.client import Client
 from nats.errors import MaxPayloadError
 
-from edge.acks import Ack, AckWaits, settle
+from edge.acks import NO_RESPONDERS, Ack, AckWaits, settle
 
 log = logging.getLogger(__name__)
 
 _CONNECT_TIMEOUT_S = 2.0
 _MAX_LINE = 64 * 1024  # a protocol line (INFO can be long in a large cluster)
+_NO_RESPONDERS = NO_RESPONDERS.encode()  # the status of a reply header block ("NATS/1.0 503")
 
 
 class ProtocolError(ConnectionResetError):
@@ -228,7 +230,7 @@ class DirectPublisher:
         future = self._waits.take(subject[len(self._prefix):])
         if future is not None:
             status = headers.split(b"\r\n", 1)[0].split()[1:2] if headers is not None else []
-            settle(future, payload, no_responders=not payload and status == [b"503"], subject=subject)
+            settle(future, payload, no_responders=not payload and status == [_NO_RESPONDERS], subject=subject)
 
     async def publish(self, subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> Ack:
         """Publish and wait for JetStream's acknowledgement. Raises ``TimeoutError`` when none

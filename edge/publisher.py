@@ -112,7 +112,6 @@ class JetStreamLog:
                                       "lower the log's max_event_bytes or raise max_payload") from exc
         raise LogUnavailable("unreachable")  # pragma: no cover
 
-
     async def close(self) -> None:
         if self._direct is not None:
             await self._direct.close()

@@ -65,14 +65,18 @@ def extend(previous: bytes, message: Message) -> bytes:
     messages it has seen, and finding those costs no hashing of the message; an entry holds its
     message, so the id cannot be reused while the entry lives), then by value (the Anthropic
     adapter builds new, equal messages for each request)."""
-    key = (previous, id(message))
-    known = _BY_MESSAGE.get(key)
+    known = _BY_MESSAGE.get((previous, id(message)))
     if known is not None and known[0] is message:
         return known[1]
+    return _extend_by_value(previous, message)
+
+
+def _extend_by_value(previous: bytes, message: Message) -> bytes:
+    """:func:`extend` past its lookup by object: by value, else hashed; remembered by object."""
     digest = _EXTENDED.get((previous, message))
     if digest is None:
         digest = _EXTENDED.put((previous, message), _extend(previous, message), len(message.content))
-    _BY_MESSAGE.put(key, (message, digest), 64)
+    _BY_MESSAGE.put((previous, id(message)), (message, digest), 64)
     return digest
 
 
@@ -121,6 +125,6 @@ def prefix_digests(root: bytes, messages: Sequence[Message]) -> list[bytes]:
     by_message = _BY_MESSAGE.get  # extend's first lookup, inline: a resent history is all hits
     for message in messages:
         known = by_message((current, id(message)))
-        current = known[1] if known is not None and known[0] is message else extend(current, message)
+        current = known[1] if known is not None and known[0] is message else _extend_by_value(current, message)
         out.append(current)
     return out

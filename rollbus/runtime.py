@@ -26,6 +26,7 @@ from edge.codec.fidelity import load_codec
 from edge.codec.tokenizer import load_tokenizer
 from edge.engines import local_model, make_engine
 from edge.engines.base import Engine
+from edge.http_server import EdgeHttpProtocol
 from edge.keeper import SessionKeeper
 from edge.live import Registry
 from edge.ownership import KvLeases
@@ -224,7 +225,8 @@ class Stack:
         service = self._service = build_edge_service(settings, js, self._engine)
         self._spawn(build_keeper(service, js).run(self.stop_event), "keeper")
         app = create_app(service, ready=self.ready)
-        config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, loop="none", **UVICORN_LEAN)
+        config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, loop="none",
+                                http=EdgeHttpProtocol, **UVICORN_LEAN)
         self._server = _Server(config)
         self._spawn(self._server.serve(sockets=[sock]), "edge")
         while not self._server.started:  # noqa: ASYNC110 - uvicorn offers no started event

@@ -23,6 +23,7 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 
 from edge.codec.adapter import StreamEncoder, WireAdapter
+from edge.http_server import REPLY_EXTENSION
 from edge.idempotency import retry_count
 from edge.metrics import CounterKey, Metrics
 from edge.routes.wire import bearer, check_declared_size, guarded
@@ -141,10 +142,15 @@ class ModelRoutes:
             return
         if isinstance(reply, bytes):
             status = 200
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(reply)).encode())]})
-            await send({"type": "http.response.body", "body": reply})
+            extensions = scope.get("extensions")
+            direct = extensions.get(REPLY_EXTENSION) if extensions else None
+            if direct is not None:  # the edge's own HTTP protocol (edge.http_server): one call, one write
+                direct(200, b"application/json", reply)
+            else:
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(reply)).encode())]})
+                await send({"type": "http.response.body", "body": reply})
         else:
             status = reply.status_code
             await reply(scope, receive, send)

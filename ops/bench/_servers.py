@@ -89,11 +89,15 @@ async def edge_app(nats_url: str) -> FastAPI:
 
 
 async def serve(kind: str, port: int, nats_url: str | None) -> None:
+    from edge.http_server import EdgeHttpProtocol
     from rollbus.runtime import UVICORN_LEAN
 
     app = floor_app() if kind == "floor" else await edge_app(nats_url or "")
+    # Each as it is deployed: the floor on uvicorn's httptools protocol, the edge on its own
+    # (edge.http_server, as ``rollbus edge`` runs it); otherwise configured alike.
+    http = "httptools" if kind == "floor" else EdgeHttpProtocol
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                            loop="none", http="httptools", lifespan="off", **UVICORN_LEAN)  # both servers alike
+                            loop="none", http=http, lifespan="off", **UVICORN_LEAN)
     await uvicorn.Server(config).serve()
 
 

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import TypeVar, overload
 
 import msgspec
 
@@ -169,6 +169,29 @@ class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
         return self.request.conversation.tool_choice != "none"
 
 
+class _Roles(Sequence[str]):
+    """The messages' roles, each read only if chain selection looks at it (a rollback check)."""
+
+    __slots__ = ("_messages",)
+
+    def __init__(self, messages: Sequence[Message]) -> None:
+        self._messages = messages
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [m.role for m in self._messages[index]]
+        return self._messages[index].role
+
+
 def _chat_turns(messages: Sequence[Message]) -> int:
     return sum(1 for m in messages if m.role in ("user", "assistant"))
 
@@ -222,7 +245,7 @@ class TurnRunner:
         conversation = request.conversation
         request_no = live.take_request_no()
         digests = list(map(bytes.hex, prefix_digests(tools_digest(conversation.tools), conversation.messages)))
-        selection = select_chain(live.state, digests, live.busy, [m.role for m in conversation.messages],
+        selection = select_chain(live.state, digests, live.busy, _Roles(conversation.messages),
                                  rollback=self._settings.rollback_rewritten_turns)
         received = self._received(live, request, request_no)
         if isinstance(selection, Exhausted):

@@ -20,6 +20,7 @@ the summary of the full state. That is what the projector stores per session.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from operator import attrgetter
 from typing import Literal
 
 import msgspec
@@ -84,6 +85,9 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     end_segment: int = 0
 
 
+_TOKEN_IDS = attrgetter("token_ids")
+
+
 class ChainState(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     prompt_ids: bytes
@@ -114,7 +118,7 @@ class ChainState(msgspec.Struct, frozen=True, kw_only=True):
 
     def packed_ids(self) -> bytes:
         """Prompt and response tokens, packed (what the engine must see next)."""
-        return b"".join([self.prompt_ids, *(s.token_ids for s in self.segments)])
+        return b"".join([self.prompt_ids, *map(_TOKEN_IDS, self.segments)])
 
     def token_ids(self) -> list[int]:
         """Prompt and response tokens as a list."""

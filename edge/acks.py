@@ -55,31 +55,67 @@ decode_ack = msgspec.json.Decoder(Ack).decode
 
 
 class AckWaits:
-    """Publishes waiting for their acknowledgement, by the reply token each was sent with."""
+    """Publishes waiting for their acknowledgement, by the reply token each was sent with.
+
+    Deadlines are kept per publish and enforced by one timer for all of them, armed for the
+    earliest: a timer per publish (created, then cancelled a quarter of a millisecond later)
+    cost more than the rest of the bookkeeping together."""
 
     def __init__(self) -> None:
-        self.pending: dict[str, asyncio.Future[Ack]] = {}
+        self.pending: dict[str, tuple[asyncio.Future[Ack], float]] = {}  # token -> (future, deadline)
         self._counter = itertools.count(1)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
 
     def take(self, token: str) -> asyncio.Future[Ack] | None:
         """The future waiting for ``token``'s reply, if one still is."""
-        return self.pending.pop(token, None)
+        waiting = self.pending.pop(token, None)
+        return waiting[0] if waiting is not None else None
+
+    def fail_all(self, error: Callable[[], BaseException]) -> None:
+        """Fail every publish still waiting (its connection is gone), each with an ``error()`` of its own."""
+        pending, self.pending = self.pending, {}
+        for future, _ in pending.values():
+            if not future.done():
+                future.set_exception(error())
 
     async def wait(self, send: Callable[[str], Awaitable[None] | None], timeout: float) -> Ack:
         """``send(token)`` a publish and wait for its reply; ``TimeoutError`` when none came in time."""
         token = str(next(self._counter))
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Ack] = loop.create_future()
-        self.pending[token] = future
-        timer = loop.call_later(timeout, _expire, future)
+        deadline = loop.time() + timeout
+        self.pending[token] = (future, deadline)
+        if self._timer is None or deadline < self._timer_at:
+            self._arm(loop, deadline)
         try:
             sending = send(token)
             if sending is not None:
                 await sending
             return await future
         finally:
-            timer.cancel()
             self.pending.pop(token, None)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(at, self._expire, loop)
+        self._timer_at = at
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Fail the publishes past their deadline; re-arm for the earliest one left."""
+        self._timer = None
+        now = loop.time()
+        earliest = None
+        for token, (future, deadline) in list(self.pending.items()):
+            if deadline <= now:
+                del self.pending[token]
+                if not future.done():
+                    future.set_exception(TimeoutError("no acknowledgement"))
+            elif earliest is None or deadline < earliest:
+                earliest = deadline
+        if earliest is not None:
+            self._arm(loop, earliest)
 
 
 class AckedPublisher:
@@ -129,8 +165,3 @@ def settle(future: asyncio.Future[Ack], payload: bytes, *, no_responders: bool, 
         future.set_exception(PublishRejected(ack.error))
     else:
         future.set_result(ack)
-
-
-def _expire(future: asyncio.Future[Ack]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError("no acknowledgement"))

@@ -48,6 +48,7 @@ HIGH_WATER = 65536  # request body bytes waiting for the app before reading paus
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in http.HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 REPLY_EXTENSION = "rollbus.reply"  # scope["extensions"][REPLY_EXTENSION]: Exchange.reply
+DISCONNECT_EXTENSION = "rollbus.on_disconnect"  # scope["extensions"][DISCONNECT_EXTENSION]: Exchange.on_disconnect
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _FORMATTED: list[Any] = [None, b""]  # uvicorn's default headers list, and it formatted
 _FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
@@ -102,8 +103,7 @@ class EdgeHttpProtocol(asyncio.Protocol):
         self.server_state.connections.discard(self)
         for exchange in (self.running, self.parsing, *self.queued):
             if exchange is not None:
-                exchange.disconnected = True
-                exchange.wake()
+                exchange.gone()
         self.queued.clear()
         if self.idle_timer is not None:
             self.idle_timer.cancel()
@@ -171,7 +171,7 @@ class EdgeHttpProtocol(asyncio.Protocol):
             "query_string": url.query or b"", "headers": self.headers, "state": self.app_state.copy(),
         }
         exchange = Exchange(self, scope, parser.should_keep_alive(), self.expect_continue)
-        scope["extensions"] = {REPLY_EXTENSION: exchange.reply}
+        scope["extensions"] = {REPLY_EXTENSION: exchange.reply, DISCONNECT_EXTENSION: exchange.on_disconnect}
         self.parsing = exchange
         if self.running is None:
             self._start(exchange)
@@ -295,7 +295,7 @@ class Exchange:
     """One request and its response: the ASGI ``receive`` and ``send`` of one app call."""
 
     __slots__ = ("buffered", "chunked", "chunks", "complete", "conn", "delivered", "disconnected",
-                 "expect_continue", "head", "keep_alive", "left", "more_body", "scope", "started", "waiter")
+                 "expect_continue", "head", "keep_alive", "left", "more_body", "notify", "scope", "started", "waiter")
 
     def __init__(self, conn: EdgeHttpProtocol, scope: Scope, keep_alive: bool, expect_continue: bool) -> None:
         self.conn = conn
@@ -313,6 +313,23 @@ class Exchange:
         self.chunked = False
         self.left = -1  # content-length bytes still to send (-1: chunked, or no body)
         self.head: bytes | None = None  # a content-length response's head, written with its first body
+        self.notify: Callable[[], None] | None = None  # on_disconnect's callback
+
+    def on_disconnect(self, callback: Callable[[], None] | None) -> None:
+        """The ``rollbus.on_disconnect`` extension: ``callback()`` once the client is gone before the
+        response is complete (``None``: no longer). Saves an app a task waiting on ``receive``."""
+        self.notify = callback
+
+    def gone(self) -> None:
+        """The connection was lost."""
+        self.disconnected = True
+        self.wake()
+        notify, self.notify = self.notify, None
+        if notify is not None and not self.complete:
+            try:
+                notify()
+            except Exception:
+                log.exception("the disconnect callback failed")
 
     def wake(self) -> None:
         waiter = self.waiter

@@ -221,10 +221,7 @@ class DirectPublisher:
         return conn
 
     def _fail_pending(self, error: BaseException) -> None:
-        pending, self._waits.pending = self._waits.pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(ConnectionResetError(str(error)))
+        self._waits.fail_all(lambda: ConnectionResetError(str(error)))
 
     def _on_reply(self, subject: str, headers: bytes | None, payload: bytes) -> None:
         future = self._waits.take(subject[len(self._prefix):])

@@ -23,7 +23,7 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 
 from edge.codec.adapter import StreamEncoder, WireAdapter
-from edge.http_server import REPLY_EXTENSION
+from edge.http_server import DISCONNECT_EXTENSION, REPLY_EXTENSION
 from edge.idempotency import retry_count
 from edge.metrics import CounterKey, Metrics
 from edge.routes.wire import bearer, check_declared_size, guarded
@@ -55,8 +55,17 @@ async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: s
         stream, first = await service.stream(session_id, bearer(headers), turn)
         events = _sse(adapter.stream(conversation, service.token_strings), first, stream)
         return StreamingResponse(events, media_type="text/event-stream", headers=_SSE_HEADERS)
-    # The listener for the client leaving starts only once the turn has taken a moment: no task
-    # for a quick turn (the request body is read by now, so the next message is the disconnect).
+    extensions = scope.get("extensions")
+    notify = extensions.get(DISCONNECT_EXTENSION) if extensions else None
+    if notify is not None:  # the edge's own HTTP protocol tells when the client leaves
+        notify(disconnect.client_gone)
+        try:
+            outcome = await service.complete(session_id, bearer(headers), turn)
+        finally:
+            notify(None)
+        return adapter.encode(outcome, conversation, service.token_strings)
+    # Another server: a listener for the client leaving starts once the turn has taken a moment
+    # (no task for a quick turn; the body is read by now, so the next message is the disconnect).
     listener: list[asyncio.Future[None]] = []
     timer = asyncio.get_running_loop().call_later(
         _LISTEN_AFTER_S, lambda: listener.append(asyncio.ensure_future(_listen(receive, disconnect))))

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import uvicorn
 
-from edge.http_server import HIGH_WATER, REPLY_EXTENSION, EdgeHttpProtocol
+from edge.http_server import DISCONNECT_EXTENSION, HIGH_WATER, REPLY_EXTENSION, EdgeHttpProtocol
 
 Seen = dict[str, Any]
 
@@ -58,12 +58,22 @@ def make_app(seen: Seen) -> Any:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"connection", b"close"), (b"content-length", b"2")]})
             await send({"type": "http.response.body", "body": b"ok"})
-        elif path in ("/slow", "/no-read"):
-            seen["waiting"] = asyncio.get_running_loop().time()
+        elif path == "/slow":
+            seen["waiting"].set()
             message = await receive()  # the body is in: the next message is the client leaving
             seen["after_body"] = message["type"]
+            seen["done"].set()
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
             await send({"type": "http.response.body", "body": b""})
+        elif path == "/watch":
+            scope["extensions"][DISCONNECT_EXTENSION](seen["done"].set)
+            seen["waiting"].set()
+            await seen["done"].wait()  # no response: the client is gone
+        elif path == "/hold":
+            seen["waiting"].set()
+            await seen["release"].wait()
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
+            await send({"type": "http.response.body", "body": b"held"})
         else:
             await send({"type": "http.response.start", "status": 404, "headers": [(b"content-length", b"0")]})
             await send({"type": "http.response.body", "body": b""})
@@ -92,7 +102,7 @@ class Served:
 
 @pytest.fixture
 async def served() -> AsyncIterator[Served]:
-    seen: Seen = {}
+    seen: Seen = {"waiting": asyncio.Event(), "done": asyncio.Event(), "release": asyncio.Event()}
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -100,7 +110,7 @@ async def served() -> AsyncIterator[Served]:
                             http=EdgeHttpProtocol, timeout_keep_alive=1)
     server = uvicorn.Server(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
-    while not server.started:
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no started event
         await asyncio.sleep(0.01)
     yield Served(server, port, seen)
     server.should_exit = True
@@ -207,17 +217,21 @@ async def test_reply_extension_writes_a_whole_response(served: Served) -> None:
 
 
 async def test_client_leaving_is_an_http_disconnect(served: Served) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    _, writer = await asyncio.open_connection("127.0.0.1", served.port)
     writer.write(request("/slow", b"data"))
-    await writer.drain()
-    while "waiting" not in served.seen:
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(served.seen["waiting"].wait(), 5)
     writer.close()
-    for _ in range(500):
-        if "after_body" in served.seen:
-            break
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(served.seen["done"].wait(), 5)
     assert served.seen["after_body"] == "http.disconnect" and served.seen["body"] == b"data"
+
+
+async def test_on_disconnect_extension_calls_back_when_the_client_leaves(served: Served) -> None:
+    _, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    writer.write(request("/watch", b"data"))
+    await asyncio.wait_for(served.seen["waiting"].wait(), 5)
+    assert not served.seen["done"].is_set()
+    writer.close()
+    await asyncio.wait_for(served.seen["done"].wait(), 5)  # called from the connection's loss, no receive
 
 
 async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(served: Served) -> None:
@@ -233,15 +247,11 @@ async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(served:
 
 async def test_shutdown_lets_the_request_in_flight_finish(served: Served) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
-    writer.write(request("/slow", b"data"))
-    await writer.drain()
-    while "waiting" not in served.seen:
-        await asyncio.sleep(0.01)
-    served.server.should_exit = True  # the app is waiting; its response completes when the client leaves
-    await asyncio.sleep(0.2)
+    writer.write(request("/hold", b"data"))
+    await asyncio.wait_for(served.seen["waiting"].wait(), 5)
+    served.server.should_exit = True
+    await asyncio.sleep(0.3)  # the server is shutting down, the response is not out yet
+    served.seen["release"].set()
+    out = await asyncio.wait_for(reader.read(-1), 5)  # the whole response, then the close
+    assert out.startswith(b"HTTP/1.1 200 OK") and b"connection: close\r\n" in out and out.endswith(b"held")
     writer.close()
-    for _ in range(500):
-        if "after_body" in served.seen:
-            break
-        await asyncio.sleep(0.01)
-    assert served.seen["after_body"] == "http.disconnect"

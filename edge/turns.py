@@ -244,7 +244,8 @@ class TurnRunner:
         """The prepared turn, and the chain it keeps busy (marked busy here) if any."""
         conversation = request.conversation
         request_no = live.take_request_no()
-        digests = list(map(bytes.hex, prefix_digests(tools_digest(conversation.tools), conversation.messages)))
+        digests = conversation.history_digests or tuple(
+            map(bytes.hex, prefix_digests(tools_digest(conversation.tools), conversation.messages)))
         selection = select_chain(live.state, digests, live.busy, _Roles(conversation.messages),
                                  rollback=self._settings.rollback_rewritten_turns)
         received = self._received(live, request, request_no)
@@ -261,7 +262,7 @@ class TurnRunner:
             raise
 
     def _prepare(self, live: LiveSession, request: TurnRequest, selection: Continue | Rollback | NewChain,
-                 digests: list[str], received: RequestReceived, request_no: int) -> PreparedTurn:
+                 digests: Sequence[str], received: RequestReceived, request_no: int) -> PreparedTurn:
         plan = self._plan(live.state, request.conversation, selection, digests)
         prepared = PreparedTurn(request=request, request_no=request_no, received=received, plan=plan)
         limit = self._settings.max_trajectory_length
@@ -296,7 +297,7 @@ class TurnRunner:
         return self._outcome(live, request_no, plan, result, parsed, full)
 
     def _plan(self, state: SessionState, conversation: Conversation, selection: Continue | Rollback | NewChain,
-              digests: list[str]) -> _Plan:
+              digests: Sequence[str]) -> _Plan:
         messages = conversation.messages
         if isinstance(selection, NewChain):
             prompt = self.codec.encode_prompt(messages, conversation.tools)
@@ -313,7 +314,7 @@ class TurnRunner:
         return _Plan(chain=chain.index, context=increment, input_ids=tokens.unpack_ids(chain.packed_ids() + increment),
                      n_messages=len(messages), chat_turns=_chat_turns(new), prefix_digest=digests[-1])
 
-    def _rollback_plan(self, selection: Rollback, messages: Sequence[Message], digests: list[str]) -> _Plan:
+    def _rollback_plan(self, selection: Rollback, messages: Sequence[Message], digests: Sequence[str]) -> _Plan:
         """The chain without its last reply's sampled tokens (it ends at that reply's generation
         prompt), then the rewritten reply and what follows it, as context."""
         chain, new = selection.chain, messages[selection.n_history:]

@@ -54,6 +54,9 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True):
     stream_usage: bool = False  # OpenAI stream_options.include_usage
     logprobs: bool = False
     model: str = ""
+    # Hex digests of messages[: i + 1] (edge.codec.digest.prefix_digests under the tools' digest),
+    # when the adapter computed them while decoding; () when not.
+    history_digests: tuple[str, ...] = ()
 
 
 def _arguments(text: str) -> Any:

@@ -14,7 +14,7 @@ clients drop).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
@@ -116,6 +116,31 @@ def _tools_digest(tools: Sequence[ToolSpec]) -> bytes:
     if digest is None:
         digest = _tools_cache.put(canonical, _h(canonical), len(canonical))
     return digest
+
+
+_BY_RAW: BoundedCache[tuple[bytes, bytes], tuple[Message, bytes]] = BoundedCache()
+
+
+def decode_history(root: bytes, raws: Iterable[bytes], decode: Callable[[int, bytes], Message]
+                   ) -> tuple[tuple[Message, ...], tuple[str, ...]]:
+    """Messages from their raw JSON, with :func:`prefix_digests` of them (hex), in one pass.
+
+    For a wire that hands over each message's raw JSON (OpenAI's): a message is decoded and
+    hashed once per history it follows, (previous digest, raw JSON) being the key, so a
+    resent history costs one lookup a message. ``decode(index, raw)`` decodes a miss."""
+    messages: list[Message] = []
+    digests: list[bytes] = []
+    current = root
+    known_as = _BY_RAW.get
+    for index, raw in enumerate(raws):
+        known = known_as((current, raw))
+        if known is None:
+            message = decode(index, raw)
+            known = _BY_RAW.put((current, raw), (message, extend(current, message)), 2 * len(raw))
+        messages.append(known[0])
+        current = known[1]
+        digests.append(current)
+    return tuple(messages), tuple(map(bytes.hex, digests))
 
 
 def prefix_digests(root: bytes, messages: Sequence[Message]) -> list[bytes]:

@@ -20,6 +20,7 @@ from edge.codec.adapter import TokenText, sse
 from edge.codec.cache import BoundedCache
 from edge.codec.conversation import Conversation, Message, SamplingOverrides, ToolSpec, TurnOutcome
 from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFinished, StreamStarted, ToolCallReady
+from edge.codec.digest import decode_history, tools_digest
 from edge.codec.strict import decode_strict
 from schemas.errors import MalformedRequest, RollbusError
 from schemas.events import ToolCall
@@ -106,26 +107,14 @@ def _sampling(req: LazyRequest) -> SamplingOverrides:
 
 LazyRequest = ChatCompletionRequest[msgspec.Raw, msgspec.Raw]
 _message_decoder = msgspec.json.Decoder(MessageIn)
-_MESSAGES: BoundedCache[tuple[int, bytes], Message] = BoundedCache()
 
 
-def _cached_messages(raws: list[msgspec.Raw]) -> tuple[Message, ...]:
-    """The messages, each decoded once: agents send the whole history with every request, so
-    the same raw message at the same position is converted once (bounded cache)."""
-    cached = _MESSAGES.get
-    messages = []
-    for index, raw in enumerate(raws):
-        key = (index, bytes(raw))
-        message = cached(key)
-        if message is None:
-            try:
-                wire = _message_decoder.decode(key[1])
-            except msgspec.ValidationError as exc:
-                raise MalformedRequest(f"invalid request: {exc} (in messages[{index}])",
-                                       param=f"messages[{index}]") from exc
-            message = _MESSAGES.put(key, _message(index, wire), 2 * len(key[1]))
-        messages.append(message)
-    return tuple(messages)
+def _decoded_message(index: int, raw: bytes) -> Message:
+    try:
+        wire = _message_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise MalformedRequest(f"invalid request: {exc} (in messages[{index}])", param=f"messages[{index}]") from exc
+    return _message(index, wire)
 
 
 _tools_decoder = msgspec.json.Decoder(list[ToolDef] | None)
@@ -154,8 +143,12 @@ def decode_request(body: bytes) -> Conversation:
     if not req.messages:
         raise MalformedRequest("messages must not be empty", param="messages")
     tools = _cached_tools(req.tools)
+    # Agents resend the whole history: each raw message is decoded (and hashed into the history
+    # digests chain matching uses) once per history it follows.
+    messages, digests = decode_history(tools_digest(tools), map(bytes, req.messages), _decoded_message)
     return Conversation(
-        messages=_cached_messages(req.messages),
+        messages=messages,
+        history_digests=digests,
         tools=tools,
         tool_choice=_tool_choice(req),  # type: ignore[arg-type]
         sampling=_sampling(req),

@@ -9,6 +9,7 @@ import pytest
 from edge.codec.anthropic_wire import AnthropicWire
 from edge.codec.conversation import Conversation, Message, SamplingOverrides, TurnOutcome
 from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamFinished, StreamStarted, ToolCallReady
+from edge.codec.digest import prefix_digests, tools_digest
 from edge.codec.openai_wire import OpenAIWire
 from schemas.errors import EngineUnavailable, MalformedRequest, SessionClosed
 from schemas.events import ToolCall
@@ -195,3 +196,44 @@ def test_openai_tools_decode_once_per_json_and_bad_tools_name_the_field():
         with pytest.raises(MalformedRequest) as caught:
             OPENAI.decode(body(bad))
         assert caught.value.param == "tools"
+
+
+def _openai(messages: list[dict], tools: list | None = None) -> Conversation:
+    return OPENAI.decode(json.dumps({"model": "m", "messages": messages, "tools": tools}).encode())
+
+
+def _digests(conversation: Conversation) -> tuple[str, ...]:
+    return tuple(d.hex() for d in prefix_digests(tools_digest(conversation.tools), conversation.messages))
+
+
+def test_openai_history_digests_are_those_of_its_decoded_messages():
+    call = {"id": "call_a", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}
+    history = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "list it ✓"},
+               {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_a", "content": "a.py"}]
+    first = _openai(history, [TOOL])
+    assert len(first.history_digests) == 4 and first.history_digests == _digests(first)
+    # Resent with its call id and argument formatting rewritten, then extended: the same prefix.
+    echoed = {**call, "id": "other", "function": {"name": "ls", "arguments": '{ "path":"." }'}}
+    longer = _openai([*history[:2], {**history[2], "tool_calls": [echoed]}, history[3],
+                      {"role": "assistant", "content": "done"}], [TOOL])
+    assert longer.history_digests[:4] == first.history_digests and longer.history_digests == _digests(longer)
+    # A different second message: a different history from there on.
+    other = _openai([history[0], {"role": "user", "content": "list that"}, *history[2:]], [TOOL])
+    assert other.history_digests[0] == first.history_digests[0]
+    assert not set(other.history_digests[1:]) & set(first.history_digests)
+    # Other tools: another root, so no digest in common.
+    assert not set(_openai(history).history_digests) & set(first.history_digests)
+
+
+def test_openai_resent_messages_are_decoded_once_per_history_they_follow():
+    bare = {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "ls", "arguments": "{}"}}]}
+    short = _openai([{"role": "user", "content": "u1"}, bare])
+    again = _openai([{"role": "user", "content": "u1"}, bare, {"role": "tool", "content": "x"}])
+    assert again.messages[1] is short.messages[1]  # found, not decoded again
+    later = _openai([{"role": "user", "content": "u1"}, {"role": "user", "content": "u2"}, bare])
+    # The same raw message after another history is decoded there: its default call id has its index.
+    assert short.messages[1].tool_calls[0].id == "call_1_0" and later.messages[2].tool_calls[0].id == "call_2_0"
+    with pytest.raises(MalformedRequest) as caught:
+        _openai([{"role": "user", "content": "u1"}, {"role": "assistant", "content": 3}])
+    assert caught.value.param == "messages[1]"

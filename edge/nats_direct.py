@@ -258,7 +258,7 @@ def hpub(subject: str, reply: str, block: bytes, payload: bytes) -> bytes:
 
 def header_block(headers: dict[str, str]) -> bytes | None:
     """``NATS/1.0`` and the headers, or None when a value holds a line break."""
-    text = "NATS/1.0\r\n" + "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
+    text = "\r\n".join(("NATS/1.0", *map(": ".join, headers.items()), "", ""))
     return None if text.count("\n") != len(headers) + 2 or text.count("\r") != len(headers) + 2 else text.encode()
 
 

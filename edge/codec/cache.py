@@ -17,18 +17,23 @@ V = TypeVar("V")
 
 
 class BoundedCache(Generic[K, V]):
-    def __init__(self, *, max_items: int = 16384, max_bytes: int = 32 * 1024 * 1024) -> None:
-        self._data: dict[K, V] = {}
+    def __init__(self, *, max_items: int = 16384, max_bytes: int = 32 * 1024 * 1024,
+                 pinned: dict[K, V] | None = None) -> None:
+        """``pinned``: entries that are always there (they survive the clears and count towards
+        neither bound)."""
+        self._pinned = dict(pinned or {})
+        self._data: dict[K, V] = dict(self._pinned)
         self._bytes = 0
         self._max_items = max_items
         self._max_bytes = max_bytes
         self.get = self._data.get  # the hot call, without a Python frame (the dict is never replaced)
 
     def __len__(self) -> int:
-        return len(self._data)
+        """Entries held besides the pinned ones."""
+        return len(self._data) - len(self._pinned)
 
     def __iter__(self) -> Iterator[K]:
-        return iter(self._data)
+        return (key for key in self._data if key not in self._pinned)
 
     def get(self, key: K) -> V | None:  # replaced per instance by the dict's own ``get``
         return self._data.get(key)
@@ -36,8 +41,9 @@ class BoundedCache(Generic[K, V]):
     def put(self, key: K, value: V, size: int = 0) -> V:
         if size > self._max_bytes // 4:
             return value  # too big to be worth keeping
-        if len(self._data) >= self._max_items or self._bytes + size > self._max_bytes:
+        if len(self._data) >= self._max_items + len(self._pinned) or self._bytes + size > self._max_bytes:
             self._data.clear()
+            self._data.update(self._pinned)
             self._bytes = 0
         self._data[key] = value
         self._bytes += size

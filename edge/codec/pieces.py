@@ -30,7 +30,10 @@ class PiecewiseEncoder:
         plain = all(not (t.lstrip or t.rstrip or t.single_word) for t in added.values())
         alternatives = "|".join(re.escape(c) for c in sorted(self._added, key=len, reverse=True))
         self._split = re.compile(f"({alternatives})").split if plain and alternatives else None
-        self._cache: BoundedCache[str, list[int]] = BoundedCache(max_items=capacity, max_bytes=max_bytes)
+        # Pieces' ids; the added tokens (and the empty pieces between two of them) always there.
+        pinned = {"": [], **{content: [token_id] for content, token_id in self._added.items()}}
+        self._cache: BoundedCache[str, list[int]] = BoundedCache(max_items=capacity, max_bytes=max_bytes,
+                                                                 pinned=pinned)
 
     def _whole(self, text: str) -> list[int]:
         return self._backend.encode(text, add_special_tokens=False).ids
@@ -39,14 +42,10 @@ class PiecewiseEncoder:
         if self._split is None:
             return self._whole(text)
         ids: list[int] = []
+        known = self._cache.get
         for piece in self._split(text):
-            if not piece:
-                continue
-            token_id = self._added.get(piece)
-            if token_id is not None:
-                ids.append(token_id)
-            else:
-                ids.extend(self._piece(piece))
+            found = known(piece)
+            ids += found if found is not None else self._piece(piece)
         return ids
 
     def _piece(self, piece: str) -> list[int]:

@@ -68,3 +68,8 @@ def test_bounded_cache_drops_everything_past_either_bound():
     by_bytes.put("e", 1, 25)  # 105: past the byte bound, a fresh start
     assert sorted(by_bytes) == ["e"]
     assert by_bytes.put("huge", 2, 26) == 2 and by_bytes.get("huge") is None  # over a quarter: never kept
+
+    pinned: BoundedCache[str, int] = BoundedCache(max_items=2, max_bytes=10**6, pinned={"p": 0})
+    for key in "abc":
+        pinned.put(key, 1)
+    assert sorted(pinned) == ["c"] and len(pinned) == 1 and pinned.get("p") == 0  # kept through the clear

@@ -230,11 +230,16 @@ def _touch(state: SessionState, e: Event, **changes: object) -> SessionState:
 
 
 def _replace_chain(state: SessionState, e: Event, chain: ChainState) -> SessionState:
-    chains = (*state.chains[: chain.index], chain, *state.chains[chain.index + 1 :])
-    return _touch(state, e, chains=chains)
+    chains = state.chains
+    index = chain.index
+    return msgspec.structs.replace(state, seq=e.seq, updated_at=e.time,
+                                   chains=(*chains[:index], chain, *chains[index + 1:]))
 
 
-def _open_chain(state: SessionState, index: int) -> ChainState:
+def _open_chain(state: SessionState, e: Event, index: int) -> ChainState:
+    """Chain ``index`` of an open session, itself open (the rule of the events that extend a chain)."""
+    if state.status != "open":
+        _require_open(state, e)
     chain = state.chain(index)
     if chain.closed is not None:
         raise FoldError(f"session {state.session_id}: chain {index} is closed ({chain.closed})")
@@ -252,8 +257,8 @@ def _request(state: SessionState, e: RequestReceived) -> SessionState:
     keys = state.idempotency_keys
     if e.idempotency_key is not None:
         keys = {**keys, e.idempotency_key: RecordedRequest(request_no=e.request_no, body_digest=digest)}
-    return _touch(state, e, requests=max(state.requests, e.request_no), idempotency_keys=keys,
-                  request_bodies={**state.request_bodies, digest: e.request_no})
+    return msgspec.structs.replace(state, seq=e.seq, updated_at=e.time, requests=max(state.requests, e.request_no),
+                                   idempotency_keys=keys, request_bodies={**state.request_bodies, digest: e.request_no})
 
 
 def _chain_started(state: SessionState, e: ChainStarted) -> SessionState:
@@ -273,12 +278,11 @@ def _chain_started(state: SessionState, e: ChainStarted) -> SessionState:
         pending_prefix=e.prefix_digest,
         pending_prefix_messages=e.n_messages,
     )
-    return _touch(state, e, chains=(*state.chains, chain))
+    return msgspec.structs.replace(state, seq=e.seq, updated_at=e.time, chains=(*state.chains, chain))
 
 
 def _context(state: SessionState, e: ContextAppended) -> SessionState:
-    _require_open(state, e)
-    chain = _open_chain(state, e.chain)
+    chain = _open_chain(state, e, e.chain)
     count = tokens.count(e.token_ids)
     chain = msgspec.structs.replace(
         chain,
@@ -296,8 +300,7 @@ def _context(state: SessionState, e: ContextAppended) -> SessionState:
 
 
 def _tokens(state: SessionState, e: TokensGenerated) -> SessionState:
-    _require_open(state, e)
-    chain = _open_chain(state, e.chain)
+    chain = _open_chain(state, e, e.chain)
     if chain.pending_request != e.request_no:
         raise FoldError(f"session {state.session_id}: tokens for request {e.request_no} on chain {e.chain}")
     if e.logprobs is not None and len(e.logprobs) != len(e.token_ids):
@@ -315,8 +318,7 @@ def _tokens(state: SessionState, e: TokensGenerated) -> SessionState:
 
 
 def _turn(state: SessionState, e: TurnCompleted) -> SessionState:
-    _require_open(state, e)
-    chain = _open_chain(state, e.chain)
+    chain = _open_chain(state, e, e.chain)
     if chain.pending_request != e.request_no:
         raise FoldError(f"session {state.session_id}: turn for request {e.request_no} on chain {e.chain}")
     turn = Turn(
@@ -346,8 +348,7 @@ def _turn(state: SessionState, e: TurnCompleted) -> SessionState:
 
 def _rolled_back(state: SessionState, e: TurnRolledBack) -> SessionState:
     """Drop the last turn's sampled tokens; the chain ends at that turn's generation prompt again."""
-    _require_open(state, e)
-    chain = _open_chain(state, e.chain)
+    chain = _open_chain(state, e, e.chain)
     if not chain.turns or chain.turns[-1].request_no != e.turn_request_no or chain.pending_request is not None:
         raise FoldError(f"session {state.session_id}: chain {e.chain} cannot roll back request {e.turn_request_no}")
     turn = chain.turns[-1]

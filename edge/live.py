@@ -44,9 +44,10 @@ Clock = Callable[[], float]
 
 
 def _numbered(event: Event, seq: int) -> Event:
-    if isinstance(event, RequestReceived) and not event.body_digest:
+    """``event`` as the ``seq``-th of its session (a request with its body's digest sealed in)."""
+    if type(event) is RequestReceived and not event.body_digest:
         return msgspec.structs.replace(event, seq=seq, body_digest=body_digest(event.body))
-    return msgspec.structs.replace(event, seq=seq)
+    return event if event.seq == seq else msgspec.structs.replace(event, seq=seq)
 
 
 class LiveSession:
@@ -91,9 +92,13 @@ class LiveSession:
                 raise OwnershipLost(f"session {state.session_id} is no longer written by this edge; retry")
             if state.status != "open" and not allow_closed:
                 raise SessionClosed(f"session {state.session_id} is {state.status}")
-            events = [_numbered(e, state.seq + i + 1) for i, e in enumerate(draft(state))]
-            for event in events:
+            events = []
+            seq = state.seq
+            for drafted in draft(state):
+                seq += 1
+                event = _numbered(drafted, seq)
                 state = apply(state, event)
+                events.append(event)
             try:
                 if self.lease is not None:
                     await self.lease.ensure()

@@ -287,11 +287,15 @@ class TurnRunner:
 
         def draft(state: SessionState) -> list[Event]:
             chain = plan.chain if plan.chain is not None else len(state.chains)
-            rollback = [] if plan.rollback is None else [self._rolled_back(live, chain, request_no, plan.rollback)]
-            events = [turn.received, *rollback, self._context(live, plan, chain, request_no),
-                      self._tokens(live, chain, request_no, result),
-                      self._turn(live, chain, request_no, result, parsed, tip, plan.n_messages + 1)]
-            return events + ([self._closed(live, chain, request_no)] if full else [])
+            # Numbered here already (the request as commit numbers it: it follows the state's last event).
+            seq = state.seq + 2
+            rollback = [] if plan.rollback is None else [self._rolled_back(live, chain, request_no, plan.rollback,
+                                                                           seq=seq)]
+            seq += len(rollback)
+            events = [turn.received, *rollback, self._context(live, plan, chain, request_no, seq=seq),
+                      self._tokens(live, chain, request_no, result, seq=seq + 1),
+                      self._turn(live, chain, request_no, result, parsed, tip, plan.n_messages + 1, seq=seq + 2)]
+            return events + ([self._closed(live, chain, request_no, seq=seq + 3)] if full else [])
 
         await live.commit(self._log, draft)
         return self._outcome(live, request_no, plan, result, parsed, full)
@@ -352,33 +356,34 @@ class TurnRunner:
                                wire=request.wire, body=request.body, idempotency_key=request.idempotency_key,
                                body_digest=request.body_digest)
 
-    def _context(self, live: LiveSession, plan: _Plan, chain: int, request_no: int) -> Event:
-        common = {"session_id": live.state.session_id, "seq": 0, "time": self._clock(), "chain": chain,
+    def _context(self, live: LiveSession, plan: _Plan, chain: int, request_no: int, *, seq: int = 0) -> Event:
+        common = {"session_id": live.state.session_id, "seq": seq, "time": self._clock(), "chain": chain,
                   "request_no": request_no, "prefix_digest": plan.prefix_digest, "n_messages": plan.n_messages,
                   "chat_turns": plan.chat_turns}
         if plan.chain is None:
             return ChainStarted(prompt_ids=plan.context, **common)
         return ContextAppended(token_ids=plan.context, **common)
 
-    def _tokens(self, live: LiveSession, chain: int, request_no: int, result: GenerateResult) -> TokensGenerated:
+    def _tokens(self, live: LiveSession, chain: int, request_no: int, result: GenerateResult, *,
+                seq: int = 0) -> TokensGenerated:
         logprobs = tokens.pack_logprobs(result.logprobs) if result.logprobs is not None else None
-        return TokensGenerated(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
+        return TokensGenerated(session_id=live.state.session_id, seq=seq, time=self._clock(), chain=chain,
                                request_no=request_no, token_ids=tokens.pack_ids(result.token_ids), logprobs=logprobs)
 
     def _turn(self, live: LiveSession, chain: int, request_no: int, result: GenerateResult,
-              parsed: ParsedOutput, tip: str, n_messages: int) -> TurnCompleted:
-        return TurnCompleted(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
+              parsed: ParsedOutput, tip: str, n_messages: int, *, seq: int = 0) -> TurnCompleted:
+        return TurnCompleted(session_id=live.state.session_id, seq=seq, time=self._clock(), chain=chain,
                              request_no=request_no, finish_reason=result.finish_reason, text=parsed.content,
                              reasoning=parsed.reasoning, tool_calls=parsed.tool_calls, tip_digest=tip,
                              n_messages=n_messages, weight_version=result.weight_version)
 
-    def _rolled_back(self, live: LiveSession, chain: int, request_no: int,
-                     rollback: tuple[int, int]) -> TurnRolledBack:
-        return TurnRolledBack(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
+    def _rolled_back(self, live: LiveSession, chain: int, request_no: int, rollback: tuple[int, int], *,
+                     seq: int = 0) -> TurnRolledBack:
+        return TurnRolledBack(session_id=live.state.session_id, seq=seq, time=self._clock(), chain=chain,
                               request_no=request_no, turn_request_no=rollback[0], tokens_dropped=rollback[1])
 
-    def _closed(self, live: LiveSession, chain: int, request_no: int) -> ChainClosed:
-        return ChainClosed(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
+    def _closed(self, live: LiveSession, chain: int, request_no: int, *, seq: int = 0) -> ChainClosed:
+        return ChainClosed(session_id=live.state.session_id, seq=seq, time=self._clock(), chain=chain,
                            reason=CAPACITY, request_no=request_no)
 
     async def record_failure(self, live: LiveSession, turn: PreparedTurn, exc: EngineError) -> None:

@@ -14,11 +14,24 @@ CounterKey = tuple[str, tuple[tuple[str, str], ...]]  # name, sorted labels
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+class Histogram:
+    """A cumulative histogram's bucket counts and sum (:meth:`Metrics.histogram`)."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(_BUCKETS) + 1)
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(_BUCKETS, seconds)] += 1
+        self.sum += seconds
+
+
 class Metrics:
     def __init__(self) -> None:
         self.counters: dict[CounterKey, float] = defaultdict(float)
-        self._hist: dict[str, list[int]] = {}
-        self._hist_sum: dict[str, float] = defaultdict(float)
+        self._hist: dict[str, Histogram] = {}
         self._help: dict[str, str] = {}
 
     def inc(self, name: str, amount: float = 1.0, help_text: str = "", **labels: str) -> None:
@@ -34,11 +47,16 @@ class Metrics:
         self.counters[key] += amount
 
     def observe(self, name: str, seconds: float, help_text: str = "") -> None:
-        counts = self._hist.setdefault(name, [0] * (len(_BUCKETS) + 1))
-        counts[bisect.bisect_left(_BUCKETS, seconds)] += 1
-        self._hist_sum[name] += seconds
+        self.histogram(name, help_text).observe(seconds)
+
+    def histogram(self, name: str, help_text: str = "") -> Histogram:
+        """The histogram ``name`` (created empty): a hot path keeps it and calls its ``observe``."""
         if help_text:
             self._help.setdefault(name, help_text)
+        histogram = self._hist.get(name)
+        if histogram is None:
+            histogram = self._hist[name] = Histogram()
+        return histogram
 
     def render(self) -> str:
         lines: list[str] = []
@@ -47,14 +65,14 @@ class Metrics:
             for (n, labels), value in sorted(self.counters.items()):
                 if n == name:
                     lines.append(f"{name}{_labels(labels)} {value:g}")
-        for name, counts in sorted(self._hist.items()):
+        for name, histogram in sorted(self._hist.items()):
             lines += [f"# HELP {name} {self._help.get(name, name)}", f"# TYPE {name} histogram"]
             running = 0
-            for bound, count in zip((*_BUCKETS, float("inf")), counts, strict=True):
+            for bound, count in zip((*_BUCKETS, float("inf")), histogram.counts, strict=True):
                 running += count
                 le = "+Inf" if bound == float("inf") else f"{bound:g}"
                 lines.append(f'{name}_bucket{{le="{le}"}} {running}')
-            lines += [f"{name}_sum {self._hist_sum[name]:g}", f"{name}_count {running}"]
+            lines += [f"{name}_sum {histogram.sum:g}", f"{name}_count {running}"]
         return "\n".join(lines) + "\n"
 
 

@@ -120,8 +120,9 @@ class EdgeService:
 
     async def authorized(self, session_id: str, api_key: str | None) -> LiveSession:
         """The open session, if ``api_key`` is its key."""
-        check_session_id(session_id)
-        live = await self._registry.get(session_id)
+        live = self._registry.peek(session_id)  # held here: its id was checked when it was taken
+        if live is None:
+            live = await self._registry.get(check_session_id(session_id))
         if api_key is None:
             raise Unauthorized("missing api key (Authorization: Bearer or x-api-key)")
         if live.verified_key is not None and hmac.compare_digest(api_key, live.verified_key):
@@ -135,7 +136,7 @@ class EdgeService:
         """Run a model turn, or answer a repeated request with the completion recorded for it."""
         live, identity, request = await self._identified(session_id, api_key, request)
         with live.in_use():
-            outcome = await self._recorded(live, identity)
+            outcome = await self._recorded(live, identity) if identity.may_repeat else None
             if outcome is not None:
                 return outcome
             with live.inflight.running(identity, request.disconnect):
@@ -162,7 +163,8 @@ class EdgeService:
 
     @staticmethod
     async def _recorded(live: LiveSession, identity: RequestIdentity) -> TurnOutcome | None:
-        """The completion recorded for an earlier request this one repeats (after it settles), if any."""
+        """The completion recorded for an earlier request this one repeats (after it settles), if any
+        (never for one that may not repeat: see ``RequestIdentity.may_repeat``)."""
         await live.inflight.settled(identity)
         earlier = repeated_request(live.state, identity)
         return recorded_outcome(live.state, earlier) if earlier is not None else None

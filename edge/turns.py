@@ -214,11 +214,15 @@ class TurnRunner:
         return self._clock()
 
     async def run(self, live: LiveSession, request: TurnRequest) -> TurnOutcome:
-        async with self.begin(live, request) as turn:
+        turn, busy = self._begin(live, request)  # as ``begin`` does, without its context manager
+        try:
             if turn.generate is None:
                 return await self.refuse(live, turn)
             result = await self._generate(live, turn, turn.generate, request.disconnect)
             return await self.commit(live, turn, result, self.parse(turn, result))
+        finally:
+            if busy is not None:
+                live.busy.discard(busy)
 
     async def _generate(self, live: LiveSession, turn: PreparedTurn, generate: GenerateRequest,
                         disconnect: Disconnect | None) -> GenerateResult:

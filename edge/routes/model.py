@@ -26,7 +26,7 @@ from edge.codec.adapter import StreamEncoder, WireAdapter
 from edge.http_server import DISCONNECT_EXTENSION, REPLY_EXTENSION
 from edge.idempotency import retry_count
 from edge.metrics import CounterKey, Metrics
-from edge.routes.wire import bearer, check_declared_size, guarded
+from edge.routes.wire import bearer, check_declared_size, error_response
 from edge.service import EdgeService
 from edge.streaming import Item, RecordedStream, TurnStream
 from edge.turns import Disconnect, TurnRequest
@@ -122,6 +122,7 @@ class ModelRoutes:
         self._metrics = metrics
         self._adapters = adapters
         self._counters: dict[tuple[str, int], CounterKey] = {}  # requests by route and status
+        self._latency = metrics.histogram("rollbus_http_request_seconds", "HTTP request latency")
 
     def __getattr__(self, name: str) -> Any:  # ``state``, ``router``, ... of the wrapped app
         return getattr(self.app, name)
@@ -141,14 +142,16 @@ class ModelRoutes:
         started = time.perf_counter()
         disconnect = Disconnect(self._service.settings.disconnect_grace_s)
         try:
-            reply = await guarded(handle_model(self._service, adapter, session_id, scope, receive, disconnect),
-                                  f"POST {scope['path']}", adapter.encode_error)
+            reply: bytes | Response = await handle_model(self._service, adapter, session_id, scope, receive,
+                                                         disconnect)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if not disconnect.gone or task is None or task.cancelling() > 1:
                 raise  # not (only) the client leaving: shutdown
             task.uncancel()  # the client left while its turn sampled: the turn was abandoned; nobody to answer
             return
+        except Exception as exc:
+            reply = error_response(exc, f"POST {scope['path']}", adapter.encode_error)
         if isinstance(reply, bytes):
             status = 200
             extensions = scope.get("extensions")
@@ -169,8 +172,7 @@ class ModelRoutes:
                 "rollbus_http_requests_total", help_text="HTTP requests by route and status",
                 route=f"/sessions/{{session_id}}/{tail}", status=str(status))
         self._metrics.add(counted)
-        self._metrics.observe("rollbus_http_request_seconds", time.perf_counter() - started,
-                              help_text="HTTP request latency")
+        self._latency.observe(time.perf_counter() - started)
 
 
 async def _sse(encoder: StreamEncoder, first: Item, stream: TurnStream | RecordedStream) -> AsyncIterator[bytes]:

@@ -58,17 +58,23 @@ async def guarded(handling: Awaitable[T], where: str, encode_error: ErrorEncoder
     a logged 500); ``where`` names the request in logs (``"POST /path"``)."""
     try:
         return await handling
-    except RollbusError as exc:
-        if exc.status >= 500:
-            log.warning("%s -> %d: %s", where, exc.status, exc.message)
-        response = json_response(encode_error(exc), exc.status)
-        if exc.retry_after is not None:  # honoured by the openai and anthropic SDKs' retries
-            response.headers["Retry-After"] = str(math.ceil(exc.retry_after))
-            response.headers["retry-after-ms"] = str(math.ceil(exc.retry_after * 1000))
-        return response
-    except Exception:
+    except Exception as exc:
+        return error_response(exc, where, encode_error)
+
+
+def error_response(exc: Exception, where: str, encode_error: ErrorEncoder) -> Response:
+    """A handler's error in the wire's shape (a non-rollbus error is a logged 500). Called from an
+    ``except`` block (an unexpected error is logged with its traceback)."""
+    if not isinstance(exc, RollbusError):
         log.exception("unhandled error in %s", where)
         return json_response(encode_error(RollbusError("internal error")), 500)
+    if exc.status >= 500:
+        log.warning("%s -> %d: %s", where, exc.status, exc.message)
+    response = json_response(encode_error(exc), exc.status)
+    if exc.retry_after is not None:  # honoured by the openai and anthropic SDKs' retries
+        response.headers["Retry-After"] = str(math.ceil(exc.retry_after))
+        response.headers["retry-after-ms"] = str(math.ceil(exc.retry_after * 1000))
+    return response
 
 
 async def read_body(request: Request, limit: int) -> bytes:

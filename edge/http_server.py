@@ -12,7 +12,8 @@ response header checked by two regular expressions). Measured with
 What it implements (and uvicorn's protocol does alike):
 
 * keep-alive, with ``timeout_keep_alive`` for an idle connection (one timer per
-  connection, re-armed only when it fires early); ``Connection: close`` and HTTP/1.0;
+  connection, re-armed only when it fires early; a connection sending a request is not
+  idle); ``Connection: close`` and HTTP/1.0;
 * pipelined requests, answered in order (reading pauses while one is queued);
 * request bodies as they arrive, with reading paused while more than 64 KiB wait for the
   app; ``Expect: 100-continue`` answered when the app first asks for the body;
@@ -20,7 +21,8 @@ What it implements (and uvicorn's protocol does alike):
   back to back) or chunked; ``HEAD``; write flow control (``send`` waits while the
   transport's buffer is full);
 * ``http.disconnect`` once the client is gone (or the response is complete);
-* a malformed request gets 400 and the connection is closed; an upgrade request (the edge
+* a malformed request (or one with over 256 headers or a 64 KiB target) gets 400 and the
+  connection is closed; an upgrade request (the edge
   serves no WebSockets) is served as plain HTTP/1.1, then the connection is closed; an app
   that fails before its response starts gets 500, after it started the connection is
   closed.
@@ -45,6 +47,8 @@ Message = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
 
 HIGH_WATER = 65536  # request body bytes waiting for the app before reading pauses
+MAX_URL = 65536  # a longer request target is refused (400)
+MAX_HEADERS = 256  # more request headers are refused (400)
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in http.HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 REPLY_EXTENSION = "rollbus.reply"  # scope["extensions"][REPLY_EXTENSION]: Exchange.reply
@@ -111,6 +115,7 @@ class EdgeHttpProtocol(asyncio.Protocol):
         self._release_writers()
 
     def data_received(self, data: bytes) -> None:
+        self.idle_since = 0.0  # a request is coming in: the idle timer leaves the connection open
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # served as plain HTTP/1.1; the parser reads no further
@@ -148,8 +153,12 @@ class EdgeHttpProtocol(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        if len(self.url) > MAX_URL:
+            raise ValueError("request line too long")  # the parser's error: 400
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= MAX_HEADERS:
+            raise ValueError("too many headers")  # the parser's error: 400
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_continue = True

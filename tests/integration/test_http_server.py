@@ -188,6 +188,14 @@ async def test_a_malformed_request_gets_400_and_the_connection_closes(served: Se
     assert out.endswith(b"Invalid HTTP request received.")
 
 
+async def test_too_many_headers_or_too_long_a_target_is_a_400(served: Served) -> None:
+    many = "".join(f"X-H{i}: v\r\n" for i in range(300))
+    out = await served.raw(request("/echo", b"x", extra=many))
+    assert out.startswith(b"HTTP/1.1 400 Bad Request") and "scope" not in served.seen
+    out = await served.raw(request("/" + "a" * 70000, b"x"))
+    assert out.startswith(b"HTTP/1.1 400 Bad Request") and "scope" not in served.seen
+
+
 async def test_app_failure_before_the_response_is_a_500(served: Served) -> None:
     async with httpx.AsyncClient(base_url=served.url) as client:
         failed = await client.post("/fail-before", content=b"x")

@@ -211,10 +211,10 @@ class EdgeHttpProtocol(asyncio.Protocol):
     def _start(self, exchange: Exchange) -> None:
         self.running = exchange
         self.idle_since = 0.0  # busy: the idle timer, if it fires, leaves the connection open
-        task = self.loop.create_task(exchange.run(self.app))
-        tasks = self.server_state.tasks
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        # uvicorn's shutdown waits for its tasks; the task takes itself off as it ends (a done
+        # callback would cost every request one more pass of the event loop)
+        exchange.task = self.loop.create_task(exchange.run(self.app))
+        self.server_state.tasks.add(exchange.task)
 
     def response_done(self, exchange: Exchange) -> None:
         """``exchange`` sent its whole response: close, or go on with the next request."""
@@ -303,8 +303,8 @@ class EdgeHttpProtocol(asyncio.Protocol):
 class Exchange:
     """One request and its response: the ASGI ``receive`` and ``send`` of one app call."""
 
-    __slots__ = ("buffered", "chunked", "chunks", "complete", "conn", "delivered", "disconnected",
-                 "expect_continue", "head", "keep_alive", "left", "more_body", "notify", "scope", "started", "waiter")
+    __slots__ = ("buffered", "chunked", "chunks", "complete", "conn", "delivered", "disconnected", "expect_continue",
+                 "head", "keep_alive", "left", "more_body", "notify", "scope", "started", "task", "waiter")
 
     def __init__(self, conn: EdgeHttpProtocol, scope: Scope, keep_alive: bool, expect_continue: bool) -> None:
         self.conn = conn
@@ -323,6 +323,7 @@ class Exchange:
         self.left = -1  # content-length bytes still to send (-1: chunked, or no body)
         self.head: bytes | None = None  # a content-length response's head, written with its first body
         self.notify: Callable[[], None] | None = None  # on_disconnect's callback
+        self.task: asyncio.Task[None] | None = None  # the app's call
 
     def on_disconnect(self, callback: Callable[[], None] | None) -> None:
         """The ``rollbus.on_disconnect`` extension: ``callback()`` once the client is gone before the
@@ -360,6 +361,8 @@ class Exchange:
                 else:
                     log.error("the ASGI application returned without starting a response")
                 self._failed()
+        finally:
+            self.conn.server_state.tasks.discard(self.task)
 
     def _failed(self) -> None:
         conn = self.conn

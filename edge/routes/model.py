@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from functools import partial
 from typing import Any
 
 from starlette.responses import Response, StreamingResponse
@@ -55,27 +56,33 @@ async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: s
         stream, first = await service.stream(session_id, bearer(headers), turn)
         events = _sse(adapter.stream(conversation, service.token_strings), first, stream)
         return StreamingResponse(events, media_type="text/event-stream", headers=_SSE_HEADERS)
-    extensions = scope.get("extensions")
-    notify = extensions.get(DISCONNECT_EXTENSION) if extensions else None
-    if notify is not None:  # the edge's own HTTP protocol tells when the client leaves
-        notify(disconnect.client_gone)
-        try:
-            outcome = await service.complete(session_id, bearer(headers), turn)
-        finally:
-            notify(None)
-        return adapter.encode(outcome, conversation, service.token_strings)
-    # Another server: a listener for the client leaving starts once the turn has taken a moment
-    # (no task for a quick turn; the body is read by now, so the next message is the disconnect).
-    listener: list[asyncio.Future[None]] = []
-    timer = asyncio.get_running_loop().call_later(
-        _LISTEN_AFTER_S, lambda: listener.append(asyncio.ensure_future(_listen(receive, disconnect))))
+    unwatch = _watch(scope, receive, disconnect)
     try:
         outcome = await service.complete(session_id, bearer(headers), turn)
     finally:
+        unwatch()
+    return adapter.encode(outcome, conversation, service.token_strings)
+
+
+def _watch(scope: Scope, receive: Receive, disconnect: Disconnect) -> Callable[[], None]:
+    """Have ``disconnect`` told when the client leaves; returns what stops the watch."""
+    extensions = scope.get("extensions")
+    notify = extensions.get(DISCONNECT_EXTENSION) if extensions else None
+    if notify is not None:  # the edge's own HTTP protocol reports it (edge.http_server)
+        notify(disconnect.client_gone)
+        return partial(notify, None)
+    # Another server: a listener starts once the turn has taken a moment (no task for a quick
+    # turn; the body is read by now, so the next message is the disconnect).
+    listener: list[asyncio.Future[None]] = []
+    timer = asyncio.get_running_loop().call_later(
+        _LISTEN_AFTER_S, lambda: listener.append(asyncio.ensure_future(_listen(receive, disconnect))))
+
+    def unwatch() -> None:
         timer.cancel()
         for task in listener:
             task.cancel()
-    return adapter.encode(outcome, conversation, service.token_strings)
+
+    return unwatch
 
 
 _LISTEN_AFTER_S = 0.5  # a turn done sooner needs no listener (and a loaded edge answers later than its engine)

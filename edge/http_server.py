@@ -21,11 +21,19 @@ What it implements (and uvicorn's protocol does alike):
   back to back) or chunked; ``HEAD``; write flow control (``send`` waits while the
   transport's buffer is full);
 * ``http.disconnect`` once the client is gone (or the response is complete);
+* uvicorn's settings it reads: ``root_path``, ``timeout_keep_alive``, the default headers
+  (``date``, ``server``) and the app as uvicorn wraps it (proxy headers); it writes no access
+  log and does not apply ``limit_concurrency`` (the edge limits sessions itself);
 * a malformed request (or one with over 256 headers or a 64 KiB target) gets 400 and the
-  connection is closed; an upgrade request (the edge
-  serves no WebSockets) is served as plain HTTP/1.1, then the connection is closed; an app
-  that fails before its response starts gets 500, after it started the connection is
-  closed.
+  connection is closed; an upgrade request (the edge serves no WebSockets) is served as
+  plain HTTP/1.1, then the connection is closed; an app that fails before its response
+  starts gets 500, after it started the connection is closed.
+
+Two ASGI extensions (``scope["extensions"]``) serve the edge's plain model replies:
+``rollbus.reply(status, content_type, body)`` sends a whole response in one call and one
+write, and ``rollbus.on_disconnect(callback)`` has ``callback()`` called if the client
+leaves before the response is complete (``None`` stops it), so a turn needs no task
+waiting on ``receive`` to notice. An app finds them absent under another server.
 """
 
 from __future__ import annotations

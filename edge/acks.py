@@ -2,8 +2,8 @@
 
 Every append waits for JetStream's acknowledgement, so its cost is on every model turn.
 :class:`AckWaits` is a table of pending futures keyed by a counter (the reply subject's
-last token); a publish is one ``HPUB`` plus a timer, and :func:`settle` decodes the
-acknowledgement with msgspec into a small struct. What a publisher returns (or raises) is
+last token), their deadlines enforced by one shared timer; a publish is one ``HPUB``, and
+:func:`settle` decodes the acknowledgement with msgspec into a small struct. What a publisher returns (or raises) is
 what ``js.publish`` would: the stream and sequence, the duplicate flag, or the API error
 (``err_code``) and the no-responders status.
 

@@ -259,9 +259,7 @@ class EdgeHttpProtocol(asyncio.Protocol):
         """400 for a request that cannot be served, and close."""
         log.warning("%s (from %s)", message, self.client)
         if self.running is None or self.running.started:  # else the 400 would interleave with a response
-            body = message.encode("ascii")
-            self.write(self.head(400, b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n" % len(body),
-                                 False) + body)
+            self.write(self.plain(400, message))
         self._close()
 
     # --- transport -----------------------------------------------------------------------
@@ -276,6 +274,12 @@ class EdgeHttpProtocol(asyncio.Protocol):
         if _FORMATTED[0] is not headers:
             _FORMATTED[:] = [headers, b"".join([b"%s: %s\r\n" % pair for pair in headers])]
         return _FORMATTED[1]
+
+    def plain(self, status: int, text: str) -> bytes:
+        """A whole text/plain response after which the connection closes."""
+        body = text.encode("ascii")
+        return self.head(status, b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n" % len(body),
+                         False) + body
 
     def head(self, status: int, headers: bytes, keep_alive: bool) -> bytes:
         """A response's status line and headers: uvicorn's defaults, then ``headers`` (formatted)."""
@@ -378,11 +382,9 @@ class Exchange:
             conn._close()
         else:
             self.keep_alive = False
-            body = b"Internal Server Error"
-            conn.write(conn.head(500, b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n" % len(body),
-                                 False) + body)
-            self.started = self.complete = True
-            conn.response_done(self)
+            conn.write(conn.plain(500, "Internal Server Error"))
+            self.started = True
+            self._finish()
 
     async def receive(self) -> Message:
         if self.expect_continue:
@@ -475,13 +477,12 @@ class Exchange:
             return
         if self.started:
             raise RuntimeError("rollbus.reply after the response started")
-        self.started = self.complete = True
+        self.started = True
         conn = self.conn
         head = conn.head(status, b"content-type: %s\r\ncontent-length: %d\r\n" % (content_type, len(body)),
                          self.keep_alive)
         conn.write(head + body if self.scope["method"] != "HEAD" else head)
-        self.wake()
-        conn.response_done(self)
+        self._finish()
 
     def _body(self, body: bytes, more: bool) -> None:
         conn = self.conn
@@ -505,9 +506,13 @@ class Exchange:
             if not more and self.left:
                 raise RuntimeError("response content shorter than its content-length")
         if not more:
-            self.complete = True
-            self.wake()
-            conn.response_done(self)
+            self._finish()
+
+    def _finish(self) -> None:
+        """The whole response is out: whoever waits on ``receive`` sees the end; the connection goes on."""
+        self.complete = True
+        self.wake()
+        self.conn.response_done(self)
 
 
 def _address(info: Any) -> tuple[str, int] | None:

@@ -49,9 +49,7 @@ class PiecewiseEncoder:
         return ids
 
     def _piece(self, piece: str) -> list[int]:
-        cached = self._cache.get(piece)
-        if cached is not None:
-            return cached
+        """A piece not in the cache, encoded and remembered."""
         encoded = self._whole(piece)
         # a piece costs its text and ~36 bytes per token id (a list of Python ints)
         return self._cache.put(piece, encoded, len(piece) + 36 * len(encoded))

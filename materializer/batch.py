@@ -2,22 +2,32 @@
 
 1. **Markers first, as a filter.** A session with a marker is done; only its prompt's
    bookkeeping (step 6) is repeated, idempotently.
-2. **Read and derive** the others from the log (the same fold, the same derivation, so a
-   redelivered session yields byte-identical records).
-3. **Register prompts.** A prompt seen for the first time gets its progress record (KV,
-   created with revision 0) and, with TransferQueue, its key ``{uid}`` tagged ``running``,
+2. **Read and derive** the others from the log (the same fold, the same derivation, the
+   session's own metadata keys: :mod:`materializer.metadata`; so a redelivered session
+   yields byte-identical records).
+3. **Register prompts** at the newest attempt the batch holds for them. A prompt seen for
+   the first time gets its progress record (KV, created with revision 0); one whose stored
+   progress is of an older attempt starts again (compare-and-set; the older attempt's
+   trajectories are not touched: verl cleared them before it re-issued the uid, and a
+   destructive clear here could not be fenced against a concurrent writer). Either way,
+   with TransferQueue, its key ``{uid}`` is tagged ``running`` in the prompt's partition,
    so it exists before any of its trajectories (and so a missing prompt key later means a
    trainer consumed it, never that it was not written).
-4. **TransferQueue trajectories**: deterministic keys; a redelivered batch overwrites the
-   same keys with the same values. The prompt is not terminal yet (its sessions count only
-   at step 6), so no trainer has taken the group.
-5. **Parquet, markers, commit**: stage the file, write the markers (the commit record), move
-   the file into the dataset (see :mod:`materializer.parquet` for the crash cases).
-6. **Count the sessions** into their prompts (compare-and-set) and publish a status that
-   moved forward: ``publishing`` is recorded before the TransferQueue write and
-   ``published`` after it. A retry that finds ``publishing`` already set for a terminal
-   status checks that the prompt key still exists, so a group a trainer already consumed
-   (and cleared) is not brought back.
+4. **Verdicts, then TransferQueue trajectories**: each session against its prompt's
+   progress and the sessions before it in the batch (new, known, duplicate, late, or stale:
+   of an older attempt). New and known sessions' records go to their prompt's partition
+   (one put per partition and field set), under deterministic keys; a redelivered batch
+   overwrites the same keys with the same values. The prompt is not terminal yet (its
+   sessions count only at step 6), so no trainer has taken the group.
+5. **Parquet, markers, commit**: stage the file (every session's records but a duplicate's:
+   late and stale sessions are kept in the dataset), write the markers (the commit record,
+   naming the session's attempt and the options its records were derived with), move the
+   file into the dataset (see :mod:`materializer.parquet` for the crash cases).
+6. **Count the sessions** of the prompt's attempt into it (compare-and-set) and publish a
+   status that moved forward, in the prompt's partition: ``publishing`` is recorded before
+   the TransferQueue write and ``published`` after it. A retry that finds ``publishing``
+   already set for a terminal status checks that the prompt key still exists, so a group a
+   trainer already consumed (and cleared) is not brought back.
 
 A crash anywhere leaves the batch unacknowledged; JetStream redelivers its signals and
 every step above either finds its work done or redoes it with the same result.
@@ -33,6 +43,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from materializer.ledger import Markers, PromptLedger
+from materializer.metadata import SessionKeys, read_keys
 from materializer.parquet import ParquetSink
 from materializer.prompts import TERMINAL, PromptProgress, SessionOutcome
 from materializer.records import RecordOptions, derive_scored
@@ -48,6 +59,7 @@ if TYPE_CHECKING:  # importing it loads torch, Ray and TransferQueue
 log = logging.getLogger(__name__)
 
 StateLoader = Callable[[str], Awaitable[tuple[SessionState, int]]]
+_TO_TRANSFER_QUEUE = ("new", "known")  # the verdicts whose records go to TransferQueue
 
 
 class NotEnded(FoldError):
@@ -61,10 +73,15 @@ class Ended(msgspec.Struct, frozen=True, kw_only=True):
     stream_seq: int
     records: list[TrajectoryRecord]
     reward: RewardDecision | None
+    keys: SessionKeys  # what its metadata decides
 
     @property
     def session_id(self) -> str:
         return self.state.session_id
+
+    @property
+    def attempt(self) -> int:
+        return self.keys.attempt
 
 
 class _Entry(msgspec.Struct, kw_only=True):
@@ -92,6 +109,10 @@ class BatchWriter:
     def sinks(self) -> tuple[str, ...]:
         return (self._parquet.name, self._tq.name) if self._tq is not None else (self._parquet.name,)
 
+    def _partition(self, progress: PromptProgress) -> str:
+        """The TransferQueue partition of a prompt's key and trajectories."""
+        return progress.partition or (self._tq.partition if self._tq is not None else "")
+
     async def write(self, session_ids: list[str]) -> list[str]:
         """Materialize the sessions; returns those that could not be read now (to retry later)."""
         await self.recover()  # a batch that failed part-way (in this process or a previous one)
@@ -99,10 +120,8 @@ class BatchWriter:
         known = await self.markers.get_many(session_ids)
         ended, failed = await self._read_all([s for s in session_ids if s not in known])
         entries = await self._register(ended, known)
-        plan = _admit(entries, ended, transfer_queue=self._tq is not None)
-        fresh = [e.records for e, verdict in plan if verdict in ("new", "known")]
-        if self._tq is not None and fresh:
-            await self._tq.put_records([r for records in fresh for r in records])
+        plan = _admit(entries, ended, partition=self._partition if self._tq is not None else None)
+        await self._put_records(entries, plan)
         await self._commit(plan)
         await self._count(entries, plan, known)
         return failed
@@ -139,48 +158,72 @@ class BatchWriter:
             state, stream_seq = await self._load(session_id)
         if state.status == "open":
             raise NotEnded(f"session {session_id} has not ended")
+        default_partition = self._tq.partition if self._tq is not None else ""
+        keys = read_keys(state, rollout_n=self._rollout_n, partition=default_partition, options=self._options)
         if state.status != "finalized":
-            return Ended(state=state, stream_seq=stream_seq, records=[], reward=None)
-        records, reward = await derive_scored(state, self._options, self._scorer)
-        return Ended(state=state, stream_seq=stream_seq, records=records, reward=reward)
+            return Ended(state=state, stream_seq=stream_seq, records=[], reward=None, keys=keys)
+        records, reward = await derive_scored(state, keys.options, self._scorer)
+        return Ended(state=state, stream_seq=stream_seq, records=records, reward=reward, keys=keys)
 
     async def _register(self, ended: list[Ended], known: dict[str, MaterializedMarker]) -> dict[str, _Entry]:
-        """Every prompt of the batch with its progress; new prompts stored (and tagged running)."""
+        """Every prompt of the batch with its progress, at the newest attempt the batch has for it;
+        new and restarted prompts stored (and tagged running)."""
         uids = [e.state.uid for e in ended] + [m.uid for m in known.values()]
         entries = {uid: _Entry(progress=p, revision=rev) for uid, (p, rev) in (await self._ledger.load(uids)).items()}
-        for e in ended:
-            if e.state.uid not in entries:
-                entries[e.state.uid] = _Entry(progress=self._new_progress(e.state), revision=0)
+        restarted = []
+        for uid, e in _newest(ended).items():
+            fresh = e.keys.progress(uid)
+            entry = entries.get(uid)
+            if entry is None:
+                entries[uid] = _Entry(progress=fresh, revision=0)
+            elif (progress := entry.progress.for_attempt(fresh)) is not entry.progress:
+                log.warning("prompt %s: attempt %d replaces attempt %d (%d of %d sessions ended); it starts again",
+                            uid, progress.attempt, entry.progress.attempt, len(entry.progress.outcomes),
+                            entry.progress.expected)
+                entry.progress = progress
+                restarted.append(entry)
         for uid in uids:  # markers written before a crash, by a version without prompt progress
             entries.setdefault(uid, _Entry(progress=PromptProgress(uid=uid, expected=self._rollout_n), revision=0))
         untagged = [x for x in entries.values() if self._tq is not None and not x.progress.published]
-        if self._tq is not None and untagged:
-            await self._tq.put_prompt_statuses({x.progress.uid: ("running", x.progress.global_steps) for x in untagged})
+        await self._put_statuses([(x.progress, "running") for x in untagged])
         for entry in untagged:
             entry.progress = msgspec.structs.replace(entry.progress, published="running")
-        for entry in {id(x): x for x in [*untagged, *(x for x in entries.values() if x.revision == 0)]}.values():
+        stored = [*untagged, *restarted, *(x for x in entries.values() if x.revision == 0)]
+        for entry in {id(x): x for x in stored}.values():
             entry.revision = await self._ledger.save(entry.progress, entry.revision)
         return entries
 
-    def _new_progress(self, state: SessionState) -> PromptProgress:
-        expected = state.metadata.get("rollout_n", self._rollout_n)
-        if not isinstance(expected, int) or isinstance(expected, bool) or expected < 1:
-            log.warning("session %s: rollout_n=%r is not a positive integer; using %d", state.session_id, expected,
-                        self._rollout_n)
-            expected = self._rollout_n
-        steps = state.metadata.get("global_steps", 0)
-        return PromptProgress(uid=state.uid, expected=expected, global_steps=steps if isinstance(steps, int) else 0)
+    async def _put_statuses(self, statuses: list[tuple[PromptProgress, str]]) -> None:
+        """Prompt keys' statuses, one put per partition."""
+        if self._tq is None:
+            return
+        by_partition: dict[str, dict[str, tuple[str, int]]] = {}
+        for progress, status in statuses:
+            by_partition.setdefault(self._partition(progress), {})[progress.uid] = (status, progress.global_steps)
+        for partition, tags in by_partition.items():
+            await self._tq.put_prompt_statuses(tags, partition)
+
+    async def _put_records(self, entries: dict[str, _Entry], plan: list[tuple[Ended, str]]) -> None:
+        """The records of the sessions TransferQueue takes, in their prompts' partitions."""
+        if self._tq is None:
+            return
+        by_partition: dict[str, list[TrajectoryRecord]] = {}
+        for e, verdict in plan:
+            if verdict in _TO_TRANSFER_QUEUE and e.records:
+                by_partition.setdefault(self._partition(entries[e.state.uid].progress), []).extend(e.records)
+        for partition, records in by_partition.items():
+            await self._tq.put_records(records, partition)
 
     def _marker(self, e: Ended, verdict: str) -> MaterializedMarker:
         written = verdict != "duplicate"
         return MaterializedMarker(
             session_id=e.session_id, stream_seq=e.stream_seq,
             digests={r.key: record_digest(r) for r in e.records} if written else {},
-            sinks=(self.sinks if verdict in ("new", "known") else (self._parquet.name,)) if e.records else (),
+            sinks=(self.sinks if verdict in _TO_TRANSFER_QUEUE else (self._parquet.name,)) if e.records else (),
             status="duplicate" if not written else e.state.status, uid=e.state.uid,
-            session_index=e.state.session_index, reward=e.reward.reward if e.reward else None,
+            session_index=e.state.session_index, attempt=e.attempt, reward=e.reward.reward if e.reward else None,
             reward_source=e.reward.source if e.reward else None,
-            reward_extra_info=dict(e.reward.extra) if e.reward else {}, options=msgspec.structs.asdict(self._options))
+            reward_extra_info=dict(e.reward.extra) if e.reward else {}, options=msgspec.structs.asdict(e.keys.options))
 
     async def _commit(self, plan: list[tuple[Ended, str]]) -> None:
         """Stage the batch's records, write every marker (the commit record), move the file into the dataset."""
@@ -200,20 +243,22 @@ class BatchWriter:
 
     async def _count(self, entries: dict[str, _Entry], plan: list[tuple[Ended, str]],
                      known: dict[str, MaterializedMarker]) -> None:
-        """Add the batch's sessions to their prompts and publish the statuses that moved forward."""
-        by_uid: dict[str, list[tuple[int, SessionOutcome]]] = {}
+        """Add the batch's sessions to their prompts (those of the prompt's attempt) and publish the statuses
+        that moved forward."""
+        by_uid: dict[str, list[tuple[int, SessionOutcome, int]]] = {}
         for e, verdict in plan:
             if verdict != "duplicate":
                 by_uid.setdefault(e.state.uid, []).append(
-                    (e.state.session_index, SessionOutcome(e.session_id, bool(e.records))))
+                    (e.state.session_index, SessionOutcome(e.session_id, bool(e.records)), e.attempt))
         for m in known.values():
             if m.status != "duplicate":
-                by_uid.setdefault(m.uid, []).append((m.session_index, SessionOutcome(m.session_id, m.succeeded)))
+                by_uid.setdefault(m.uid, []).append(
+                    (m.session_index, SessionOutcome(m.session_id, m.succeeded), m.attempt))
         retries: set[str] = set()
         for uid, entry in entries.items():
             progress = entry.progress
-            for index, outcome in by_uid.get(uid, []):
-                progress = progress.with_outcome(index, outcome)
+            for index, outcome, attempt in by_uid.get(uid, []):
+                progress = progress.with_outcome(index, outcome, attempt)
             status = progress.to_publish() if self._tq is not None else ""
             if status and status == entry.progress.publishing:
                 retries.add(uid)  # an earlier attempt may have written it
@@ -228,9 +273,8 @@ class BatchWriter:
         if self._tq is None or not pending:
             return
         consumed = await self._consumed(pending, retries)
-        statuses = {uid: (x.progress.publishing, x.progress.global_steps) for uid, x in pending.items()
-                    if uid not in consumed}
-        await self._tq.put_prompt_statuses(statuses)
+        await self._put_statuses([(x.progress, x.progress.publishing) for uid, x in pending.items()
+                                  if uid not in consumed])
         for entry in pending.values():
             done = msgspec.structs.replace(entry.progress, published=entry.progress.publishing, publishing="")
             entry.revision = await self._ledger.save(done, entry.revision)
@@ -241,30 +285,51 @@ class BatchWriter:
         suspects = {uid for uid in retries if pending[uid].progress.publishing in TERMINAL}
         if not suspects or self._tq is None:
             return set()
-        present = await self._tq.listing()
-        gone = {uid for uid in suspects if uid not in present}
+        partitions = {self._partition(pending[uid].progress) for uid in suspects}
+        present = {p: await self._tq.listing(p) for p in sorted(partitions)}
+        gone = {uid for uid in suspects if uid not in present[self._partition(pending[uid].progress)]}
         for uid in gone:
             log.warning("prompt %s: its %s status was written before a restart and consumed since; not rewritten",
                         uid, pending[uid].progress.publishing)
         return gone
 
 
-def _admit(entries: dict[str, _Entry], ended: list[Ended], *, transfer_queue: bool) -> list[tuple[Ended, str]]:
+def _newest(ended: list[Ended]) -> dict[str, Ended]:
+    """Per prompt, the first session (in batch order) of the newest attempt the batch holds."""
+    newest: dict[str, Ended] = {}
+    for e in ended:
+        had = newest.get(e.state.uid)
+        if had is None or e.attempt > had.attempt:
+            newest[e.state.uid] = e
+    return newest
+
+
+def _admit(entries: dict[str, _Entry], ended: list[Ended], *,
+           partition: Callable[[PromptProgress], str] | None) -> list[tuple[Ended, str]]:
     """Each session's verdict, in batch order: a second session with one index, or one past the
-    prompt's expected count, is seen against the sessions admitted before it in the same batch."""
+    prompt's expected count, is seen against the sessions admitted before it in the same batch;
+    a session of an older attempt than its prompt's (registered at the batch's newest) is stale.
+    ``partition``: a prompt's TransferQueue partition (None: no TransferQueue)."""
+    transfer_queue = partition is not None
     working = {uid: entry.progress for uid, entry in entries.items()}
     plan = []
     for e in ended:
         progress = working[e.state.uid]
-        verdict = progress.admits(e.state.session_index, e.session_id)
+        verdict = progress.admits(e.state.session_index, e.session_id, e.attempt)
         if verdict == "new":
             working[e.state.uid] = progress.with_outcome(e.state.session_index,
-                                                         SessionOutcome(e.session_id, bool(e.records)))
+                                                         SessionOutcome(e.session_id, bool(e.records)), e.attempt)
+            if partition is not None and e.keys.partition != partition(progress):
+                log.warning("session %s: tq_partition %r differs from its prompt's %r; its records go with the "
+                            "prompt", e.session_id, e.keys.partition, partition(progress))
         elif verdict == "duplicate":
             log.error("session %s: prompt %s already has a session with index %d; its records are not written",
                       e.session_id, e.state.uid, e.state.session_index)
         elif verdict == "late" and transfer_queue:  # without TransferQueue, prompt status is not published
             log.error("session %s: prompt %s already has its %d sessions; records go to Parquet only",
                       e.session_id, e.state.uid, progress.expected)
+        elif verdict in ("stale", "newer"):  # "newer" cannot happen: the prompt is registered at the newest
+            log.warning("session %s: attempt %d of prompt %s, which is at attempt %d; records go to Parquet only",
+                        e.session_id, e.attempt, e.state.uid, progress.attempt)
         plan.append((e, verdict))
     return plan

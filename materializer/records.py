@@ -16,6 +16,13 @@ Options:
   keeps its ``trajectory_index`` (its place among the session's trajectories), so keys
   mean the same thing under every configuration.
 
+A session's metadata may override both (:func:`materializer.metadata.record_options`);
+the marker records the options a session's records were derived with (:func:`rederive`).
+
+``min_global_steps`` / ``max_global_steps`` span the weight versions of the chain's turns
+(``"3"``, or ``"3..4"`` for a turn sampled across a weight update: :func:`version_span`);
+without an integer version, both are the session's ``global_steps``.
+
 The reward comes from :mod:`reward.precedence`: the task's, else a scorer's (the async
 :func:`derive_scored`), else 0 with a warning.
 """
@@ -23,6 +30,7 @@ The reward comes from :mod:`reward.precedence`: the task's, else a scorer's (the
 from __future__ import annotations
 
 import logging
+import re
 from typing import Literal
 
 import msgspec
@@ -122,10 +130,25 @@ def _arrays(segments: tuple[Segment, ...]) -> tuple[np.ndarray, np.ndarray, np.n
     return responses, mask, logprobs
 
 
+_VERSION_SPAN = re.compile(r"([0-9]+)(?:\.\.([0-9]+))?")
+
+
+def version_span(weight_version: str | None) -> tuple[int, int] | None:
+    """A turn's weight version as the steps it spans: ``"3"`` is (3, 3), ``"3..4"`` (a partial rollout
+    resumed across a weight update, see :mod:`edge.engines.verl`) is (3, 4); anything else is None."""
+    match = _VERSION_SPAN.fullmatch(weight_version) if weight_version else None
+    if match is None:
+        return None
+    low, high = int(match[1]), int(match[2] or match[1])
+    return min(low, high), max(low, high)
+
+
 def _weight_steps(chain: ChainState, global_steps: int) -> tuple[int, int]:
     """The span of weight versions the chain was sampled with (integer versions only), else global_steps."""
-    versions = [int(t.weight_version) for t in chain.turns if t.weight_version and t.weight_version.isdigit()]
-    return (min(versions), max(versions)) if versions else (global_steps, global_steps)
+    spans = [span for t in chain.turns if (span := version_span(t.weight_version)) is not None]
+    if not spans:
+        return global_steps, global_steps
+    return min(low for low, _ in spans), max(high for _, high in spans)
 
 
 def _global_steps(state: SessionState) -> int:

@@ -2,7 +2,8 @@
 
 One pass over the whole log (an ordered consumer up to the last message that existed when
 it began): each session is folded as its envelopes go by, and when it is finalized its
-records are derived with the given options (and scorer) and buffered; every
+records are derived with the given options (a session's metadata may override them, as in
+the live materializer: :func:`materializer.metadata.record_options`) and scorer, and buffered; every
 ``sessions_per_file`` sessions become one ``part-*.parquet`` file. Events after a session
 ended (a late reward, kept for audit) change nothing, as in the live materializer. Aborted
 sessions have no records; sessions still open when the pass ends are counted, not written.
@@ -19,6 +20,7 @@ from collections.abc import Callable
 import msgspec
 from nats.js.client import JetStreamContext
 
+from materializer.metadata import record_options
 from materializer.parquet import ParquetSink
 from materializer.records import RecordOptions, derive_scored
 from reward.scorer import RewardScorer
@@ -99,7 +101,8 @@ class Rematerializer:
         if state.status == "aborted":
             self.progress.aborted += 1
             return
-        records, reward = await derive_scored(state, self._options, self._scorer)
+        options = record_options(state, self._options)
+        records, reward = await derive_scored(state, options, self._scorer)
         self.progress.sessions += 1
         if records:
             self._records += records
@@ -107,7 +110,7 @@ class Rematerializer:
                 session_id=session_id, stream_seq=self.progress.position, uid=state.uid,
                 session_index=state.session_index, digests={r.key: record_digest(r) for r in records},
                 sinks=(self._sink.name,), reward=reward.reward, reward_source=reward.source,
-                reward_extra_info=dict(reward.extra), options=msgspec.structs.asdict(self._options)))
+                reward_extra_info=dict(reward.extra), options=msgspec.structs.asdict(options)))
 
     def _end(self, session_id: str) -> None:
         self._states.pop(session_id, None)

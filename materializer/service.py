@@ -43,7 +43,7 @@ class MaterializerOptions(msgspec.Struct, frozen=True, kw_only=True):
     padding: Padding | None = None  # Parquet rows padded to fixed lengths
     transfer_queue: bool = False
     ray_address: str | None = None  # join this Ray cluster's TransferQueue; None: host one
-    tq_partition: str = "train"
+    tq_partition: str = "train"  # for the prompts whose sessions name none (metadata "tq_partition")
     tq_storage_units: int = 2
     reward_scorer: str | None = None  # module:attr
     # TransferQueue costs ~20 ms a call whatever its size: a burst of ended sessions (the end of a

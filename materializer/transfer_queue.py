@@ -101,6 +101,9 @@ def _config(storage_units: int) -> dict[str, Any]:
 
 
 class TransferQueueSink:
+    """Puts and reads of one TransferQueue; every call takes a ``partition`` (None: the sink's own, the
+    ``--tq-partition``), since a session's metadata may name another (``tq_partition``: verl's ``val``)."""
+
     name = "transfer_queue"
 
     def __init__(self, partition: str = "train", *, timeout: float = 60.0) -> None:
@@ -115,25 +118,33 @@ class TransferQueueSink:
         except _FAILURES as exc:
             raise SinkUnavailable(f"TransferQueue {what} failed: {exc!r}") from exc
 
-    async def put_records(self, records: list[TrajectoryRecord]) -> None:
+    async def put_records(self, records: list[TrajectoryRecord], partition: str | None = None) -> None:
         """Trajectory keys with their fields and tags: one put per field set (usually one)."""
+        partition = partition or self.partition
         for keys, fields, tags in grouped(records):
-            await self._call(tq.async_kv_batch_put(keys=keys, partition_id=self.partition, fields=fields,
+            await self._call(tq.async_kv_batch_put(keys=keys, partition_id=partition, fields=fields,
                                                    tags=tags), "put")
 
-    async def put_prompt_statuses(self, statuses: dict[str, tuple[str, int]]) -> None:
+    async def put_prompt_statuses(self, statuses: dict[str, tuple[str, int]], partition: str | None = None) -> None:
         """``uid -> (status, global_steps)``: the prompt keys' tags, in one put (tags merge into existing ones)."""
         if not statuses:
             return
         uids = list(statuses)
         tags = [prompt_tag(*statuses[uid]) for uid in uids]
-        await self._call(tq.async_kv_batch_put(keys=uids, partition_id=self.partition, tags=tags), "prompt status put")
+        await self._call(tq.async_kv_batch_put(keys=uids, partition_id=partition or self.partition, tags=tags),
+                         "prompt status put")
 
-    async def listing(self) -> dict[str, dict[str, Any]]:
+    async def listing(self, partition: str | None = None) -> dict[str, dict[str, Any]]:
         """Every key of the partition and its tags."""
-        listed = await self._call(tq.async_kv_list(partition_id=self.partition), "list")
-        return dict((listed or {}).get(self.partition, {}))
+        partition = partition or self.partition
+        listed = await self._call(tq.async_kv_list(partition_id=partition), "list")
+        return dict((listed or {}).get(partition, {}))
 
-    async def get(self, keys: list[str], fields: list[str] | None = None) -> TensorDict:
-        return await self._call(tq.async_kv_batch_get(keys=keys, partition_id=self.partition, select_fields=fields),
-                                "get")
+    async def clear(self, keys: list[str], partition: str | None = None) -> None:
+        """Remove keys and their data (keys that are not there are no error)."""
+        if keys:
+            await self._call(tq.async_kv_clear(keys=keys, partition_id=partition or self.partition), "clear")
+
+    async def get(self, keys: list[str], fields: list[str] | None = None, partition: str | None = None) -> TensorDict:
+        return await self._call(tq.async_kv_batch_get(keys=keys, partition_id=partition or self.partition,
+                                                      select_fields=fields), "get")

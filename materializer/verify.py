@@ -23,6 +23,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
+from materializer.metadata import record_options
 from materializer.records import RecordOptions, derive_records, rederive
 from schemas.errors import LogUnavailable
 from schemas.log import LogConfig
@@ -43,8 +44,8 @@ class Difference(msgspec.Struct, frozen=True, kw_only=True):
 def derived_digests(state: SessionState, marker: MaterializedMarker | None = None,
                     options: RecordOptions = RecordOptions()) -> dict[str, str]:
     """Digests of the records the log derives: as the marker says they were derived (its options,
-    its scorer's reward), else with ``options``."""
-    records = rederive(state, marker) if marker is not None else derive_records(state, options)
+    its scorer's reward), else with ``options`` (and the session's own overrides of them)."""
+    records = rederive(state, marker) if marker is not None else derive_records(state, record_options(state, options))
     return {record.key: record_digest(record) for record in records}
 
 

@@ -104,11 +104,12 @@ class MaterializedMarker(msgspec.Struct, frozen=True, kw_only=True):
     status: str = "finalized"  # "finalized" | "aborted" | "duplicate" (a session index its prompt already had)
     uid: str = ""
     session_index: int = 0
+    attempt: int = 0  # the prompt's dispatch attempt the session belonged to (its metadata's "attempt")
     parquet_file: str | None = None  # the dataset file holding the records
     reward: float | None = None
     reward_source: str | None = None  # "task" | "scorer" | "default"
     reward_extra_info: dict[str, Any] = {}  # as in the records (with a scorer's, which a re-derivation cannot rerun)
-    options: dict[str, Any] = {}  # the record options the records were derived with
+    options: dict[str, Any] = {}  # the record options the records were derived with (the session's own overrides)
 
     @property
     def succeeded(self) -> bool:

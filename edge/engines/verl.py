@@ -11,7 +11,8 @@ verl is not imported (nor required): the client is duck-typed on the signature o
         token_ids: list[int]
         log_probs: list[float] | None        # when sampling_params["logprobs"] is true
         stop_reason: str | None              # "completed", "aborted", None (unknown), or a new reason
-        extra_fields: dict[str, Any]         # "global_steps": the version of the weights
+        extra_fields: dict[str, Any]         # "global_steps": the version of the weights; "min_global_steps",
+                                             # "max_global_steps": the versions a partial rollout spans
         ...
 
 What rollbus sends: ``request_id`` is the **session id** (verl's client load-balances by
@@ -25,7 +26,10 @@ Finish reasons: verl folds ``stop`` and ``length`` into ``"completed"``; rollbus
 (or ``None``) the finish is ``length`` when the turn used all ``max_new_tokens`` and its
 last token is not a stop token, else ``stop``; ``"aborted"`` is ``abort``; a literal
 ``"stop"``/``"length"`` passes through; any other reason is an ``EngineError``.
-``extra_fields["global_steps"]`` becomes the turn's ``weight_version``.
+``extra_fields`` becomes the turn's ``weight_version`` (:func:`weight_version`): ``"3"`` for
+weights of step 3, ``"3..4"`` for a partial rollout resumed across a weight update (its
+``min_global_steps`` 3, ``max_global_steps`` 4); the materializer reads both forms into a
+trajectory's ``min_global_steps`` / ``max_global_steps``.
 
 Failures (converted here, once): no answer within ``timeout`` is ``EngineTimeout``; a dead
 or unreachable server actor (Ray's ``RayActorError`` family, recognized by class name)
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from numbers import Integral
 from typing import Any, Protocol
 
 from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, id_list
@@ -49,6 +54,7 @@ from schemas.errors import EngineError, EngineTimeout, EngineUnavailable
 _UNAVAILABLE_CLASSES = {"RayActorError", "ActorDiedError", "ActorUnavailableError", "ActorUnschedulableError",
                         "NodeDiedError", "RaySystemError"}
 _COMPLETED = {"completed", None}
+_STEP_KEYS = ("global_steps", "min_global_steps", "max_global_steps")
 
 
 class LLMServerClientLike(Protocol):
@@ -113,14 +119,26 @@ def to_result(output: Any, request: GenerateRequest) -> GenerateResult:
             count = "no" if logprobs is None else len(logprobs)
             raise EngineError(f"verl sent {count} log probs for {len(token_ids)} tokens")
         logprobs = tuple(float(lp) for lp in logprobs)
-    extra = getattr(output, "extra_fields", None) or {}
-    steps = extra.get("global_steps") if isinstance(extra, dict) else None
     return GenerateResult(
         token_ids=tuple(token_ids),
         logprobs=logprobs if request.return_logprob else None,
         finish_reason=finish_reason(getattr(output, "stop_reason", None), token_ids, request),
-        weight_version=None if steps is None else str(steps),
+        weight_version=weight_version(getattr(output, "extra_fields", None)),
     )
+
+
+def weight_version(extra: Any) -> str | None:
+    """``extra_fields``' weight versions as one string: ``"3"``, or ``"3..4"`` when the generation spans
+    versions 3 to 4 (the lowest and highest of ``min_global_steps``, ``max_global_steps`` and
+    ``global_steps``, the integer ones); a non-integer ``global_steps`` as it is; else None."""
+    if not isinstance(extra, dict):
+        return None
+    steps = [int(v) for k in _STEP_KEYS if isinstance(v := extra.get(k), Integral) and not isinstance(v, bool)]
+    if not steps:
+        other = extra.get("global_steps")
+        return None if other is None else str(other)
+    low, high = min(steps), max(steps)
+    return str(low) if low == high else f"{low}..{high}"
 
 
 def finish_reason(stop_reason: str | None, token_ids: Sequence[int], request: GenerateRequest) -> FinishReason:
@@ -142,4 +160,4 @@ def _converted(exc: Exception) -> EngineError:
     return EngineError(f"verl rollout server failed: {exc!r}")
 
 
-__all__ = ["LLMServerClientLike", "VerlEngine"]
+__all__ = ["LLMServerClientLike", "VerlEngine", "weight_version"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import secrets
 from collections import Counter
 
 import msgspec
@@ -18,6 +20,7 @@ from materializer.service import Materializer, MaterializerOptions
 from schemas.records import MaterializedMarker, record_digest
 from session_projector.fold import fold
 from session_projector.service import Projector
+from tests.helpers import SessionScript
 from tests.sessions import append, expected_statuses, workload
 
 
@@ -166,3 +169,97 @@ async def test_a_batch_that_fails_between_its_markers_is_finished_by_the_next_wr
 
 def read_dataset_keys(sink: ParquetSink) -> list[str]:
     return sink.read().column("key").to_pylist()
+
+
+def prompt_session(uid: str, index: int, *, chains: int = 1, abort: bool = False, finished: bool = True,
+                   **metadata) -> SessionScript:
+    """An ended session of prompt ``uid`` opened with ``metadata`` (plus ``global_steps: 4``); chain ``c``
+    samples ``c + 1`` tokens, so the last chain is the longest."""
+    script = SessionScript(session_id=secrets.token_hex(16), uid=uid, session_index=index,
+                           metadata={"global_steps": 4, **metadata})
+    for chain in range(chains):
+        script.turn(chain, [1, 2, chain], [7 + index] * (chain + 1), new_chain=True, tip=f"t{chain}")
+    if abort:
+        script.abort()
+        return script
+    script.reward(1.0, **({} if finished else {"finished": False}))
+    script.finalize()
+    return script
+
+
+async def batch_writer(js, cfg, sink, **kwargs) -> BatchWriter:
+    from session_projector.reader import load_state
+
+    return BatchWriter(load=lambda sid: load_state(js, cfg, sid),
+                       markers=Markers(await open_bucket(js, cfg.markers_bucket), 5.0),
+                       ledger=PromptLedger(await open_bucket(js, cfg.prompts_bucket), 5.0), parquet=sink, **kwargs)
+
+
+async def appended(js, cfg, *scripts: SessionScript) -> list[str]:
+    log = JetStreamLog(js, cfg)
+    for script in scripts:
+        await append(log, script)
+    return [script.session_id for script in scripts]
+
+
+async def progress_of(js, cfg, uid):
+    ledger = PromptLedger(await open_bucket(js, cfg.prompts_bucket), 5.0)
+    return (await ledger.load([uid]))[uid][0]
+
+
+async def test_a_session_s_metadata_chooses_its_record_options_and_its_marker_says_which(js, log_config,
+                                                                                         tmp_path, caplog):
+    from materializer.verify import compare
+
+    scripts = [prompt_session("u1", 0, chains=2, trajectory_selection="longest"),
+               prompt_session("u1", 1, chains=2),
+               prompt_session("u1", 2, chains=2, trajectory_selection="shortest"),
+               prompt_session("u1", 3, finished=False, mask_unfinished_episode=True)]
+    sink = ParquetSink(tmp_path / "t")
+    writer = await batch_writer(js, log_config, sink, rollout_n=4)
+    with caplog.at_level(logging.WARNING, logger="materializer.metadata"):
+        await writer.write(await appended(js, log_config, *scripts))
+    assert "trajectory_selection='shortest' is not all or longest" in caplog.text
+    rows = {row["key"]: row for row in sink.read().to_pylist()}
+    assert sorted(rows) == ["u1_0_1", "u1_1_0", "u1_1_1", "u1_2_0", "u1_2_1", "u1_3_0"]  # only 0 chose longest
+    assert rows["u1_3_0"]["loss_mask"] == [0] and rows["u1_1_0"]["loss_mask"] == [1]
+    markers = await writer.markers.get_many(s.session_id for s in scripts)
+    options = [markers[s.session_id].options for s in scripts]
+    assert [o["trajectory_selection"] for o in options] == ["longest", "all", "all", "all"]
+    assert [o["mask_unfinished_episode"] for o in options] == [False, False, False, True]
+    for script in scripts:  # what rollbus replay --verify does: the marker's options, whatever the global ones
+        assert compare(fold(script.events), markers[script.session_id]) == []
+
+
+async def test_a_newer_attempt_restarts_its_prompt_and_older_sessions_are_not_counted(js, log_config, tmp_path):
+    old = [prompt_session("u2", i, rollout_n=2, attempt=10) for i in range(2)]
+    new = [prompt_session("u2", i, rollout_n=3, attempt=20, global_steps=6, prompt_status_rule="all_success")
+           for i in range(3)]
+    sink = ParquetSink(tmp_path / "t")
+    writer = await batch_writer(js, log_config, sink)
+    await writer.write(await appended(js, log_config, old[0]))
+    assert (await progress_of(js, log_config, "u2")).attempt == 10
+    await writer.write(await appended(js, log_config, old[1], new[0], new[1]))  # the old one first in the batch
+    progress = await progress_of(js, log_config, "u2")
+    assert (progress.attempt, progress.expected, progress.global_steps, progress.rule) == (20, 3, 6, "all_success")
+    assert {i: o.session_id for i, o in progress.outcomes.items()} == {"0": new[0].session_id,
+                                                                      "1": new[1].session_id}
+    assert progress.status == "running"  # old[1] would have finished attempt 10, and attempt 20 with it
+    await writer.write([old[0].session_id, old[1].session_id])  # redelivered: still not counted
+    await writer.write(await appended(js, log_config, new[2]))
+    progress = await progress_of(js, log_config, "u2")
+    assert progress.status == "finished" and set(progress.outcomes) == {"0", "1", "2"}
+    markers = await writer.markers.get_many(s.session_id for s in old + new)
+    assert [markers[s.session_id].attempt for s in old + new] == [10, 10, 20, 20, 20]
+    sessions = Counter(sink.read().column("session_id").to_pylist())
+    assert set(sessions) == {s.session_id for s in old + new}  # the stale session's records are kept in Parquet
+
+
+async def test_all_success_fails_a_prompt_one_of_whose_sessions_was_aborted(js, log_config, tmp_path):
+    strict = [prompt_session("u3", i, rollout_n=3, abort=i == 1, prompt_status_rule="all_success")
+              for i in range(3)]
+    lenient = [prompt_session("u4", i, rollout_n=3, abort=i == 1) for i in range(3)]
+    writer = await batch_writer(js, log_config, ParquetSink(tmp_path / "t"))
+    await writer.write(await appended(js, log_config, *strict, *lenient))
+    assert (await progress_of(js, log_config, "u3")).status == "failure"
+    assert (await progress_of(js, log_config, "u4")).status == "finished"

@@ -41,6 +41,8 @@ def _expected(record: TrajectoryRecord, name: str) -> object:
 def _rows(value: object) -> list[object]:
     if isinstance(value, torch.Tensor):
         return [row.tolist() for row in value.unbind()] if value.is_nested else value.tolist()
+    if isinstance(value, list):  # tensordict 0.10 hands a NonTensorStack back as its LinkedList (a list)
+        return list(value)
     return value.tolist()  # type: ignore[attr-defined]
 
 

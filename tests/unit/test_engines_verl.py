@@ -96,6 +96,40 @@ async def test_global_steps_become_the_weight_version() -> None:
     assert (await VerlEngine(FakeLLMServerClient(output)).generate(request())).weight_version == "12"
 
 
+@pytest.mark.parametrize(("extra", "version"), [
+    ({"global_steps": 3, "min_global_steps": 3, "max_global_steps": 3}, "3"),
+    ({"global_steps": 4, "min_global_steps": 3, "max_global_steps": 4}, "3..4"),  # resumed across an update
+    ({"min_global_steps": 3, "max_global_steps": 5}, "3..5"),
+    ({"global_steps": 4, "min_global_steps": None, "max_global_steps": None}, "4"),
+    ({"global_steps": 4, "min_global_steps": 2}, "2..4"),
+    ({"global_steps": "step-4"}, "step-4"),  # not a number: kept as it is (and ignored by the materializer)
+    ({"global_steps": True}, "True"),
+    ({}, None),
+])
+async def test_a_partial_rollout_spanning_weight_versions_keeps_the_span(extra, version) -> None:
+    output = TokenOutput([5], [-0.5], stop_reason="completed", extra_fields=extra)
+    assert (await VerlEngine(FakeLLMServerClient(output)).generate(request())).weight_version == version
+
+
+async def test_the_span_reaches_the_trajectory_tags() -> None:
+    import msgspec
+
+    from materializer.records import derive_records
+    from session_projector.fold import fold
+    from tests.helpers import SessionScript
+
+    script = SessionScript(metadata={"global_steps": 9})
+    for turn, extra in enumerate(({"global_steps": 3}, {"global_steps": 4, "min_global_steps": 3,
+                                                         "max_global_steps": 4}, {"global_steps": 5})):
+        output = TokenOutput([5], [-0.5], stop_reason="completed", extra_fields=extra)
+        result = await VerlEngine(FakeLLMServerClient(output)).generate(request())
+        script.turn(0, [turn], list(result.token_ids), new_chain=turn == 0, n_messages=2 + 2 * turn, tip=f"t{turn}")
+        script.events[-1] = msgspec.structs.replace(script.events[-1], weight_version=result.weight_version)
+    script.finalize()
+    (record,) = derive_records(fold(script.events))
+    assert (record.tags()["min_global_steps"], record.tags()["max_global_steps"]) == (3, 5)
+
+
 async def test_no_logprobs_when_not_asked() -> None:
     output = TokenOutput([5, 6], None, stop_reason="completed")
     result = await VerlEngine(FakeLLMServerClient(output)).generate(request(return_logprob=False))

@@ -133,6 +133,26 @@ def test_weight_versions_give_the_global_steps_span():
     assert record.tags()["min_global_steps"] == 7 and record.tags()["max_global_steps"] == 9
 
 
+def test_a_turn_sampled_across_a_weight_update_widens_the_span():
+    from materializer.records import version_span
+
+    assert version_span("3") == (3, 3) and version_span("3..4") == (3, 4) and version_span("4..3") == (3, 4)
+    for other in ("scripted", "global_step_17", "3..", "..4", "3..4..5", "-1", "\u00b2", "", None):
+        assert version_span(other) is None, other
+    script = SessionScript(metadata={"global_steps": 5})
+    for turn, version in enumerate(("3", "3..4", "scripted", "4")):
+        script.turn(0, [turn], [turn + 10], new_chain=turn == 0, n_messages=2 + 2 * turn, tip=f"t{turn}")
+        script.events[-1] = msgspec.structs.replace(script.events[-1], weight_version=version)
+    script.turn(1, [9], [9], new_chain=True, tip="other")
+    script.events[-1] = msgspec.structs.replace(script.events[-1], weight_version="scripted")
+    script.finalize()
+    spanned, unversioned = derive_records(fold(script.events))
+    assert (spanned.min_global_steps, spanned.max_global_steps) == (3, 4)
+    assert (unversioned.min_global_steps, unversioned.max_global_steps) == (5, 5)  # the session's global_steps
+    assert all(type(r.tags()[k]) is int for r in (spanned, unversioned) for k in ("min_global_steps",
+                                                                                   "max_global_steps"))
+
+
 def test_a_reward_posted_after_the_end_changes_nothing():
     script = SessionScript()
     script.turn(0, [1], [2], new_chain=True)

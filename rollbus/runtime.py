@@ -36,7 +36,7 @@ from edge.settings import EdgeSettings
 from edge.turns import Clock, TurnRunner
 from materializer.parquet import ParquetSink
 from materializer.service import Materializer, MaterializerOptions
-from reward.scorer import load_scorer
+from reward.scorer import RewardScorer, load_scorer
 from rollbus.nats_server import EmbeddedNats
 from rollbus.provision import connect, provision
 from schemas.log import LogConfig
@@ -72,6 +72,7 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     lease_ttl: float = 15.0
     idle_timeout: float = 3600.0
     disconnect_grace: float = 10.0
+    rollback_rewritten_turns: bool = True
     materializer: MaterializerOptions = MaterializerOptions()
 
 
@@ -155,10 +156,13 @@ def bind(host: str, port: int) -> socket.socket:
 class Stack:
     """The selected components, started in order and stopped in reverse."""
 
-    def __init__(self, options: StackOptions, *, engine: Engine | None = None) -> None:
-        """``engine``: use this one instead of building ``options.engine`` (e.g. a :class:`VerlEngine`)."""
+    def __init__(self, options: StackOptions, *, engine: Engine | None = None,
+                 scorer: RewardScorer | None = None) -> None:
+        """``engine``: use this one instead of building ``options.engine`` (e.g. a :class:`VerlEngine`);
+        ``scorer``: the materializer's reward scorer instead of ``--reward-scorer`` (e.g. verl's reward loop)."""
         self.options = options
         self._given_engine = engine
+        self._given_scorer = scorer
         self.stop_event = asyncio.Event()
         self.nats: EmbeddedNats | None = None
         self.nc: Client | None = None
@@ -208,7 +212,7 @@ class Stack:
             await asyncio.to_thread(connection.open)
             self._tq_connection = connection
             tq = TransferQueueSink(mo.tq_partition)
-        scorer = load_scorer(mo.reward_scorer) if mo.reward_scorer else None
+        scorer = self._given_scorer or (load_scorer(mo.reward_scorer) if mo.reward_scorer else None)
         return Materializer(js, self.options.log, sink, options=mo, tq=tq, scorer=scorer)
 
     async def _start_edge(self, js: JetStreamContext) -> None:
@@ -221,7 +225,8 @@ class Stack:
                                 tool_format=options.tool_format, max_trajectory_length=options.max_trajectory_length,
                                 log=options.log, edge_id=options.edge_id or default_edge_id(port),
                                 lease_ttl_s=options.lease_ttl, idle_timeout_s=options.idle_timeout,
-                                disconnect_grace_s=options.disconnect_grace)
+                                disconnect_grace_s=options.disconnect_grace,
+                                rollback_rewritten_turns=options.rollback_rewritten_turns)
         service = self._service = build_edge_service(settings, js, self._engine)
         self._spawn(build_keeper(service, js).run(self.stop_event), "keeper")
         app = create_app(service, ready=self.ready)

@@ -40,6 +40,15 @@ class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
     duplicate_window_s: float = 600.0
     max_event_bytes: int = 900 * 1024  # an envelope stays under NATS's payload limit
 
+    @classmethod
+    def namespaced(cls, name: str) -> LogConfig:
+        """A log of its own beside others on one server: every name derived from ``name``."""
+        if not re.fullmatch(r"[a-z][a-z0-9]{0,31}", name):
+            raise ValueError(f"a log namespace is 1-32 lowercase letters and digits, starting with a letter: {name!r}")
+        return cls(stream=name.upper(), prefix=name, ready_stream=f"{name.upper()}_READY",
+                   projections_bucket=f"{name}_sessions", markers_bucket=f"{name}_materialized",
+                   leases_bucket=f"{name}_leases", prompts_bucket=f"{name}_prompts")
+
     @property
     def subjects(self) -> str:
         return f"{self.prefix}.>"

@@ -1,0 +1,121 @@
+"""The edge pool: where sessions are opened, and the admin calls that open and end them.
+
+New sessions go to the edge with the fewest sessions in flight, reserved before the open is
+awaited (so a burst spreads out), and stay on it: the URLs an agent gets name that edge, and
+its finalize and abort go there too. Opening is retried on the next edge when one does not
+answer or answers 5xx/429; nothing else is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from agent_framework.session import SessionHandle
+
+log = logging.getLogger(__name__)
+
+_RETRIABLE = {429, 500, 502, 503, 504}
+
+
+class EdgeError(RuntimeError):
+    """An edge refused or could not take an admin call (``retriable``: it may take it later, or another may)."""
+
+    def __init__(self, message: str, *, retriable: bool) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+class Placement:
+    """A session's edge, held until the session ends (``release``)."""
+
+    def __init__(self, pool: EdgePool, index: int) -> None:
+        self.pool = pool
+        self.index = index
+        self._released = False
+
+    @property
+    def url(self) -> str:
+        return self.pool.urls[self.index]
+
+    def move(self, index: int) -> None:
+        self.pool.active[self.index] -= 1
+        self.index = index
+        self.pool.active[index] += 1
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.pool.active[self.index] -= 1
+
+
+class EdgePool:
+    def __init__(self, urls: Sequence[str], admin_token: str, *, timeout: float = 60.0,
+                 open_attempts: int = 3) -> None:
+        if not urls:
+            raise ValueError("an edge pool needs at least one edge")
+        self.urls = list(urls)
+        self.active = [0] * len(self.urls)
+        self._headers = {"Authorization": f"Bearer {admin_token}"}
+        self._client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=256))
+        self._attempts = open_attempts
+
+    def reserve(self) -> Placement:
+        index = min(range(len(self.urls)), key=self.active.__getitem__)
+        self.active[index] += 1
+        return Placement(self, index)
+
+    async def open(self, placement: Placement, spec: dict[str, Any]) -> SessionHandle:
+        """``POST /sessions`` on the placement's edge, moving to the next edge on a retriable failure."""
+        error: Exception | None = None
+        for attempt in range(self._attempts):
+            try:
+                body = await self._post(placement.url, "/sessions", spec, expect=201)
+            except EdgeError as exc:
+                if not exc.retriable:
+                    raise
+                error = exc
+                log.warning("opening a session on %s failed (%s); attempt %d of %d", placement.url, exc,
+                            attempt + 1, self._attempts)
+                placement.move((placement.index + 1) % len(self.urls))
+                await asyncio.sleep(0.2 * 2**attempt)
+                continue
+            return SessionHandle(session_id=body["session_id"], base_url=body["base_url"],
+                                 anthropic_base_url=body["anthropic_base_url"], reward_url=body["reward_url"],
+                                 api_key=body["api_key"])
+        raise EdgeError(f"no edge opened the session after {self._attempts} attempts: {error}", retriable=True)
+
+    async def finalize(self, placement: Placement, session_id: str) -> dict[str, Any]:
+        return await self._end(placement, f"/sessions/{session_id}/finalize", None)
+
+    async def abort(self, placement: Placement, session_id: str, reason: str) -> dict[str, Any]:
+        return await self._end(placement, f"/sessions/{session_id}/abort", {"reason": reason[:1000]})
+
+    async def _end(self, placement: Placement, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        """Finalize or abort on the session's own edge (both are idempotent, so a retry is safe)."""
+        for attempt in range(self._attempts - 1):
+            try:
+                return await self._post(placement.url, path, body)
+            except EdgeError as exc:
+                if not exc.retriable:
+                    raise
+                await asyncio.sleep(0.2 * 2**attempt)
+        return await self._post(placement.url, path, body)
+
+    async def _post(self, base: str, path: str, body: dict[str, Any] | None, *, expect: int = 200) -> dict[str, Any]:
+        try:
+            response = await self._client.post(base + path, json=body, headers=self._headers)
+        except httpx.HTTPError as exc:
+            raise EdgeError(f"{base}{path}: {exc!r}", retriable=True) from exc
+        if response.status_code != expect:
+            raise EdgeError(f"{base}{path}: {response.status_code} {response.text[:300]}",
+                            retriable=response.status_code in _RETRIABLE)
+        result: dict[str, Any] = response.json()
+        return result
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transfer_queue as tq
-from tensordict import NonTensorData, TensorDict
+from tensordict import NonTensorData, NonTensorStack, TensorDict
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.utils.import_utils import load_class_from_fqn
@@ -235,3 +235,39 @@ def test_a_killed_adapter_is_resumed_by_verls_reissue_and_each_group_ends_comple
         keys = sorted(k for k in rows if k.startswith(uid + "_"))
         assert keys == [f"{uid}_{i}_0" for i in range(4)]  # complete, and nothing from the first attempt
         assert {rows[k]["global_steps"] for k in keys} == {STEPS + 1}
+
+
+def test_the_reward_loop_scores_sessions_whose_task_posted_no_reward(tq_cluster, nats_server, engine, tokenizer_dir,
+                                                                     tmp_path):
+    import ray
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+    uids = [str(uuid.uuid4()) for _ in range(2)]
+    score_file = Path(__file__).with_name("verl_side.py")
+    config = verl_config([*overrides(tokenizer_dir, nats_server.url, tmp_path / "data",
+                                     {"runner_fqn": "tests.tq.verl_side.tool_agent"}, gateway_count=1,
+                                     num_workers=2, use_reward_loop_worker=True),
+                          f"reward.custom_reward_function.path={score_file}",
+                          "reward.custom_reward_function.name=compute_score"])
+    worker = ray.remote(RewardLoopWorker).options(num_cpus=0).remote(config, None)
+    cls = load_class_from_fqn(FQN, "AgentLoopManager")
+    with pytest.raises(ValueError, match="use_reward_loop_worker"):
+        cls.create(config=config, llm_client=ScriptedLLMClient(config, engine.url))
+    adapter = cls.create(config=config, llm_client=ScriptedLLMClient(config, engine.url), teacher_client=None,
+                         reward_loop_worker_handles=[worker])
+    try:
+        tag_pending(uids, "train")
+        batch = prompt_batch(uids, [{"no_reward": True}, {"no_reward": True}])
+        batch["reward_model"] = NonTensorStack.from_list([{"ground_truth": "42"}, {"ground_truth": "41"}])
+        result = adapter.generate_sequences_and_wait(batch, timeout=300)
+    finally:
+        adapter.close()
+        ray.kill(worker)
+    assert result.succeeded == 8
+    keys = [f"{u}_{i}_0" for u in uids for i in range(4)]
+    data = tq.kv_batch_get(keys=keys, partition_id="train")
+    for i, key in enumerate(keys):
+        expected = 1.0 if key.startswith(uids[0]) else 0.0  # "The answer is 42." holds 42, not 41
+        assert data["rm_scores"].unbind()[i].sum().item() == expected
+        assert data["extra_fields"][i]["reward_source"] == "scorer"
+        assert data["extra_fields"][i]["reward_extra_info"]["source_seen"] == "arith"

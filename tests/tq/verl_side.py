@@ -89,6 +89,8 @@ async def tool_agent(*, session: Any, raw_prompt: list[dict[str, Any]], sample_i
         await asyncio.sleep(0.1)  # held in flight until the test removes the file (another process)
     if sample_index in tools_kwargs.get("fail", []):
         raise RuntimeError(f"scripted failure of {kwargs['uid']} sample {sample_index}")
+    if tools_kwargs.get("no_reward"):
+        return {}  # leaves the reward to the reward loop
     async with httpx.AsyncClient() as http:
         answer = await http.post(session.reward_url, json={"reward_info": {"reward": sample_index / 4, "acc": 1.0}},
                                  headers={"Authorization": f"Bearer {session.api_key}"})
@@ -97,6 +99,11 @@ async def tool_agent(*, session: Any, raw_prompt: list[dict[str, Any]], sample_i
         trace = Path(tools_kwargs["trace_dir"]) / f"{session.session_id}.json"
         trace.write_text(json.dumps({"start": started, "end": time.time(), "pid": os.getpid()}))
     return {"reward": sample_index / 4}
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **_: Any) -> dict:
+    """A verl custom reward function (``reward.custom_reward_function``), run by verl's RewardLoopWorker."""
+    return {"score": float(ground_truth in solution_str), "source_seen": data_source}
 
 
 def peak_overlap(trace_dir: Path) -> int:

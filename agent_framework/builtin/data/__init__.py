@@ -1,0 +1,1 @@
+"""Shipped example datasets (JSON lines), read with importlib.resources."""

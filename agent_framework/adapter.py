@@ -118,18 +118,33 @@ class AgentFrameworkRolloutAdapter:
 
     def generate_sequences(self, batch: Any) -> None:
         """Start the batch's rollouts and return at once; the records arrive in TransferQueue."""
-        self._submit_batch(batch)
+        self.submit(batch)
 
     def generate_sequences_and_wait(self, batch: Any, *, timeout: float | None = None) -> BatchResult:
         """Run the batch and wait until every prompt has its terminal status in TransferQueue
         (standalone use); raises :class:`RolloutFailed` when every rollout failed."""
-        future = self._submit_batch(batch)
-        result = future.result(timeout)
+        result = self.submit(batch).result(timeout)
         if result.sessions and not result.succeeded:
             raise RolloutFailed(f"all {len(result.sessions)} rollouts of the batch failed; first error: "
                                 f"{result.sessions[0].error}")
-        self._call(self._stack.wait_terminal(prompts_of(batch)), timeout)
+        self.wait_records(batch, timeout)
         return result
+
+    def submit(self, batch: Any) -> concurrent.futures.Future[BatchResult]:
+        """Start the batch's rollouts; the future holds each session's outcome once all have ended."""
+        if self._closed:
+            raise RuntimeError("the adapter is closed")
+        prompts = prompts_of(batch)
+        for prompt in prompts:  # an unknown agent_name is refused here, before anything starts
+            self.config.runner_for(prompt.agent_name)
+        future = asyncio.run_coroutine_threadsafe(self._run_batch(prompts), self._loop)
+        self._batches.add(future)
+        future.add_done_callback(self._batch_done)
+        return future
+
+    def wait_records(self, batch: Any, timeout: float | None = None) -> None:
+        """Until every prompt of the batch has its terminal status in TransferQueue (or was consumed)."""
+        self._call(self._stack.wait_terminal(prompts_of(batch)), timeout)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -184,15 +199,6 @@ class AgentFrameworkRolloutAdapter:
 
     # ------------------------------------------------------------------ rollouts
 
-    def _submit_batch(self, batch: Any) -> concurrent.futures.Future[BatchResult]:
-        if self._closed:
-            raise RuntimeError("the adapter is closed")
-        prompts = prompts_of(batch)
-        future = asyncio.run_coroutine_threadsafe(self._run_batch(prompts), self._loop)
-        self._batches.add(future)
-        future.add_done_callback(self._batch_done)
-        return future
-
     def _batch_done(self, future: concurrent.futures.Future[BatchResult]) -> None:
         self._batches.discard(future)
         if future.cancelled():
@@ -237,6 +243,7 @@ class AgentFrameworkRolloutAdapter:
             return await self._drive(prompt, index, session, placement)
         finally:
             placement.release()
+            self.metrics["sessions_ended"] += 1
 
     async def _drive(self, prompt: Prompt, index: int, session: SessionHandle, placement: Placement) -> SessionResult:
         assert self._pool is not None and self._dispatcher is not None

@@ -10,6 +10,7 @@
     rollbus replay        a session rebuilt from the log; --verify checks what was materialized
     rollbus sessions      sessions with status, turns, chains, reward (from the projections)
     rollbus materialize   rebuild training records from the log (--from-log)
+    rollbus rollout       the verl rollout adapter over a prompts dataset (no trainer)
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ import msgspec
 
 from edge.codec.fidelity import load_codec
 from materializer.service import MaterializerOptions
-from rollbus import demo, materialize, replay, sessions
+from rollbus import demo, materialize, replay, rollout, sessions
 from rollbus.heap import settle_heap
 from rollbus.runtime import COMPONENTS, Stack, StackOptions, engine_summary, model_defaults
 
 # Commands beyond the stack itself: each module has ``register(subparsers)`` and sets
 # ``run(args) -> int`` as the parser default.
-TOOL_COMMANDS = [demo, replay, sessions, materialize]
+TOOL_COMMANDS = [demo, replay, sessions, materialize, rollout]
 
 STATE_FILE = "edge.json"  # <data-dir>/edge.json: where a running `rollbus up` can be reached
 

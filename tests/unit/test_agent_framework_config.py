@@ -1,0 +1,135 @@
+"""The adapter's configuration (verl's keys, checked up front) and verl's batch as prompts."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict
+
+from agent_framework.config import ConfigError, load_config
+from agent_framework.dispatch import RunnerLoadError, load_runner
+from agent_framework.samples import BatchError, prompts_of
+
+BASE = {
+    "actor_rollout_ref": {
+        "model": {"path": "builtin:qwen2.5"},
+        "rollout": {"n": 4, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "prompt_length": 1000,
+                    "response_length": 3000, "multi_turn": {"format": "hermes"},
+                    "val_kwargs": {"n": 1, "temperature": 0, "top_p": 1.0, "top_k": -1, "do_sample": False},
+                    "custom": {"agent_framework": {"agent_runners": {
+                        "react": {"runner_fqn": "agent_framework.builtin.run_task", "dispatch_mode": "ray_task",
+                                  "max_concurrent_sessions": 8, "trajectory_selection": "longest"}}}}}},
+    "transfer_queue": {"enable": True},
+}
+
+
+def with_(path: str, value: object) -> dict:
+    config = copy.deepcopy(BASE)
+    *parents, leaf = path.split(".")
+    node = config
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return config
+
+
+def test_verls_keys_are_read_with_their_defaults():
+    c = load_config(BASE)
+    assert (c.train.n, c.train.temperature, c.train.top_p, c.val.n, c.val.do_sample) == (4, 0.7, 0.9, 1, False)
+    assert c.max_trajectory_length == 4000 and c.tool_format == "hermes" and c.tokenizer == "builtin:qwen2.5"
+    runner = c.runner_for(None)
+    assert (runner.name, runner.dispatch_mode, runner.max_concurrent_sessions, runner.trajectory_selection) == (
+        "react", "ray_task", 8, "longest")
+    assert (c.gateway_count, c.num_workers, c.prompt_status_rule, c.enable_last_assistant_rollback) == (
+        1, 0, "any_success", True)
+
+
+def test_an_omegaconf_config_reads_the_same():
+    from omegaconf import OmegaConf
+
+    assert load_config(OmegaConf.create(BASE)) == load_config(BASE)
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    ("actor_rollout_ref.rollout.n", 0, "actor_rollout_ref.rollout.n must be >= 1"),
+    ("actor_rollout_ref.rollout.top_p", 1.5, "actor_rollout_ref.rollout.top_p must be in (0, 1]"),
+    ("actor_rollout_ref.rollout.val_kwargs.top_k", 0, "actor_rollout_ref.rollout.val_kwargs.top_k must be -1"),
+    ("actor_rollout_ref.rollout.response_length", "long", "actor_rollout_ref.rollout.response_length must be int"),
+    ("actor_rollout_ref.model.path", "/nowhere/model", "actor_rollout_ref.model.path '/nowhere/model' is not"),
+    ("actor_rollout_ref.rollout.custom.agent_framework.gateway_count", 0, "agent_framework.gateway_count must be"),
+    ("actor_rollout_ref.rollout.custom.agent_framework.gatway_count", 2, "unknown keys gatway_count"),
+    ("actor_rollout_ref.rollout.custom.agent_framework.prompt_status_rule", "most",
+     "agent_framework.prompt_status_rule must be one of any_success, all_success"),
+    ("actor_rollout_ref.rollout.custom.agent_framework.agent_runners", {},
+     "agent_framework.agent_runners must map at least one runner"),
+    ("actor_rollout_ref.rollout.custom.agent_framework.agent_runners.react.dispatch_mode", "thread",
+     "agent_runners.react.dispatch_mode must be one of inline_async, ray_task"),
+    ("actor_rollout_ref.rollout.custom.agent_framework.agent_runners.react.max_concurrent_sessions", -1,
+     "agent_runners.react.max_concurrent_sessions must be >= 0"),
+    ("actor_rollout_ref.rollout.custom.agent_framework.agent_runners.react.runner_fqn", "run_task",
+     "agent_runners.react.runner_fqn must name a class or function as module.attr"),
+    ("actor_rollout_ref.rollout.custom.agent_framework.default_agent", "coder", "default_agent 'coder' is not in"),
+    ("actor_rollout_ref.rollout.custom.agent_framework.log_namespace", "Bad_Name", "log namespace is 1-32"),
+    ("actor_rollout_ref.rollout.custom.agent_framework.session_timeout", 0, "session_timeout must be > 0"),
+    ("transfer_queue.enable", False, "transfer_queue.enable is false"),
+])
+def test_each_bad_value_is_refused_naming_its_key(path, value, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(with_(path, value))
+
+
+def test_a_missing_section_and_an_unknown_agent_name_the_keys():
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.rollout\.custom\.agent_framework is missing"):
+        load_config({"actor_rollout_ref": {"rollout": {}}})
+    with pytest.raises(ConfigError, match=r"agent_name 'coder' names no runner .* \(known: react\)"):
+        load_config(BASE).runner_for("coder")
+
+
+def test_runners_load_as_classes_or_functions_and_a_bad_one_fails_clearly():
+    config = load_config(with_("actor_rollout_ref.rollout.custom.agent_framework.agent_runners.react.runner_fqn",
+                               "agent_framework.builtin.RunTask"))
+    assert callable(load_runner(config.runner_for(None)))
+    broken = load_config(with_("actor_rollout_ref.rollout.custom.agent_framework.agent_runners.react.runner_fqn",
+                               "agent_framework.builtin.no_such_runner"))
+    with pytest.raises(RunnerLoadError, match=r"agent runner react: cannot load agent_framework\.builtin\.no_such"):
+        load_runner(broken.runner_for(None))
+
+
+def batch(**extra: object) -> TensorDict:
+    b = TensorDict({
+        "uid": NonTensorStack.from_list(["3f1c-a", "77e0-b"]),
+        "raw_prompt": NonTensorStack.from_list([[{"role": "user", "content": "hi"}],
+                                                [{"role": "system", "content": "s"}, {"role": "user", "content": "x"}],
+                                                ]),
+        "tools_kwargs": NonTensorStack.from_list([{"task": "arithmetic", "answer": np.int64(3)}, {}]),
+        "index": torch.tensor([7, 8]),
+        **extra,
+    }, batch_size=[2])
+    b["global_steps"] = NonTensorData(12)
+    return b
+
+
+def test_verls_batch_becomes_plain_prompts():
+    first, second = prompts_of(batch(__rollout_n__=torch.tensor([2, 3]), __do_sample__=torch.tensor([True, False]),
+                                     data_source=NonTensorStack.from_list(["gsm8k", "math"])))
+    assert (first.uid, first.index, first.global_steps, first.rollout_n, first.do_sample) == ("3f1c-a", 7, 12, 2, True)
+    assert first.tools_kwargs == {"task": "arithmetic", "answer": 3} and type(first.tools_kwargs["answer"]) is int
+    assert second.raw_prompt[0] == {"role": "system", "content": "s"} and not second.do_sample
+    assert first.task == {"data_source": "gsm8k"} and first.partition == "train"
+    validating = batch()
+    validating["validate"] = NonTensorData(True)
+    assert all(p.validate and p.partition == "val" for p in prompts_of(validating))
+
+
+def test_a_malformed_batch_names_the_row_and_field():
+    bad = batch()
+    bad["uid"] = NonTensorStack.from_list(["ok", "has_underscore"])
+    with pytest.raises(BatchError, match="row 1: uid must be 1-128 characters without '_'"):
+        prompts_of(bad)
+    worse = batch()
+    worse["raw_prompt"] = NonTensorStack.from_list(["just text", "also text"])
+    with pytest.raises(BatchError, match=r"row 0 \(3f1c-a\): raw_prompt must be a list of chat messages"):
+        prompts_of(worse)

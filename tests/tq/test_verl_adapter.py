@@ -8,6 +8,7 @@ verl tags them, and the results read back with verl's ``ReplayBuffer`` and ``kv_
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import random
@@ -125,6 +126,9 @@ def test_a_verl_trainer_reads_the_groups_with_its_own_replay_buffer(tq_cluster, 
         assert data["input_ids"].unbind()[i].tolist() == data["prompts"].unbind()[i].tolist() + responses[i].tolist()
         assert data["extra_fields"][i]["reward_extra_info"] == {"acc": 1.0}
         assert data["data_source"][i] == "arith" and int(data["num_turns"][i]) == 4
+    sessions = {str(data["session_id"][i]) for i in range(len(meta.keys))}
+    per_session = collections.Counter(str(r["rid"]).split(":")[0] for r in engine.requests)
+    assert all(per_session[s] == 2 for s in sessions)  # verl's client got the session id as request_id
     failed = [u for u, f in zip(uids, fails, strict=True) if len(f) == 4]
     listing = tq.kv_list(partition_id="train").get("train", {})
     assert all(u not in listing for u in uids)  # verl's sample() consumed every group, failure ones included

@@ -21,10 +21,13 @@ last, with :meth:`EmbeddedNats.stop` (or the ``with`` block).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -35,10 +38,23 @@ from urllib.parse import urlsplit
 
 from schemas.errors import RollbusError
 
+log = logging.getLogger(__name__)
+
 ENV_BINARY = "ROLLBUS_NATS_SERVER"
 _BINARY_NAME = "nats-server.exe" if sys.platform == "win32" else "nats-server"
 _POLL_S = 0.01
 _LOG_TAIL_LINES = 20
+
+
+def _terminate(pid: int, timeout_s: float) -> None:
+    """SIGTERM a process that is not our child, then SIGKILL once ``timeout_s`` passed."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        if Path(f"/proc/{pid}").exists():
+            os.kill(pid, signal.SIGKILL)
 
 
 class EmbeddedNatsError(RollbusError):
@@ -106,6 +122,7 @@ class EmbeddedNats:
             raise EmbeddedNatsError(f"nats-server for {self.store_dir} is already started")
         binary = self._binary or find_nats_server()
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        self._stop_orphans()
         self.url = self.monitoring_url = ""
         self._log = self.log_path.open("ab")
         self._log_start = self._log.tell()
@@ -123,6 +140,21 @@ class EmbeddedNats:
             self.stop()
             raise
         return self
+
+    def _stop_orphans(self) -> None:
+        """Stop a server an earlier owner left running on this store (its owner was SIGKILLed: the
+        server runs in its own session and survives it). Two servers on one store would corrupt it."""
+        for ports_file in self.store_dir.parent.glob("*_*.ports"):
+            pid = ports_file.stem.rpartition("_")[2]
+            try:
+                command = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
+            except (ValueError, OSError):  # not a pid, or no such process (or no /proc): nothing runs there
+                continue
+            if str(self.store_dir).encode() not in command or not command[0].endswith(_BINARY_NAME.encode()):
+                continue
+            log.warning("stopping nats-server pid %s left running on %s by an earlier owner", pid, self.store_dir)
+            _terminate(int(pid), self._stop_timeout_s)
+            ports_file.unlink(missing_ok=True)
 
     def _command(self, binary: Path) -> list[str]:
         return [

@@ -155,3 +155,23 @@ async def test_clients_reconnect_to_a_server_restarted_on_its_port(tmp_path: Pat
     finally:
         await nc.close()
         server.stop()
+
+
+def test_a_server_orphaned_by_a_killed_owner_is_stopped_before_another_starts_on_its_store(tmp_path: Path) -> None:
+    """The server runs in its own session, so it outlives an owner killed with SIGKILL; a second
+    server on the same store would corrupt it. The next start stops the orphan first."""
+    orphan = EmbeddedNats(tmp_path / "store", name="first").start()
+    orphan_pid, orphan._proc = orphan.pid, None  # its owner is gone: nobody will stop it
+    other = EmbeddedNats(tmp_path / "elsewhere", name="bystander").start()  # another store: left alone
+    try:
+        with EmbeddedNats(tmp_path / "store", name="second") as second:
+            assert _gone(orphan_pid) or _zombie(orphan_pid)
+            assert _healthz(second) == 200 and other.running
+            assert list(tmp_path.glob(f"*_{orphan_pid}.ports")) == []
+    finally:
+        other.stop()
+
+
+def _zombie(pid: int) -> bool:
+    """Our own child, killed but not reaped (the test dropped its Popen): it holds no store."""
+    return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] == "Z"

@@ -6,7 +6,9 @@ verl hands ``generate_sequences`` a ``TensorDict`` with one row per prompt: ``ui
 the task fields verl's reward code reads (``data_source``, ``reward_model``,
 ``extra_info``), and batch-wide ``global_steps`` and ``validate`` (``NonTensorData``).
 Everything is converted to JSON-safe Python values (numpy arrays and scalars, tensors), since
-it travels in the session's opening event.
+it travels in the session's opening event. Per-row token tensors (``input_ids``,
+``attention_mask``, ``position_ids`` of verl's tokenized prompt: a tensor with more than one
+dimension) are left out: the edge renders the prompt from ``raw_prompt`` itself.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def plain(value: Any) -> Any:
 
 def _columns(batch: Any) -> tuple[int, dict[str, list[Any]], dict[str, Any]]:
     """(rows, per-row columns, batch-wide values) of a TensorDict or a mapping of lists."""
+    import torch
     from tensordict import NonTensorData
 
     rows = int(batch.batch_size[0]) if hasattr(batch, "batch_size") else len(batch["uid"])
@@ -67,6 +70,8 @@ def _columns(batch: Any) -> tuple[int, dict[str, list[Any]], dict[str, Any]]:
     shared: dict[str, Any] = {}
     for key in batch.keys():  # noqa: SIM118 - a TensorDict is not a plain mapping
         value = batch.get(key) if hasattr(batch, "get") else batch[key]
+        if isinstance(value, torch.Tensor) and (value.is_nested or value.dim() > 1):
+            continue  # a tokenized sequence per row: not the agent's business
         if isinstance(value, NonTensorData):
             shared[key] = plain(value.data)
         else:

@@ -135,6 +135,12 @@ def test_a_verl_trainer_reads_the_groups_with_its_own_replay_buffer(tq_cluster, 
     assert failed == [uids[0]]
     exported = list((tmp_path / "logs" / f"step_{STEPS}").glob("*.events.jsonl"))
     assert len(exported) == 32  # every session's log, the failed ones too
+    for sid in list(sessions)[:2]:
+        document = json.loads((tmp_path / "logs" / f"step_{STEPS}" / f"{sid}.json").read_text())
+        (trajectory,) = document["trajectories"]
+        assert document["summary"]["status"] == "finalized" and trajectory["key"] in meta.keys
+        events = (tmp_path / "logs" / f"step_{STEPS}" / f"{sid}.events.jsonl").read_text().splitlines()
+        assert json.loads(events[0])["type"] == "session_opened" and len(events) >= 8
 
 
 def test_a_prompt_whose_sessions_all_fail_is_tagged_failure_and_the_wait_raises(tq_cluster, nats_server, engine,

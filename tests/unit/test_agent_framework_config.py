@@ -114,7 +114,8 @@ def batch(**extra: object) -> TensorDict:
 
 def test_verls_batch_becomes_plain_prompts():
     first, second = prompts_of(batch(__rollout_n__=torch.tensor([2, 3]), __do_sample__=torch.tensor([True, False]),
-                                     data_source=NonTensorStack.from_list(["gsm8k", "math"])))
+                                     data_source=NonTensorStack.from_list(["gsm8k", "math"]),
+                                     input_ids=torch.ones(2, 16, dtype=torch.int64)))  # verl's tokenized prompt
     assert (first.uid, first.index, first.global_steps, first.rollout_n, first.do_sample) == ("3f1c-a", 7, 12, 2, True)
     assert first.tools_kwargs == {"task": "arithmetic", "answer": 3} and type(first.tools_kwargs["answer"]) is int
     assert second.raw_prompt[0] == {"role": "system", "content": "s"} and not second.do_sample
@@ -133,3 +134,18 @@ def test_a_malformed_batch_names_the_row_and_field():
     worse["raw_prompt"] = NonTensorStack.from_list(["just text", "also text"])
     with pytest.raises(BatchError, match=r"row 0 \(3f1c-a\): raw_prompt must be a list of chat messages"):
         prompts_of(worse)
+
+
+async def test_new_sessions_go_to_the_least_busy_edge_reserved_before_the_open_is_awaited():
+    from agent_framework.pool import EdgePool
+
+    pool = EdgePool(["http://a", "http://b", "http://c"], "token")
+    placed = [pool.reserve() for _ in range(5)]
+    assert [p.url for p in placed] == ["http://a", "http://b", "http://c", "http://a", "http://b"]
+    placed[0].release()
+    placed[0].release()  # once only
+    placed[3].release()
+    assert pool.reserve().url == "http://a" and pool.active == [1, 2, 1]
+    placed[1].move(2)  # a retried open moved to the next edge
+    assert pool.active == [1, 1, 2]
+    await pool.aclose()

@@ -225,9 +225,9 @@ class AgentFrameworkRolloutAdapter:
 
     async def _run_prompt(self, prompt: Prompt) -> list[SessionResult]:
         self.metrics["prompts"] += 1
-        await self._stack.tag_running(prompt)
         attempt = time.time_ns()  # a re-issued uid is a newer attempt: the materializer starts its group afresh
         n = prompt.rollout_n or (self.config.val.n if prompt.validate else self.config.train.n)
+        await self._stack.start_attempt(prompt, attempt=attempt, n=n)
         return list(await asyncio.gather(*(self._run_session(prompt, i, n, attempt) for i in range(n))))
 
     async def _run_session(self, prompt: Prompt, index: int, n: int, attempt: int) -> SessionResult:

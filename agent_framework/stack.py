@@ -24,12 +24,14 @@ from agent_framework.actors import RunnerWorker, StackActor
 from agent_framework.config import AgentFrameworkConfig, ConfigError
 from agent_framework.export import write_session
 from agent_framework.samples import Prompt
-from materializer.prompts import TERMINAL
+from materializer.ledger import PromptLedger, open_bucket
+from materializer.prompts import TERMINAL, PromptProgress
 from materializer.records import RecordOptions
 from materializer.service import MaterializerOptions
 from rollbus.nats_server import EmbeddedNats
 from rollbus.provision import connect, provision
 from rollbus.runtime import StackOptions
+from schemas.errors import RollbusError
 from schemas.log import LogConfig
 from session_projector.reader import read_session
 
@@ -50,6 +52,7 @@ class FrameworkStack:
         self._tq: Any = None  # a TransferQueueConnection this process hosts (standalone)
         self._edges: list[Any] = []
         self._consumers: Any = None
+        self._ledger: PromptLedger | None = None
         self.runner_workers: list[Any] = []
 
     @property
@@ -128,10 +131,20 @@ class FrameworkStack:
 
     # ------------------------------------------------------------------ TransferQueue
 
-    async def tag_running(self, prompt: Prompt) -> None:
-        """The prompt key ``{uid}`` tagged ``running`` (verl tagged it ``pending``), before any session opens."""
+    async def start_attempt(self, prompt: Prompt, *, attempt: int, n: int) -> None:
+        """Before any session of a (re-)dispatched prompt opens: its new attempt in the materializer's
+        ledger, so a late session of an earlier attempt stays out of TransferQueue; then the prompt key
+        ``{uid}`` tagged ``running`` (verl tagged it ``pending``)."""
         import transfer_queue as tq
 
+        try:
+            if self._ledger is None:
+                self._ledger = PromptLedger(await open_bucket(self._nc.jetstream(), self.log.prompts_bucket), 10.0)
+            await self._ledger.start_attempt(PromptProgress(
+                uid=prompt.uid, expected=n, global_steps=prompt.global_steps, attempt=attempt,
+                rule=self.config.prompt_status_rule, partition=prompt.partition))
+        except RollbusError as exc:  # the materializer still starts the attempt at its first session
+            log.error("prompt %s: recording attempt %d failed: %s", prompt.uid, attempt, exc)
         try:
             await tq.async_kv_put(key=prompt.uid, partition_id=prompt.partition, tag={"status": "running"})
         except Exception as exc:  # TransferQueue's own errors: the materializer tags it running again

@@ -102,6 +102,22 @@ class PromptLedger(_Store):
         found = await asyncio.gather(*(self.get(prompt_key(uid)) for uid in wanted))
         return {uid: (_progress.decode(hit[0]), hit[1]) for uid, hit in zip(wanted, found, strict=True) if hit}
 
+    async def start_attempt(self, fresh: PromptProgress, *, tries: int = 5) -> bool:
+        """Record that a newer attempt of the prompt was dispatched (by whoever dispatches it, before its
+        sessions open), so that a late session of an older attempt is stale from then on; False when the
+        stored progress is of this attempt or a newer one already."""
+        for _ in range(tries):
+            found = (await self.load([fresh.uid])).get(fresh.uid)
+            current, revision = found if found is not None else (None, 0)
+            if current is not None and current.for_attempt(fresh) is current:
+                return False
+            try:
+                await self.save(current.for_attempt(fresh) if current is not None else fresh, revision)
+            except RevisionConflict:
+                continue  # the materializer wrote it meanwhile: look again
+            return True
+        raise RevisionConflict(f"prompt {fresh.uid}: progress kept changing while attempt {fresh.attempt} started")
+
     async def save(self, progress: PromptProgress, revision: int) -> int:
         """Create (``revision == 0``) or compare-and-set; returns the new revision."""
         value = msgspec.json.encode(progress)

@@ -101,3 +101,30 @@ async def test_a_session_may_choose_the_longest_trajectory(js, log_config, tmp_p
     rows, _ = tq_partition(partition)
     assert sorted(rows) == ["l1_0_2", "l1_1_0", "l1_1_1", "l1_1_2"]
     assert rows["l1_0_2"]["responses"] == [7, 7, 7]
+
+
+async def test_an_old_attempts_straggler_after_the_redispatch_stays_out_of_transfer_queue(js, log_config, tmp_path,
+                                                                                           partition):
+    """The gap the sessions alone leave: verl cleared the group and re-issued it, and an old session ends
+    before any session of the new attempt did. The dispatcher recorded the new attempt first."""
+    from materializer.ledger import PromptLedger, open_bucket
+    from materializer.prompts import PromptProgress
+
+    old = [prompt_session("s1", i, rollout_n=2, attempt=OLD) for i in range(2)]
+    new = [prompt_session("s1", i, rollout_n=2, attempt=NEW) for i in range(2)]
+    writer = await _writer(js, log_config, tmp_path, partition)
+    await writer.write(await appended(js, log_config, old[0]))
+    tq.kv_clear(keys=["s1_0_0"], partition_id=partition)  # verl's resume
+    tq.kv_batch_put(keys=["s1"], partition_id=partition, tags=[prompt_tag("pending", 4)])
+    ledger = PromptLedger(await open_bucket(js, log_config.prompts_bucket), 5.0)
+    fresh = PromptProgress(uid="s1", expected=2, attempt=NEW, partition=partition)
+    assert await ledger.start_attempt(fresh) and not await ledger.start_attempt(fresh)  # once
+    await writer.write(await appended(js, log_config, old[1]))  # the straggler
+    rows, prompts = tq_partition(partition)
+    assert rows == {} and _statuses(prompts) == {"s1": "running"}  # the new attempt is in flight
+    await writer.write(await appended(js, log_config, *new))
+    rows, prompts = tq_partition(partition)
+    assert _sessions(rows) == {f"s1_{i}_0": new[i].session_id for i in range(2)} and _statuses(prompts) == {
+        "s1": "finished"}
+    older = PromptProgress(uid="s1", expected=2, attempt=OLD, partition=partition)
+    assert not await ledger.start_attempt(older)  # an older dispatch never rewinds the prompt

@@ -59,29 +59,45 @@ _decoder = msgspec.json.Decoder(Lease)
 
 
 class LeaseHandle:
-    """A lease this edge holds: the revision it wrote and the expiry it set."""
+    """A lease this edge holds: the revision it wrote and the expiry it set.
+
+    Its writes are serialized: the keeper's renewal and a commit's ``ensure`` may run at once,
+    and each must write over the revision the other just wrote (two writes over one revision
+    would make this edge refuse itself as a stale writer).
+    """
 
     def __init__(self, leases: KvLeases, session_id: str, revision: int, expires: float) -> None:
         self._leases = leases
         self.session_id = session_id
         self.revision = revision
         self.expires = expires
+        self._writing = asyncio.Lock()
 
     def remaining(self) -> float:
         return self.expires - self._leases.clock()
 
+    def _due(self) -> bool:
+        return self.remaining() < self._leases.ttl / 2
+
     async def ensure(self) -> None:
         """Renew when less than half the TTL is left; :class:`OwnershipLost` if it was taken."""
-        if self.remaining() < self._leases.ttl / 2:
-            await self.renew()
+        if self._due():
+            async with self._writing:
+                if self._due():  # not renewed meanwhile by the write this one waited for
+                    await self._write()
 
     async def renew(self) -> None:
+        async with self._writing:
+            await self._write()
+
+    async def _write(self) -> None:
         self.revision, self.expires = await self._leases.write(self.session_id, self.revision)
 
     async def release(self) -> None:
         """Delete the lease (best effort: a lease that cannot be deleted lapses anyway)."""
         try:
-            await self._leases.delete(self.session_id, self.revision)
+            async with self._writing:
+                await self._leases.delete(self.session_id, self.revision)
         except (OwnershipLost, LogUnavailable) as exc:
             log.info("lease of %s not released: %s", self.session_id, exc)
 

@@ -143,3 +143,20 @@ async def test_concurrent_takeovers_have_exactly_one_winner(js, log_config, engi
         await agent.turn(winners[0], "two")
     state, _ = await load_state(js, log_config, agent.session_id)
     assert state.turns == 2
+
+
+async def test_a_renewal_racing_a_commits_ensure_on_one_edge_is_not_ownership_lost(js, log_config, clock):
+    """The keeper renews without the session's lock while a request commits and ensures the lease: both
+    write the lease, each over the revision the other wrote (before, the second refused its own edge)."""
+    from edge.ownership import KvLeases
+
+    leases = KvLeases(js, log_config, edge_id="edge-a", ttl=10.0, clock=clock)
+    handle = await leases.create("0123456789abcdef0123456789abcdef")
+    clock.advance(6)  # past half the TTL: ensure() writes too
+    for _ in range(5):
+        await asyncio.gather(handle.renew(), handle.ensure(), handle.renew())
+        clock.advance(6)
+    current, revision = await leases.read(handle.session_id)
+    assert current is not None and current.edge_id == "edge-a" and revision == handle.revision
+    await handle.release()
+    assert (await leases.read(handle.session_id))[0] is None

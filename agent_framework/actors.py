@@ -21,6 +21,7 @@ from typing import Any
 from agent_framework.config import RunnerConfig
 from agent_framework.dispatch import Runner, call_runner
 from agent_framework.rewards import verl_reward_input
+from rollbus.heap import settle_heap
 from rollbus.runtime import Stack, StackOptions
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class StackActor:
             scorer = RewardLoopScorer(self._reward_workers, build_input=verl_reward_input)
         self._stack = Stack(self._options, engine=engine, scorer=scorer)
         await self._stack.start()
+        settle_heap()  # as `rollbus up` does: the collector never walks the startup heap again
         return self._stack.url
 
     async def alive(self) -> bool:

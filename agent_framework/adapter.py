@@ -233,17 +233,18 @@ class AgentFrameworkRolloutAdapter:
     async def _run_session(self, prompt: Prompt, index: int, n: int, attempt: int) -> SessionResult:
         assert self._pool is not None and self._dispatcher is not None
         runner = self.config.runner_for(prompt.agent_name)
-        placement = self._pool.reserve()
-        try:
+        async with self._dispatcher.slot(runner):
+            placement = self._pool.reserve()
             try:
-                session = await self._pool.open(placement, self._open_spec(prompt, index, n, attempt, runner.name))
-            except EdgeError as exc:
-                return self._failed(prompt, index, "", f"open_failed: {exc}", exc)
-            self.metrics["sessions_opened"] += 1
-            return await self._drive(prompt, index, session, placement)
-        finally:
-            placement.release()
-            self.metrics["sessions_ended"] += 1
+                try:
+                    session = await self._pool.open(placement, self._open_spec(prompt, index, n, attempt, runner.name))
+                except EdgeError as exc:
+                    return self._failed(prompt, index, "", f"open_failed: {exc}", exc)
+                self.metrics["sessions_opened"] += 1
+                return await self._drive(prompt, index, session, placement)
+            finally:
+                placement.release()
+                self.metrics["sessions_ended"] += 1
 
     async def _drive(self, prompt: Prompt, index: int, session: SessionHandle, placement: Placement) -> SessionResult:
         assert self._pool is not None and self._dispatcher is not None

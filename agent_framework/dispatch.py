@@ -12,16 +12,18 @@ Dispatch modes:
 - ``ray_task``: each session's runner is one Ray task (``max_retries=0``: a session is never
   run twice; a task that dies is that session's failure).
 
-``max_concurrent_sessions`` bounds the runner's sessions in flight (0: unlimited);
-:class:`Dispatcher` records the peak it saw per runner.
+``max_concurrent_sessions`` bounds the runner's sessions in flight (0: unlimited), from
+the session's opening to its end (:meth:`Dispatcher.slot`), so a big batch never holds
+sessions open that no runner drives; :class:`Dispatcher` records the peak it saw per runner.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from agent_framework.config import RunnerConfig
@@ -83,22 +85,20 @@ class Dispatcher:
         for config in runners.values():
             self._local[config.name] = load_runner(config)
 
-    async def run(self, config: RunnerConfig, call: dict[str, Any]) -> Any:
+    @contextlib.asynccontextmanager
+    async def slot(self, config: RunnerConfig) -> AsyncIterator[None]:
+        """One of the runner's ``max_concurrent_sessions``, held for a whole session."""
         limit = self._limits.get(config.name)
-        if limit is None:
-            return await self._counted(config, call)
-        async with limit:
-            return await self._counted(config, call)
+        async with limit if limit is not None else contextlib.nullcontext():
+            self.active[config.name] += 1
+            self.peak[config.name] = max(self.peak[config.name], self.active[config.name])
+            try:
+                yield
+            finally:
+                self.active[config.name] -= 1
 
-    async def _counted(self, config: RunnerConfig, call: dict[str, Any]) -> Any:
-        self.active[config.name] += 1
-        self.peak[config.name] = max(self.peak[config.name], self.active[config.name])
-        try:
-            return await self._dispatch(config, call)
-        finally:
-            self.active[config.name] -= 1
-
-    async def _dispatch(self, config: RunnerConfig, call: dict[str, Any]) -> Any:
+    async def run(self, config: RunnerConfig, call: dict[str, Any]) -> Any:
+        """Run one session's runner where its dispatch mode says (inside the session's :meth:`slot`)."""
         if config.dispatch_mode == "ray_task":
             return await self._ray_task(config, call)
         if self._workers:

@@ -151,15 +151,20 @@ class FrameworkStack:
             log.error("prompt %s: tagging it running failed: %r", prompt.uid, exc)
 
     async def wait_terminal(self, prompts: list[Prompt], *, poll: float = 0.2) -> None:
-        """Until every prompt's key has a terminal status (or was consumed)."""
+        """Until every prompt's key has a terminal status, or is gone after it was seen (a trainer took it)."""
         import transfer_queue as tq
 
         waiting = {(p.partition, p.uid) for p in prompts}
+        seen: set[tuple[str, str]] = set()
         while waiting:
             for partition in {part for part, _ in waiting}:
                 listed = (await tq.async_kv_list(partition_id=partition) or {}).get(partition, {})
-                waiting -= {(partition, uid) for part, uid in waiting
-                            if part == partition and listed.get(uid, {}).get("status", "gone") in {*TERMINAL, "gone"}}
+                for key in [k for k in waiting if k[0] == partition]:
+                    tag = listed.get(key[1])
+                    if tag is not None:
+                        seen.add(key)
+                    if (tag is not None and tag.get("status") in TERMINAL) or (tag is None and key in seen):
+                        waiting.discard(key)
             if waiting:
                 await asyncio.sleep(poll)
 

@@ -26,7 +26,7 @@ import msgspec
 from openai import AsyncOpenAI
 
 from agent_framework.builtin.config import AgentConfig
-from agent_framework.builtin.registry import register_agent
+from agent_framework.builtin.registry import Registry
 from agent_framework.builtin.sandbox import Sandbox
 from agent_framework.builtin.tools import Tool, ToolOutcome, call_tool
 from agent_framework.session import SessionHandle
@@ -74,6 +74,10 @@ class Agent(ABC):
             extra["temperature"] = self.config.temperature
         return extra
 
+
+
+AGENTS: Registry[type[Agent]] = Registry("agent")
+register_agent = AGENTS.register
 
 @register_agent("openai")
 class OpenAIReAct(Agent):

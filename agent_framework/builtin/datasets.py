@@ -32,7 +32,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from agent_framework.builtin.registry import TASKS
+from agent_framework.builtin.tasks.base import TASKS
 
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 ROW_SCHEMA = pa.schema([("raw_prompt", pa.list_(MESSAGE)), ("tools_kwargs", pa.string()),

@@ -10,6 +10,10 @@ unknown name is a :class:`ValueError` that lists the known ones. A name is regis
 once: a second, different implementation under the same name is refused, so a plugin
 cannot silently replace a built-in.
 
+Each kind's registry lives beside the kind (``TASKS`` in :mod:`~agent_framework.builtin.tasks.base`,
+``AGENTS`` in :mod:`~agent_framework.builtin.agents`, ``TOOLS`` in :mod:`~agent_framework.builtin.tools`,
+``SANDBOXES`` in :mod:`~agent_framework.builtin.sandbox`), so this module imports none of them.
+
 Plugins outside this package register the same way; import their module before the
 runner looks them up (``run_task(..., plugins=["my_pkg.tasks"])`` does it).
 """
@@ -17,13 +21,7 @@ runner looks them up (``run_task(..., plugins=["my_pkg.tasks"])`` does it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
-
-if TYPE_CHECKING:
-    from agent_framework.builtin.agents import Agent
-    from agent_framework.builtin.sandbox import SandboxFactory
-    from agent_framework.builtin.tasks.base import Task
-    from agent_framework.builtin.tools import Tool
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -63,14 +61,3 @@ class Registry(Generic[T]):
 def _qualname(entry: object) -> str:
     """``module.Name`` of a class or function (equal across a module reload)."""
     return f"{getattr(entry, '__module__', '?')}.{getattr(entry, '__qualname__', repr(entry))}"
-
-
-TASKS: Registry[type[Task]] = Registry("task")
-AGENTS: Registry[type[Agent]] = Registry("agent")
-TOOLS: Registry[type[Tool]] = Registry("tool")
-SANDBOXES: Registry[SandboxFactory] = Registry("sandbox")
-
-register_task = TASKS.register
-register_agent = AGENTS.register
-register_tool = TOOLS.register
-register_sandbox = SANDBOXES.register

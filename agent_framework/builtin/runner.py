@@ -34,10 +34,10 @@ from typing import Any
 
 import httpx
 
-from agent_framework.builtin.agents import Episode
+from agent_framework.builtin.agents import AGENTS, Episode
 from agent_framework.builtin.config import TaskConfigError, TaskFile, TaskSpec, load_task_file, plain, resolve_spec
-from agent_framework.builtin.registry import AGENTS, SANDBOXES, TASKS
-from agent_framework.builtin.tasks.base import Message, Score, Task
+from agent_framework.builtin.sandbox import SANDBOXES
+from agent_framework.builtin.tasks.base import TASKS, Message, Score, Task
 from agent_framework.builtin.tools import build_tools
 from agent_framework.session import SessionHandle
 

@@ -56,7 +56,7 @@ from typing import Literal, Protocol
 
 import msgspec
 
-from agent_framework.builtin.registry import register_sandbox
+from agent_framework.builtin.registry import Registry
 
 KilledReason = Literal["cpu", "memory", "wall", "file_size", "signal"]
 CLONE_NEWNET = 0x40000000
@@ -117,6 +117,8 @@ class Sandbox(Protocol):
 
 
 SandboxFactory = Callable[[SandboxConfig], Awaitable[Sandbox]]
+SANDBOXES: Registry[SandboxFactory] = Registry("sandbox")
+register_sandbox = SANDBOXES.register
 
 
 def inside(root: Path, path: str) -> Path:

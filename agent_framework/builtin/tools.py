@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from agent_framework.builtin.registry import TOOLS, register_tool
+from agent_framework.builtin.registry import Registry
 from agent_framework.builtin.sandbox import ExecResult, Sandbox
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,10 @@ class Tool:
     async def __call__(self, sandbox: Sandbox, **arguments: Any) -> str:
         raise NotImplementedError
 
+
+
+TOOLS: Registry[type[Tool]] = Registry("tool")
+register_tool = TOOLS.register
 
 def check_arguments(parameters: Mapping[str, Any], arguments: Mapping[str, Any]) -> None:
     """Required keys present, no unknown keys, top-level JSON types right (booleans are not numbers)."""

@@ -18,9 +18,8 @@ import msgspec
 
 from agent_framework.builtin.agents import Episode
 from agent_framework.builtin.config import TaskSpec
-from agent_framework.builtin.registry import register_task
 from agent_framework.builtin.sandbox import Sandbox
-from agent_framework.builtin.tasks.base import Score, Task, task_data
+from agent_framework.builtin.tasks.base import Score, Task, register_task, task_data
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 

@@ -21,6 +21,7 @@ import msgspec
 
 from agent_framework.builtin.agents import Episode
 from agent_framework.builtin.config import TaskConfigError, TaskSpec
+from agent_framework.builtin.registry import Registry
 from agent_framework.builtin.sandbox import Sandbox
 
 Message = dict[str, Any]
@@ -71,6 +72,10 @@ class Task(ABC):
     async def score(self, sandbox: Sandbox, episode: Episode) -> Score:
         """The episode's reward, computed after the agent stopped (in the sandbox when code must run)."""
 
+
+
+TASKS: Registry[type[Task]] = Registry("task")
+register_task = TASKS.register
 
 def task_data(spec: TaskSpec, kind: type[D]) -> D:
     """The spec's data as the task's own struct; a missing or mistyped field is a TaskConfigError."""

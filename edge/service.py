@@ -55,7 +55,13 @@ class OpenedSession(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def key_digest(api_key: str) -> str:
-    return hashlib.sha256(api_key.encode()).hexdigest()
+    return hashlib.sha256(api_key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def same_secret(given: str, expected: str) -> bool:
+    """Constant-time equality of two keys, whatever characters the client sent (compared as bytes:
+    ``hmac.compare_digest`` refuses non-ASCII strings)."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
 
 
 def _check_open_request(spec: OpenSession) -> str:
@@ -125,7 +131,7 @@ class EdgeService:
             live = await self._registry.get(check_session_id(session_id))
         if api_key is None:
             raise Unauthorized("missing api key (Authorization: Bearer or x-api-key)")
-        if live.verified_key is not None and hmac.compare_digest(api_key, live.verified_key):
+        if live.verified_key is not None and same_secret(api_key, live.verified_key):
             return live
         if not hmac.compare_digest(key_digest(api_key), live.state.api_key_digest):
             raise Unauthorized("invalid api key for this session")

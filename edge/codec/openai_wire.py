@@ -112,7 +112,7 @@ _message_decoder = msgspec.json.Decoder(MessageIn)
 def _decoded_message(index: int, raw: bytes) -> Message:
     try:
         wire = _message_decoder.decode(raw)
-    except msgspec.ValidationError as exc:
+    except msgspec.DecodeError as exc:  # invalid JSON or UTF-8, or a wrong shape (ValidationError)
         raise MalformedRequest(f"invalid request: {exc} (in messages[{index}])", param=f"messages[{index}]") from exc
     return _message(index, wire)
 

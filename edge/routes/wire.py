@@ -7,7 +7,6 @@ mapped: anything else is a bug, logged and answered 500 in the same shape.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import math
 import time
@@ -17,6 +16,7 @@ from typing import Any, TypeVar
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
+from edge.service import same_secret
 from schemas.errors import PayloadTooLarge, RollbusError, Unauthorized
 
 log = logging.getLogger(__name__)
@@ -108,5 +108,5 @@ def bearer(headers: Mapping[str, str]) -> str | None:
 
 def require_admin(request: Request, admin_token: str) -> None:
     token = bearer(request.headers)
-    if admin_token and (token is None or not hmac.compare_digest(token, admin_token)):
+    if admin_token and (token is None or not same_secret(token, admin_token)):
         raise Unauthorized("admin token required")

@@ -39,7 +39,7 @@ from typing import Any, Self, TypeVar
 
 import msgspec
 
-from agent_framework.config import AgentFrameworkConfig, ConfigError, load_config
+from agent_framework.config import AgentFrameworkConfig, ConfigError, RunnerConfig, load_config
 from agent_framework.dispatch import Dispatcher
 from agent_framework.pool import EdgeError, EdgePool, Placement
 from agent_framework.samples import Prompt, prompts_of
@@ -237,18 +237,18 @@ class AgentFrameworkRolloutAdapter:
             placement = self._pool.reserve()
             try:
                 try:
-                    session = await self._pool.open(placement, self._open_spec(prompt, index, n, attempt, runner.name))
+                    session = await self._pool.open(placement, self._open_spec(prompt, index, n, attempt, runner))
                 except EdgeError as exc:
                     return self._failed(prompt, index, "", f"open_failed: {exc}", exc)
                 self.metrics["sessions_opened"] += 1
-                return await self._drive(prompt, index, session, placement)
+                return await self._drive(prompt, index, session, placement, runner)
             finally:
                 placement.release()
                 self.metrics["sessions_ended"] += 1
 
-    async def _drive(self, prompt: Prompt, index: int, session: SessionHandle, placement: Placement) -> SessionResult:
+    async def _drive(self, prompt: Prompt, index: int, session: SessionHandle, placement: Placement,
+                     runner: RunnerConfig) -> SessionResult:
         assert self._pool is not None and self._dispatcher is not None
-        runner = self.config.runner_for(prompt.agent_name)
         call = {"session": session, "raw_prompt": prompt.raw_prompt, "sample_index": index,
                 "tools_kwargs": prompt.tools_kwargs, "uid": prompt.uid, "index": prompt.index,
                 "global_steps": prompt.global_steps, "validate": prompt.validate, **prompt.task}
@@ -285,14 +285,13 @@ class AgentFrameworkRolloutAdapter:
         return SessionResult(uid=prompt.uid, session_index=index, session_id=session_id, succeeded=False,
                              error=reason)
 
-    def _open_spec(self, prompt: Prompt, index: int, n: int, attempt: int, runner: str) -> dict[str, Any]:
+    def _open_spec(self, prompt: Prompt, index: int, n: int, attempt: int, runner: RunnerConfig) -> dict[str, Any]:
         config = self.config
-        runner_config = config.agent_runners[runner]
         metadata: dict[str, Any] = {
             **prompt.task, "raw_prompt": prompt.raw_prompt, "tools_kwargs": prompt.tools_kwargs,
-            "agent_name": runner, "rollout_n": n, "attempt": attempt, "global_steps": prompt.global_steps,
+            "agent_name": runner.name, "rollout_n": n, "attempt": attempt, "global_steps": prompt.global_steps,
             "tq_partition": prompt.partition, "prompt_status_rule": config.prompt_status_rule,
-            "trajectory_selection": runner_config.trajectory_selection,
+            "trajectory_selection": runner.trajectory_selection,
             "mask_unfinished_episode": config.mask_unfinished_episode,
         }
         if prompt.index is not None:

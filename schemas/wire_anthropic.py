@@ -3,6 +3,7 @@
 Unknown fields are ignored (agents send many: ``metadata``, ``cache_control``, ...);
 known fields must have the right types. Content blocks decode into one permissive
 :class:`ContentBlock` so that the adapter can name an unsupported block type in a 400.
+:class:`LazyMessagesRequest` is the same request with its history left as raw JSON.
 """
 
 from __future__ import annotations
@@ -58,6 +59,25 @@ class MessagesRequest(msgspec.Struct, frozen=True, kw_only=True):
     tools: list[ToolParam] | None = None
     tool_choice: ToolChoice | None = None
     thinking: dict[str, Any] | None = None  # accepted; whether the model reasons is the chat template's
+
+
+class LazyMessagesRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """:class:`MessagesRequest` with each message, the system prompt and the tools left as raw
+    JSON (the edge decodes only what it has not seen before): the same fields and defaults, but
+    that an absent ``system`` or ``tools`` is an empty ``Raw``."""
+
+    max_tokens: int
+    messages: list[msgspec.Raw]
+    model: str = ""
+    system: msgspec.Raw = msgspec.Raw()
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    tools: msgspec.Raw = msgspec.Raw()
+    tool_choice: ToolChoice | None = None
+    thinking: dict[str, Any] | None = None
 
 
 # --- responses -----------------------------------------------------------------------

@@ -18,6 +18,11 @@ Refused with a 400 naming the field: images, documents and other block types,
 assistant message (prefill). ``thinking`` (the request option) is accepted and has no
 effect: whether the model reasons is the chat template's business.
 
+Agents resend the whole history on every request, so it is decoded lazily, as OpenAI's is:
+each message (and the system prompt) stays raw JSON, and is decoded, converted and hashed
+into the history digests once per (previous history digest, index, raw JSON); a request
+that way refuses is decoded again by value, which words the refusal (:func:`decode_request`).
+
 Encoding: ``content`` is ``[thinking?, text?, tool_use...]`` (a thinking block carries
 an empty ``signature``: rollbus does not sign), ``stop_reason`` is ``tool_use``,
 ``max_tokens``, ``stop_sequence`` (the reply ends with one of the request's
@@ -29,13 +34,16 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
 from edge.codec.adapter import TokenText, sse
+from edge.codec.cache import BoundedCache
 from edge.codec.conversation import Conversation, Message, SamplingOverrides, ToolSpec, TurnOutcome
 from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFinished, StreamStarted, ToolCallReady
+from edge.codec.digest import decode_expanding_history, tools_digest
 from edge.codec.strict import decode_strict
 from schemas import wire_anthropic as w
 from schemas.errors import MalformedRequest, RollbusError
@@ -64,9 +72,9 @@ def _text_of(blocks: str | list[w.ContentBlock] | None, where: str) -> str:
     return "".join(texts)
 
 
-def _user(where: str, content: str | list[w.ContentBlock]) -> list[Message]:
+def _user(where: str, content: str | list[w.ContentBlock]) -> tuple[Message, ...]:
     if isinstance(content, str):
-        return [Message(role="user", content=content)]
+        return (Message(role="user", content=content),)
     out: list[Message] = []
     texts: list[str] = []
     for j, block in enumerate(content):
@@ -82,7 +90,7 @@ def _user(where: str, content: str | list[w.ContentBlock]) -> list[Message]:
                            tool_call_id=block.tool_use_id))
     if "".join(texts) or not out:
         out.append(Message(role="user", content="".join(texts)))
-    return out
+    return tuple(out)
 
 
 def _assistant(where: str, index: int, content: str | list[w.ContentBlock]) -> Message:
@@ -105,34 +113,42 @@ def _assistant(where: str, index: int, content: str | list[w.ContentBlock]) -> M
                    reasoning="".join(reasoning) or None)
 
 
+def _system(system: str | list[w.ContentBlock] | None) -> tuple[Message, ...]:
+    """The system prompt as a leading system message; none when it is absent or empty."""
+    text = _text_of(system, "system")
+    return (Message(role="system", content=text),) if text else ()
+
+
+def _message(index: int, m: w.MessageParam) -> tuple[Message, ...]:
+    """``messages[index]`` as neutral messages. What comes out depends on the message and its
+    index (a ``tool_use`` without an id is given one naming it), on nothing else in the request."""
+    where = f"messages[{index}].content"
+    return _user(where, m.content) if m.role == "user" else (_assistant(where, index, m.content),)
+
+
 def neutral_messages(req: w.MessagesRequest) -> tuple[Message, ...]:
     """The request's system prompt and messages as neutral messages."""
-    out: list[Message] = []
-    if req.system is not None:
-        system = _text_of(req.system, "system")
-        if system:
-            out.append(Message(role="system", content=system))
+    out = list(_system(req.system))
     for i, m in enumerate(req.messages):
-        where = f"messages[{i}].content"
-        out.extend(_user(where, m.content) if m.role == "user" else [_assistant(where, i, m.content)])
+        out += _message(i, m)
     return tuple(out)
 
 
-def _tools(req: w.MessagesRequest) -> tuple[ToolSpec, ...]:
-    for i, tool in enumerate(req.tools or ()):
+def _tool_specs(tools: Sequence[w.ToolParam]) -> tuple[ToolSpec, ...]:
+    for i, tool in enumerate(tools):
         if tool.type not in (None, "custom"):
             raise MalformedRequest(f"server tool {tool.type!r} is not supported", param=f"tools[{i}].type")
-    return tuple(ToolSpec(name=t.name, description=t.description, parameters=t.input_schema) for t in req.tools or ())
+    return tuple(ToolSpec(name=t.name, description=t.description, parameters=t.input_schema) for t in tools)
 
 
-def _tool_choice(req: w.MessagesRequest) -> str:
+def _tool_choice(req: w.MessagesRequest | w.LazyMessagesRequest) -> str:
     choice = req.tool_choice
     if choice is None or choice.type in ("auto", "none"):
         return choice.type if choice is not None else "auto"
     raise MalformedRequest("tool_choice.type must be 'auto' or 'none'", param="tool_choice.type")
 
 
-def _sampling(req: w.MessagesRequest) -> SamplingOverrides:
+def _sampling(req: w.MessagesRequest | w.LazyMessagesRequest) -> SamplingOverrides:
     if req.max_tokens < 1:
         raise MalformedRequest("max_tokens must be >= 1", param="max_tokens")
     if req.temperature is not None and req.temperature < 0:
@@ -145,12 +161,74 @@ def _sampling(req: w.MessagesRequest) -> SamplingOverrides:
 
 
 def decode_request(body: bytes) -> Conversation:
+    """Incrementally (:func:`_decode_incrementally`); a request that way refuses, or fails on, is
+    decoded by value (:func:`_decode_by_value`), whose answer it gets: the same error, raised in
+    the same order of checks (the whole request's types first, then its messages in order, then
+    tools, tool_choice and sampling), or (were the incremental way stricter) the same conversation."""
+    try:
+        return _decode_incrementally(body)
+    except Exception:
+        return _decode_by_value(body)
+
+
+def _decode_by_value(body: bytes) -> Conversation:
     req = decode_strict(body, w.MessagesRequest)
     if not req.messages:
         raise MalformedRequest("messages must not be empty", param="messages")
     if req.messages[-1].role == "assistant":
         raise MalformedRequest("a final assistant message (prefill) is not supported", param="messages")
-    return Conversation(messages=neutral_messages(req), tools=_tools(req), tool_choice=_tool_choice(req),  # type: ignore[arg-type]
+    return Conversation(messages=neutral_messages(req), tools=_tool_specs(req.tools or ()),
+                        tool_choice=_tool_choice(req),  # type: ignore[arg-type]
+                        sampling=_sampling(req), stream=req.stream, model=req.model)
+
+
+_SYSTEM = -1  # the system prompt's index in the history (the key its decoding is remembered by)
+_message_decoder = msgspec.json.Decoder(w.MessageParam)
+_system_decoder = msgspec.json.Decoder(str | list[w.ContentBlock] | None)
+_tools_decoder = msgspec.json.Decoder(list[w.ToolParam] | None)
+_TOOLS: BoundedCache[bytes, tuple[ToolSpec, ...]] = BoundedCache(max_items=1024)
+
+
+def _decoded(index: int, raw: bytes) -> tuple[Message, ...]:
+    """A history entry's raw JSON (``messages[index]``, or the system prompt) as neutral messages."""
+    if index == _SYSTEM:
+        return _system(_system_decoder.decode(raw))
+    return _message(index, _message_decoder.decode(raw))
+
+
+def _history(req: w.LazyMessagesRequest) -> list[tuple[int, bytes]]:
+    history = list(enumerate(map(bytes, req.messages)))
+    if req.system:
+        history.insert(0, (_SYSTEM, bytes(req.system)))
+    return history
+
+
+def _cached_tools(raw: msgspec.Raw) -> tuple[ToolSpec, ...]:
+    """The request's tools, decoded once per distinct JSON (an agent sends the same tools every turn)."""
+    if not raw:
+        return ()
+    key = bytes(raw)
+    tools = _TOOLS.get(key)
+    if tools is None:
+        tools = _TOOLS.put(key, _tool_specs(_tools_decoder.decode(key) or ()), 2 * len(key))
+    return tools
+
+
+def _decode_incrementally(body: bytes) -> Conversation:
+    """The request with its history decoded, converted and hashed once per (previous history
+    digest, index, raw JSON) of each message (:func:`decode_expanding_history`): a resent history
+    costs a lookup a message. Any refusal here is the by-value decoding's to word."""
+    req = decode_strict(body, w.LazyMessagesRequest)
+    if not req.messages:
+        raise MalformedRequest("messages must not be empty", param="messages")
+    tools = _cached_tools(req.tools)
+    messages, digests = decode_expanding_history(tools_digest(tools), _history(req), _decoded)
+    # The last message is an assistant one exactly when the last wire message is: an assistant
+    # message becomes one assistant message, a user message only user and tool messages.
+    if messages[-1].role == "assistant":
+        raise MalformedRequest("a final assistant message (prefill) is not supported", param="messages")
+    return Conversation(messages=messages, history_digests=digests, tools=tools,
+                        tool_choice=_tool_choice(req),  # type: ignore[arg-type]
                         sampling=_sampling(req), stream=req.stream, model=req.model)
 
 

@@ -61,10 +61,10 @@ _BY_MESSAGE: BoundedCache[tuple[bytes, int], tuple[Message, bytes]] = BoundedCac
 
 def extend(previous: bytes, message: Message) -> bytes:
     """The digest of a history one message longer. Cached, since every request repeats its
-    history: by the message object first (the OpenAI adapter hands back the same objects for the
-    messages it has seen, and finding those costs no hashing of the message; an entry holds its
-    message, so the id cannot be reused while the entry lives), then by value (the Anthropic
-    adapter builds new, equal messages for each request)."""
+    history: by the message object first (the wire adapters hand back the same objects for the
+    messages they have seen, and finding those costs no hashing of the message; an entry holds its
+    message, so the id cannot be reused while the entry lives), then by value (a conversation
+    built some other way has new, equal messages)."""
     known = _BY_MESSAGE.get((previous, id(message)))
     if known is not None and known[0] is message:
         return known[1]
@@ -141,6 +141,43 @@ def decode_history(root: bytes, raws: Iterable[bytes], decode: Callable[[int, by
         current = known[1]
         digests.append(current)
     return tuple(messages), tuple(map(bytes.hex, digests))
+
+
+_BY_INDEXED_RAW: BoundedCache[tuple[bytes, int, bytes], tuple[tuple[Message, ...], tuple[str, ...], bytes]] = \
+    BoundedCache()
+
+
+def decode_expanding_history(root: bytes, raws: Iterable[tuple[int, bytes]],
+                             decode: Callable[[int, bytes], tuple[Message, ...]]
+                             ) -> tuple[tuple[Message, ...], tuple[str, ...]]:
+    """:func:`decode_history` for a wire whose message becomes any number of messages (Anthropic's:
+    a user message's text and tool results are several; an empty system prompt is none) and whose
+    decoding of a message may depend on where it stands in the request (a default tool-call id
+    names it).
+
+    ``raws`` are ``(index, raw JSON)``; ``decode(index, raw)`` decodes a miss. Since the digests
+    ignore what tells such wire messages apart (tool-call ids), the same previous digest can come
+    at different indices: (previous digest, index, raw JSON) is the key. The digests come back hex,
+    as remembered: a resent history costs one lookup a wire message."""
+    messages: list[Message] = []
+    digests: list[str] = []
+    current = root
+    known_as = _BY_INDEXED_RAW.get
+    for index, raw in raws:
+        key = (current, index, raw)
+        known = known_as(key)
+        if known is None:
+            decoded = decode(index, raw)
+            chain: list[str] = []
+            after = current
+            for message in decoded:
+                after = extend(after, message)
+                chain.append(after.hex())
+            known = _BY_INDEXED_RAW.put(key, (decoded, tuple(chain), after), 2 * len(raw))
+        messages += known[0]
+        digests += known[1]
+        current = known[2]
+    return tuple(messages), tuple(digests)
 
 
 def prefix_digests(root: bytes, messages: Sequence[Message]) -> list[bytes]:

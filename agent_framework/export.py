@@ -22,23 +22,25 @@ import msgspec
 
 from materializer.records import RecordOptions, derive_records
 from schemas import tokens
-from schemas.events import AnyEvent
+from schemas.bodies import Bodies, rebuild
+from schemas.events import AnyEvent, RequestReceived
 from session_projector.fold import fold
 from session_projector.summary import summarize
 
 _IDS = ("token_ids", "prompt_ids")
 
 
-def event_line(event: AnyEvent) -> dict[str, Any]:
-    """An event as a JSON-friendly mapping."""
+def event_line(event: AnyEvent, bodies: Bodies | None = None) -> dict[str, Any]:
+    """An event as a JSON-friendly mapping (a request with its whole body, rebuilt by ``bodies``)."""
     out: dict[str, Any] = msgspec.to_builtins(event)
     for name in _IDS:
         if isinstance(getattr(event, name, None), bytes):
             out[name] = tokens.unpack_ids(getattr(event, name)).tolist()
     if isinstance(getattr(event, "logprobs", None), bytes):
         out["logprobs"] = tokens.unpack_logprobs(event.logprobs).tolist()  # type: ignore[union-attr]
-    if isinstance(getattr(event, "body", None), bytes):
-        out["body"] = event.body.decode("utf-8", "replace")  # type: ignore[union-attr]
+    if isinstance(event, RequestReceived) and bodies is not None:
+        del out["parts"]
+        out["body"] = bodies.body(event.request_no).decode("utf-8", "replace")
     return out
 
 
@@ -62,7 +64,8 @@ def write_session(directory: Path, session_id: str, events: list[AnyEvent]) -> P
     """Write the two files (each atomically); returns the summary's path."""
     directory.mkdir(parents=True, exist_ok=True)
     encoder = msgspec.json.Encoder()
-    lines = b"".join(encoder.encode(event_line(e)) + b"\n" for e in events)
+    bodies = rebuild(events)
+    lines = b"".join(encoder.encode(event_line(e, bodies)) + b"\n" for e in events)
     _write(directory / f"{session_id}.events.jsonl", lines)
     path = directory / f"{session_id}.json"
     _write(path, msgspec.json.format(encoder.encode(session_document(events)), indent=1))

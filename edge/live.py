@@ -3,8 +3,7 @@
 A :class:`LiveSession` holds the fold state of one session, the stream sequence of its
 last envelope and the session's lease (:mod:`edge.ownership`). :meth:`LiveSession.commit`
 is the only way state changes: under the session's lock it drafts events from the
-current state, numbers them (and seals each request body's digest into its
-``request_received``), applies the fold (so an event that does not fit is refused before
+current state, numbers them, applies the fold (so an event that does not fit is refused before
 it reaches the log), makes sure the lease is still this edge's, appends, and only then
 swaps the state in.
 
@@ -31,8 +30,9 @@ import msgspec
 from edge.idempotency import InFlight
 from edge.ownership import KvLeases, LeaseHandle
 from edge.publisher import EventLog
+from schemas.bodies import literal, parts_against
 from schemas.errors import OwnershipLost, SessionClosed
-from schemas.events import Event, RequestReceived, body_digest
+from schemas.events import BodyPart, Event
 from session_projector.fold import SessionState, apply
 from session_projector.summary import SessionSummary, summarize
 
@@ -44,10 +44,35 @@ Clock = Callable[[], float]
 
 
 def _numbered(event: Event, seq: int) -> Event:
-    """``event`` as the ``seq``-th of its session (a request with its body's digest sealed in)."""
-    if type(event) is RequestReceived and not event.body_digest:
-        return msgspec.structs.replace(event, seq=seq, body_digest=body_digest(event.body))
+    """``event`` as the ``seq``-th of its session."""
     return event if event.seq == seq else msgspec.structs.replace(event, seq=seq)
+
+
+class StoredBodies:
+    """The bodies of this session's latest requests that the log has acknowledged, by chain (a few),
+    so that a new request is stored against the one it most likely repeats (schemas/bodies.py).
+
+    Only acknowledged requests are remembered: a request's parts may refer only to what is in the
+    log before it. After a takeover nothing is remembered, and the next request is stored whole."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self._keep = keep
+        self._latest: OrderedDict[int, tuple[int, bytes]] = OrderedDict()  # chain -> (request_no, body)
+
+    def parts(self, body: bytes, chain: int | None) -> tuple[BodyPart, ...]:
+        """``body`` as parts against the latest request on ``chain`` (for a new chain, or a chain not
+        remembered, the latest request of any chain)."""
+        base = self._latest.get(chain) if chain is not None else None
+        if base is None and self._latest:
+            base = next(reversed(self._latest.values()))
+        return literal(body) if base is None else parts_against(body, *base)
+
+    def stored(self, chain: int, request_no: int, body: bytes) -> None:
+        """Request ``request_no`` (on ``chain``) is in the log."""
+        self._latest[chain] = (request_no, body)
+        self._latest.move_to_end(chain)
+        while len(self._latest) > self._keep:
+            self._latest.popitem(last=False)
 
 
 class LiveSession:
@@ -59,6 +84,7 @@ class LiveSession:
         self.busy: set[int] = set()  # chains with a request in flight
         self.verified_key: str | None = None  # the api key once checked against its digest
         self.inflight = InFlight()  # requests in flight, by identity (edge.idempotency)
+        self.bodies = StoredBodies()  # latest acknowledged request bodies (what new ones are stored against)
         self.active = 0  # requests in flight
         self.touched = state.updated_at  # last activity: a request started or an event committed
         self.lost = False

@@ -10,6 +10,8 @@
   checks the expected last sequence before its duplicate window, so a retry of a stored
   publish is refused as "wrong last sequence": then the session's last message is read,
   and if it is this very envelope (same ``Nats-Msg-Id``) the retry succeeded after all.
+* A single event too large for one message has its largest values moved to the object
+  store first (:mod:`schemas.blobs`), and is refused (413) only if it still does not fit.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from nats.js.client import JetStreamContext
 
 from edge.acks import Ack, AckedPublisher, NoResponders, PublishRejected
 from edge.nats_direct import DirectPublisher, direct_publisher
-from schemas import envelope
+from schemas import blobs, envelope
 from schemas.errors import LogUnavailable, OwnershipLost, PayloadTooLarge
 from schemas.events import SCHEMA_VERSION, Event
 from schemas.log import (
+    HDR_BLOBS,
     HDR_EXPECTED_LAST_SUBJECT_SEQ,
     HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
     HDR_MSG_ID,
@@ -75,13 +78,45 @@ class JetStreamLog:
 
     async def append(self, session_id: str, events: Sequence[Event], expected_last: int) -> Appended:
         """Append events (consecutive, of one session) after stream sequence ``expected_last``."""
-        batches = _split(events, self._cfg.max_event_bytes)
-        for batch, payload in batches[:-1]:
-            expected_last = (await self._publish(session_id, batch, payload, expected_last)).seq
-        ack = await self._publish(session_id, *batches[-1], expected_last)
+        payload = envelope.encode(events)
+        if len(payload) <= self._cfg.max_event_bytes:
+            ack = await self._publish(session_id, events, payload, expected_last)
+            return Appended(stream=ack.stream, stream_seq=ack.seq, duplicate=ack.duplicate, envelopes=1)
+        batches = await self._fitted(events, payload)
+        for batch, batch_payload, moved in batches[:-1]:
+            expected_last = (await self._publish(session_id, batch, batch_payload, expected_last, moved)).seq
+        batch, batch_payload, moved = batches[-1]
+        ack = await self._publish(session_id, batch, batch_payload, expected_last, moved)
         return Appended(stream=ack.stream, stream_seq=ack.seq, duplicate=ack.duplicate, envelopes=len(batches))
 
-    async def _publish(self, session_id: str, batch: Sequence[Event], payload: bytes, expected_last: int) -> Ack:
+    async def _fitted(self, events: Sequence[Event], payload: bytes) -> list[tuple[Sequence[Event], bytes, int]]:
+        """Envelopes under the limit, in order: split, and a single oversized event's largest values
+        stored in the object store (how many, the third item); an event that still does not fit is
+        refused."""
+        limit = self._cfg.max_event_bytes
+        if len(payload) <= limit:
+            return [(events, payload, 0)]
+        if len(events) > 1:
+            middle = len(events) // 2
+            return [*await self._fitted(events[:middle], envelope.encode(events[:middle])),
+                    *await self._fitted(events[middle:], envelope.encode(events[middle:]))]
+        event, moved = blobs.externalize(events[0], limit)
+        payload = envelope.encode([event])
+        if len(payload) > limit:
+            raise PayloadTooLarge(f"one {type(event).__name__} event is {len(payload)} bytes (limit {limit})")
+        await self._store_pieces(moved)
+        return [([event], payload, len(moved))]
+
+    async def _store_pieces(self, pieces: dict[str, bytes]) -> None:
+        try:
+            store = await asyncio.wait_for(self._js.object_store(self._cfg.pieces_bucket), self._timeout)
+            for name, data in pieces.items():
+                await asyncio.wait_for(store.put(name, data), self._timeout + len(data) / 10e6)
+        except (TimeoutError, NatsError) as exc:
+            raise LogUnavailable(f"could not store a large piece in the object store: {exc!r}") from exc
+
+    async def _publish(self, session_id: str, batch: Sequence[Event], payload: bytes, expected_last: int,
+                       moved: int = 0) -> Ack:
         headers = {
             HDR_MSG_ID: msg_id(session_id, batch[0].seq),
             HDR_EXPECTED_LAST_SUBJECT_SEQ: str(expected_last),
@@ -89,6 +124,8 @@ class JetStreamLog:
             HDR_SCHEMA: str(SCHEMA_VERSION),
             HDR_SEQ: f"{batch[0].seq}-{batch[-1].seq}",
         }
+        if moved:
+            headers[HDR_BLOBS] = str(moved)
         subject = self._cfg.subject(session_id, envelope.kind_of(batch))
         for attempt in range(1, self._attempts + 1):
             try:
@@ -126,14 +163,3 @@ class JetStreamLog:
         if last.headers is None or last.headers.get(HDR_MSG_ID) != message_id or last.seq is None:
             return None
         return Ack(stream=self._cfg.stream, seq=last.seq, duplicate=True)
-
-
-def _split(events: Sequence[Event], limit: int) -> list[tuple[Sequence[Event], bytes]]:
-    """Envelopes under ``limit`` bytes, in order; a single oversized event is refused."""
-    payload = envelope.encode(events)
-    if len(payload) <= limit:
-        return [(events, payload)]
-    if len(events) == 1:
-        raise PayloadTooLarge(f"one {type(events[0]).__name__} event is {len(payload)} bytes (limit {limit})")
-    middle = len(events) // 2
-    return _split(events[:middle], limit) + _split(events[middle:], limit)

@@ -41,6 +41,7 @@ from schemas.events import (
     TurnAbandoned,
     TurnCompleted,
     TurnRolledBack,
+    body_digest,
 )
 from session_projector.fold import SessionState
 
@@ -252,7 +253,8 @@ class TurnRunner:
             map(bytes.hex, prefix_digests(tools_digest(conversation.tools), conversation.messages)))
         selection = select_chain(live.state, digests, live.busy, _Roles(conversation.messages),
                                  rollback=self._settings.rollback_rewritten_turns)
-        received = self._received(live, request, request_no)
+        received = self._received(live, request, request_no,
+                                  None if isinstance(selection, (Exhausted, NewChain)) else selection.chain.index)
         if isinstance(selection, Exhausted):
             return PreparedTurn(request=request, request_no=request_no, received=received, refusal=(received,)), None
         busy = None if isinstance(selection, NewChain) else selection.chain.index
@@ -301,7 +303,9 @@ class TurnRunner:
                       self._turn(live, chain, request_no, result, parsed, tip, plan.n_messages + 1, seq=seq + 2)]
             return events + ([self._closed(live, chain, request_no, seq=seq + 3)] if full else [])
 
-        await live.commit(self._log, draft)
+        events = await live.commit(self._log, draft)
+        completed = next(e for e in events if type(e) is TurnCompleted)
+        live.bodies.stored(completed.chain, request_no, turn.request.body)
         return self._outcome(live, request_no, plan, result, parsed, full)
 
     def _plan(self, state: SessionState, conversation: Conversation, selection: Continue | Rollback | NewChain,
@@ -355,10 +359,13 @@ class TurnRunner:
 
     # --- events -------------------------------------------------------------------------
 
-    def _received(self, live: LiveSession, request: TurnRequest, request_no: int) -> RequestReceived:
+    def _received(self, live: LiveSession, request: TurnRequest, request_no: int, chain: int | None) -> RequestReceived:
+        """The request, its body stored against the latest one on its chain (schemas/bodies.py)."""
+        body = request.body
         return RequestReceived(session_id=live.state.session_id, seq=0, time=self._clock(), request_no=request_no,
-                               wire=request.wire, body=request.body, idempotency_key=request.idempotency_key,
-                               body_digest=request.body_digest)
+                               wire=request.wire, parts=live.bodies.parts(body, chain), body_size=len(body),
+                               idempotency_key=request.idempotency_key,
+                               body_digest=request.body_digest or body_digest(body))
 
     def _context(self, live: LiveSession, plan: _Plan, chain: int, request_no: int, *, seq: int = 0) -> Event:
         common = {"session_id": live.state.session_id, "seq": seq, "time": self._clock(), "chain": chain,

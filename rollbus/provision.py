@@ -37,7 +37,7 @@ from typing import TypeVar
 from nats.aio.client import Client
 from nats.errors import ConnectionClosedError, ConnectionDrainingError, NoRespondersError
 from nats.js import JetStreamContext
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import ObjectStoreConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from schemas.errors import LogUnavailable, RollbusError
@@ -134,6 +134,7 @@ async def provision(js: JetStreamContext, cfg: LogConfig, *, timeout_s: float = 
         await _ensure_stream(js, want, timeout_s)
     for bucket in (cfg.projections_bucket, cfg.markers_bucket, cfg.leases_bucket, cfg.prompts_bucket):
         await _ensure_bucket(js, bucket, timeout_s)
+    await _ensure_object_store(js, cfg.pieces_bucket, timeout_s)
 
 
 def _log_stream(cfg: LogConfig) -> _Want:
@@ -189,6 +190,16 @@ async def _ensure_bucket(js: JetStreamContext, bucket: str, timeout_s: float) ->
         )
         have = (await _bounded(js.stream_info(want.name), timeout_s)).config
         await _reconcile(js, have, want, timeout_s)
+
+
+async def _ensure_object_store(js: JetStreamContext, bucket: str, timeout_s: float) -> None:
+    """The object store for pieces too large for one message (an identical re-create is a no-op)."""
+    try:
+        await _bounded(js.create_object_store(bucket, config=ObjectStoreConfig(bucket=bucket,
+                                                                               storage=StorageType.FILE)), timeout_s)
+    except BadRequestError as exc:
+        if exc.err_code != ERR_STREAM_NAME_IN_USE:
+            raise ProvisionError(f"cannot create object store {bucket}: {exc.description}") from exc
 
 
 async def _reconcile(js: JetStreamContext, have: StreamConfig, want: _Want, timeout_s: float) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from schemas.errors import FoldError
-from schemas.events import SCHEMA_VERSION, SUBJECT_KINDS, AnyEvent, Event
+from schemas.events import SCHEMA_VERSION, SUBJECT_KINDS, AnyEvent, Event, body_digest
 
 Upgrader = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -41,6 +41,20 @@ def decode(data: bytes, schema_version: int = SCHEMA_VERSION) -> list[AnyEvent]:
             raise FoldError(f"undecodable envelope: {exc}") from exc
     raw = _raw_decoder.decode(data)
     return [msgspec.convert(upgrade(item), AnyEvent) for item in raw]
+
+
+def _request_v1(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 kept a request's body whole (``body``, and ``body_digest`` once it was recorded); v2 stores
+    parts (schemas/bodies.py): a v1 body is one part of its own."""
+    lifted = {k: v for k, v in raw.items() if k != "body"}
+    body = bytes(raw.get("body", b""))
+    lifted["parts"] = [[body, 0, 0, 0]]
+    lifted["body_size"] = len(body)
+    lifted["body_digest"] = raw.get("body_digest") or body_digest(body)
+    return lifted
+
+
+UPGRADERS[("request_received", 1)] = _request_v1
 
 
 def upgrade(raw: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a request body is stored as parts (schemas/bodies.py); 1 kept it whole
 
 
 class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,14 +61,29 @@ class SessionOpened(Event, tag="session_opened", kw_only=True):
     edge_id: str = ""
 
 
+class BodyPart(msgspec.Struct, frozen=True, array_like=True):
+    """A run of a request body: bytes of its own (``data``), or ``length`` bytes from ``start`` of
+    the body of an earlier request of the same session (``request_no`` > 0). See schemas/bodies.py."""
+
+    data: bytes = b""
+    request_no: int = 0  # 0: the bytes are ``data``
+    start: int = 0
+    length: int = 0
+
+
 class RequestReceived(Event, tag="request_received", kw_only=True):
-    """The raw wire request, kept for audit (and to recognize a retried request)."""
+    """The raw wire request, kept byte-exact for audit (and to recognize a retried request).
+
+    The body is the concatenation of its ``parts``: what the session's earlier requests already
+    stored (agents resend their history) is a reference, so a session's log grows with what is new.
+    """
 
     request_no: int
     wire: str  # "openai" | "anthropic"
-    body: bytes
+    parts: tuple[BodyPart, ...]
+    body_size: int  # bytes of the whole body
     idempotency_key: str | None = None
-    body_digest: str = ""  # body_digest(body); "" in events written before it was recorded
+    body_digest: str  # body_digest(body): sha256 hex of the whole body
 
 
 def body_digest(body: bytes) -> str:

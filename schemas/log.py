@@ -23,6 +23,7 @@ HDR_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 HDR_SCHEMA = "Rollbus-Schema"
 HDR_SEQ = "Rollbus-Seq"  # "<first>-<last>": the per-session sequence numbers the envelope holds
+HDR_BLOBS = "Rollbus-Blobs"  # "<count>": values of the envelope kept in the object store (schemas/blobs.py)
 
 MAX_PAYLOAD = 1024 * 1024  # NATS's default max_payload
 
@@ -37,6 +38,7 @@ class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
     markers_bucket: str = "rollbus_materialized"
     leases_bucket: str = "rollbus_leases"  # which edge writes which open session (edge.ownership)
     prompts_bucket: str = "rollbus_prompts"  # the materializer's per-prompt progress (verl prompt status)
+    pieces_bucket: str = "rollbus_pieces"  # object store: values too large for one message (schemas/blobs.py)
     duplicate_window_s: float = 600.0
     max_event_bytes: int = 900 * 1024  # an envelope stays under NATS's payload limit
 
@@ -47,7 +49,8 @@ class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"a log namespace is 1-32 lowercase letters and digits, starting with a letter: {name!r}")
         return cls(stream=name.upper(), prefix=name, ready_stream=f"{name.upper()}_READY",
                    projections_bucket=f"{name}_sessions", markers_bucket=f"{name}_materialized",
-                   leases_bucket=f"{name}_leases", prompts_bucket=f"{name}_prompts")
+                   leases_bucket=f"{name}_leases", prompts_bucket=f"{name}_prompts",
+                   pieces_bucket=f"{name}_pieces")
 
     @property
     def subjects(self) -> str:

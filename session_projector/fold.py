@@ -43,7 +43,6 @@ from schemas.events import (
     TurnAbandoned,
     TurnCompleted,
     TurnRolledBack,
-    body_digest,
 )
 
 SessionStatus = Literal["open", "finalized", "aborted"]
@@ -253,7 +252,7 @@ def _require_open(state: SessionState, e: Event) -> None:
 
 def _request(state: SessionState, e: RequestReceived) -> SessionState:
     _require_open(state, e)
-    digest = e.body_digest or body_digest(e.body)
+    digest = e.body_digest
     keys = state.idempotency_keys
     if e.idempotency_key is not None:
         keys = {**keys, e.idempotency_key: RecordedRequest(request_no=e.request_no, body_digest=digest)}

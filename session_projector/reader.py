@@ -18,10 +18,10 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from schemas import envelope
-from schemas.errors import LogUnavailable, SessionNotFound
+from schemas import blobs, envelope
+from schemas.errors import FoldError, LogUnavailable, SessionNotFound
 from schemas.events import SCHEMA_VERSION, AnyEvent
-from schemas.log import HDR_SCHEMA, LogConfig, check_session_id
+from schemas.log import HDR_BLOBS, HDR_SCHEMA, LogConfig, check_session_id
 from session_projector.fold import SessionState, fold
 
 
@@ -31,8 +31,29 @@ class SessionLog(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def decode_message(data: bytes, headers: dict[str, str] | None) -> list[AnyEvent]:
+    """An envelope that holds all of its values (see :func:`decode_msg` for any envelope)."""
     version = int((headers or {}).get(HDR_SCHEMA, SCHEMA_VERSION))
     return envelope.decode(data, version)
+
+
+async def decode_msg(js: JetStreamContext, cfg: LogConfig, msg: Msg, timeout: float = 30.0) -> list[AnyEvent]:
+    """A log message's events; values kept in the object store (:mod:`schemas.blobs`) fetched."""
+    headers = msg.headers
+    if not headers or HDR_BLOBS not in headers:
+        return decode_message(msg.data, headers)
+    session_id = cfg.session_of(msg.subject)
+    values: dict[bytes, bytes] = {}
+    try:
+        store = await asyncio.wait_for(js.object_store(cfg.pieces_bucket), timeout)
+        for digest in blobs.references(msg.data):
+            if digest not in values:
+                found = await asyncio.wait_for(store.get(blobs.object_name(session_id, digest)), timeout)
+                values[digest] = found.data or b""
+    except NotFoundError as exc:
+        raise FoldError(f"session {session_id}: a piece of its log is missing from the object store") from exc
+    except (TimeoutError, NatsTimeoutError) as exc:
+        raise LogUnavailable("the object store did not answer") from exc
+    return blobs.decode_with(msg.data, values, int(headers.get(HDR_SCHEMA, SCHEMA_VERSION)))
 
 
 async def last_stream_seq(js: JetStreamContext, cfg: LogConfig, subject_filter: str, timeout: float = 5.0) -> int:
@@ -69,7 +90,7 @@ async def iter_envelopes(
         while True:
             msg = await reader.get(subject_filter)
             seq = stream_seq(msg)
-            yield seq, decode_message(msg.data, msg.headers)
+            yield seq, await decode_msg(js, cfg, msg)
             if seq >= until:
                 return
     finally:

@@ -37,7 +37,7 @@ from schemas.log import HDR_MSG_ID, LogConfig
 from session_projector.consumer import pull_batches, settle
 from session_projector.fold import SessionState, fold
 from session_projector.projections import ProjectionStore, project
-from session_projector.reader import decode_message, load_state
+from session_projector.reader import decode_msg, load_state
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class Projector:
 
     async def _project(self, msgs: Sequence[Msg]) -> None:
         session_id = self._cfg.session_of(msgs[0].subject)
-        envelopes = [(msg.metadata.sequence.stream, decode_message(msg.data, msg.headers)) for msg in msgs]
+        envelopes = [(msg.metadata.sequence.stream, await decode_msg(self._js, self._cfg, msg)) for msg in msgs]
         projection, revision = await self.store.get(session_id)
         start = projection.state if projection is not None else None
         state, stream_seq = start, projection.stream_seq if projection is not None else 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from schemas import tokens
+from schemas.bodies import literal
 from schemas.events import (
     AnyEvent,
     ChainClosed,
@@ -19,6 +20,7 @@ from schemas.events import (
     TokensGenerated,
     TurnCompleted,
     TurnRolledBack,
+    body_digest,
 )
 
 SID = "0123456789abcdef0123456789abcdef"
@@ -48,7 +50,8 @@ class SessionScript:
         self.requests += 1
         no = self.requests
         prefix = prefix if prefix is not None else f"p{no}"
-        self._add(RequestReceived, request_no=no, wire="openai", body=body, idempotency_key=key)
+        self._add(RequestReceived, request_no=no, wire="openai", parts=literal(body), body_size=len(body),
+                  body_digest=body_digest(body), idempotency_key=key)
         if new_chain:
             self._add(ChainStarted, chain=chain, request_no=no, prompt_ids=tokens.pack_ids(context),
                       prefix_digest=prefix, n_messages=n_messages, chat_turns=chat_turns)

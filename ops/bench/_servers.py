@@ -5,7 +5,7 @@
 ``floor``: a bare FastAPI app on the same uvicorn that reads the body and returns a fixed
 completion: the cost of HTTP itself.
 
-Usage: python ops/bench/_servers.py {edge,floor} --port P [--nats URL] [--cpu N]
+Usage: python ops/bench/_servers.py {edge,floor} --port P [--nats URL] [--cpu N] [--max-trajectory-length N]
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def floor_app() -> FastAPI:
     return app
 
 
-async def edge_app(nats_url: str) -> FastAPI:
+async def edge_app(nats_url: str, max_trajectory_length: int = 32768) -> FastAPI:
     from edge.app import create_app
     from edge.codec.tokenizer import load_tokenizer
     from edge.settings import EdgeSettings
@@ -82,17 +82,18 @@ async def edge_app(nats_url: str) -> FastAPI:
     await provision(nc.jetstream(), cfg)
     tokenizer = load_tokenizer("builtin:qwen2.5")
     engine = InstantEngine([*tokenizer.encode(REPLY_TEXT), tokenizer.eos_token_id])
-    settings = EdgeSettings(admin_token="bench", log=cfg, public_url="http://bench")
+    settings = EdgeSettings(admin_token="bench", log=cfg, public_url="http://bench",
+                            max_trajectory_length=max_trajectory_length)
     app = create_app(build_edge_service(settings, nc.jetstream(), engine))
     settle_heap()  # as `rollbus edge` does once started
     return app
 
 
-async def serve(kind: str, port: int, nats_url: str | None) -> None:
+async def serve(kind: str, port: int, nats_url: str | None, max_trajectory_length: int = 32768) -> None:
     from edge.http_server import EdgeHttpProtocol
     from rollbus.runtime import UVICORN_LEAN
 
-    app = floor_app() if kind == "floor" else await edge_app(nats_url or "")
+    app = floor_app() if kind == "floor" else await edge_app(nats_url or "", max_trajectory_length)
     # Each as it is deployed: the floor on uvicorn's httptools protocol, the edge on its own
     # (edge.http_server, as ``rollbus edge`` runs it); otherwise configured alike.
     http = "httptools" if kind == "floor" else EdgeHttpProtocol
@@ -107,12 +108,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--nats")
     parser.add_argument("--cpu", type=int, default=None)
+    parser.add_argument("--max-trajectory-length", type=int, default=32768)
     args = parser.parse_args()
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     import uvloop
 
-    uvloop.run(serve(args.kind, args.port, args.nats))
+    uvloop.run(serve(args.kind, args.port, args.nats, args.max_trajectory_length))
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ class Builder:
         return tokens.pack_ids([self.rng.randrange(151643) for _ in range(n)])
 
     def turn(self, request_no: int) -> None:
-        self._apply(RequestReceived, request_no=request_no, wire="openai", body=b"")
+        self._apply(RequestReceived, request_no=request_no, wire="openai", parts=(), body_size=0, body_digest="")
         if request_no == 1:
             self._apply(ChainStarted, chain=0, request_no=1, prompt_ids=self._ids(PROMPT), prefix_digest="d" * 32,
                         n_messages=2, chat_turns=1)

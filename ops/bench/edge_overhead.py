@@ -108,8 +108,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Server:
-    def __init__(self, kind: str, port: int, nats_url: str, cpu: int | None, seed: int | None = None) -> None:
-        cmd = [sys.executable, str(HERE / "_servers.py"), kind, "--port", str(port), "--nats", nats_url]
+    def __init__(self, kind: str, port: int, nats_url: str, cpu: int | None, seed: int | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
+        cmd = [sys.executable, str(HERE / "_servers.py"), kind, "--port", str(port), "--nats", nats_url, *extra]
         if cpu is not None:
             cmd += ["--cpu", str(cpu)]
         env = dict(os.environ) if seed is None else {**os.environ, "PYTHONHASHSEED": str(seed)}

@@ -36,6 +36,7 @@ from edge.publisher import JetStreamLog
 from rollbus.nats_server import EmbeddedNats
 from rollbus.provision import connect, provision
 from schemas import tokens
+from schemas.bodies import literal
 from schemas.events import (
     ChainStarted,
     ContextAppended,
@@ -80,7 +81,8 @@ class SessionWriter:
         self.messages.append({"role": "user" if n == 1 else "tool", "content": "y" * MESSAGE_CHARS})
         body = json.dumps({"model": "m", "messages": self.messages}).encode()
         common = {"request_no": n, "chain": 0}
-        received = self._event(RequestReceived, request_no=n, wire="openai", body=body, body_digest=body_digest(body))
+        received = self._event(RequestReceived, request_no=n, wire="openai", parts=literal(body), body_size=len(body),
+                               body_digest=body_digest(body))
         context = (self._event(ChainStarted, prompt_ids=self._ids(PROMPT), prefix_digest="d" * 32, n_messages=n * 2,
                                chat_turns=1, **common) if n == 1 else
                    self._event(ContextAppended, token_ids=self._ids(CONTEXT), prefix_digest="d" * 32,

@@ -4,7 +4,8 @@ import msgspec
 
 from materializer.records import derive_records
 from schemas import envelope
-from schemas.events import RequestReceived, TurnAbandoned
+from schemas.bodies import received
+from schemas.events import TurnAbandoned
 from session_projector.fold import fold
 from tests.helpers import SessionScript
 
@@ -13,8 +14,8 @@ def test_an_abandoned_turn_changes_nothing_but_the_sequence():
     script = SessionScript()
     script.turn(0, [1, 2, 3], [4, 5], new_chain=True)
     before = fold(script.events)
-    abandoned = [RequestReceived(session_id=script.session_id, seq=len(script.events) + 1, time=9.0, request_no=2,
-                                 wire="anthropic", body=b"{}"),
+    abandoned = [received(session_id=script.session_id, seq=len(script.events) + 1, time=9.0, request_no=2,
+                          wire="anthropic", body=b"{}"),
                  TurnAbandoned(session_id=script.session_id, seq=len(script.events) + 2, time=9.5, request_no=2,
                                chain=0, reason="client_disconnected", tokens_sampled=7)]
     assert envelope.decode(envelope.encode(abandoned)) == abandoned

@@ -1,0 +1,220 @@
+"""How a session's log grows with its length, measured in one run.
+
+One agent at a time drives a session of N turns (10, 50, 100 and 300 by default) through
+the real edge (JetStream log, tokenizer, chains) with an in-process instant engine, on the
+OpenAI and on the Anthropic wire. Every turn resends the whole history, as agents do, and
+adds the model's tool call and a ~4 KB tool result. The edge is pinned to CPU 0, the load
+generator (and the nats-server) to CPU 1.
+
+For each session it prints:
+
+- ``log B/tok``: bytes the session added to the log (the event stream plus the object store
+  of large pieces) per token of its final context;
+- ``tokens B/tok``: the same for the packed token arrays alone (prompt ids, sampled and
+  context ids, log probs): what any log must store;
+- ``nats RSS B/tok``: the nats-server's resident memory growth per stored token (the
+  server's RSS after the session minus before it, over the session's tokens);
+- for the longest session, the edge's median CPU per turn around turn 10 (turns 6-15) and
+  at turn 300 (its last ten turns), and their ratio.
+
+Targets (issue 13): at most 16 log bytes per token at every length, nats-server RSS growth
+at most 8 bytes per stored token, edge CPU per turn at turn 300 within 1.5x of turn 10.
+
+    python ops/bench/log_growth.py [--turns 10,50,100,300] [--wires openai,anthropic]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import nats
+from _http import Connection
+from edge_overhead import SYSTEM, TASK, TOOLS, Server, cpu_seconds
+
+from rollbus.nats_server import EmbeddedNats
+from schemas.events import ChainStarted, ContextAppended, TokensGenerated
+from schemas.log import LogConfig
+from session_projector.reader import read_session
+
+MAX_TRAJECTORY = 1_000_000
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                    "input_schema": t["function"]["parameters"]} for t in TOOLS]
+
+
+_WORDS = ("self", "value", "result", "index", "count", "items", "config", "path", "name", "data", "request",
+          "response", "error", "token", "chain", "session", "event", "buffer", "stream", "record", "batch", "limit",
+          "offset", "length", "status", "reason", "digest", "prompt", "reply", "engine", "model", "tool", "call",
+          "args", "return", "raise", "assert", "import", "from", "class", "def", "async", "await", "yield", "with",
+          "for", "while", "if", "else", "elif", "try", "except", "finally", "lambda", "None", "True", "False")
+
+
+def tool_result(salt: int, turn: int, size: int = 4096) -> str:
+    """~``size`` bytes of a plausible tool result (numbered source lines), distinct per (salt, turn):
+    no session's results are in the edge's token cache from an earlier one."""
+    rng = random.Random(salt * 100_003 + turn)
+    lines, length = [], 0
+    while length < size:
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 9)))
+        line = f"{rng.randint(1, 9999):5d}  {words}({rng.randint(0, 999)})\n"
+        lines.append(line)
+        length += len(line)
+    return "".join(lines)[:size]
+
+
+class Agent:
+    """One wire's agent loop: builds each request from the replies so far."""
+
+    def __init__(self, wire: str, salt: int) -> None:
+        self.wire = wire
+        self.salt = salt
+        if wire == "openai":
+            self.path = "v1/chat/completions"
+            self.messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
+                                                   {"role": "user", "content": TASK}]
+        else:
+            self.path = "v1/messages"
+            self.messages = [{"role": "user", "content": TASK}]
+
+    def body(self) -> bytes:
+        if self.wire == "openai":
+            return json.dumps({"model": "m", "messages": self.messages, "tools": TOOLS}).encode()
+        return json.dumps({"model": "m", "max_tokens": 512, "system": SYSTEM, "messages": self.messages,
+                           "tools": ANTHROPIC_TOOLS}).encode()
+
+    def answered(self, turn: int, reply: dict[str, Any]) -> int:
+        """Append the reply and the tool's result; returns the conversation's tokens per the reply."""
+        if self.wire == "openai":
+            message = reply["choices"][0]["message"]
+            self.messages.append({k: v for k, v in message.items() if v is not None})
+            for call in message.get("tool_calls") or ():
+                self.messages.append({"role": "tool", "tool_call_id": call["id"],
+                                      "content": tool_result(self.salt, turn)})
+            usage = reply["usage"]
+            return int(usage["prompt_tokens"] + usage["completion_tokens"])
+        self.messages.append({"role": "assistant", "content": reply["content"]})
+        results = [{"type": "tool_result", "tool_use_id": b["id"], "content": tool_result(self.salt, turn)}
+                   for b in reply["content"] if b["type"] == "tool_use"]
+        self.messages.append({"role": "user", "content": results or "go on"})
+        usage = reply["usage"]
+        return int(usage["input_tokens"] + usage["output_tokens"])
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+async def stored_bytes(js: Any, cfg: LogConfig) -> int:
+    """Bytes in the event stream and in every object store bucket."""
+    total = 0
+    for info in await js.streams_info():
+        if info.config.name == cfg.stream or info.config.name.startswith("OBJ_"):
+            total += info.state.bytes
+    return total
+
+
+async def token_bytes(js: Any, cfg: LogConfig, session_id: str) -> int:
+    session = await read_session(js, cfg, session_id)
+    total = 0
+    for event in session.events:
+        if isinstance(event, ChainStarted):
+            total += len(event.prompt_ids)
+        elif isinstance(event, ContextAppended):
+            total += len(event.token_ids)
+        elif isinstance(event, TokensGenerated):
+            total += len(event.token_ids) + len(event.logprobs or b"")
+    return total
+
+
+async def drive(port: int, wire: str, turns: int, edge_pid: int, salt: int) -> tuple[str, int, list[float]]:
+    """One session of ``turns`` turns; its id, final context tokens and each turn's edge CPU (s)."""
+    conn = await Connection.open("127.0.0.1", port)
+    status, raw = await conn.send(conn.request_bytes("/sessions", b"{}", {"Authorization": "Bearer bench"}))
+    if status != 201:
+        raise RuntimeError(f"open session: {status} {raw[:200]!r}")
+    created = json.loads(raw)
+    session_id, key = created["session_id"], created["api_key"]
+    agent = Agent(wire, salt)
+    path = f"/sessions/{session_id}/{agent.path}"
+    cpu: list[float] = []
+    context = 0
+    for turn in range(turns):
+        request = conn.request_bytes(path, agent.body(), {"Authorization": f"Bearer {key}"})
+        before = cpu_seconds(edge_pid)
+        status, raw = await conn.send(request)
+        cpu.append(cpu_seconds(edge_pid) - before)
+        if status != 200:
+            raise RuntimeError(f"{wire} turn {turn + 1} of {turns}: {status} {raw[:300]!r}")
+        context = agent.answered(turn, json.loads(raw))
+    status, raw = await conn.send(conn.request_bytes(f"/sessions/{session_id}/finalize", b"{}",
+                                                     {"Authorization": "Bearer bench"}))
+    if status != 200:
+        raise RuntimeError(f"finalize: {status} {raw[:200]!r}")
+    await conn.close()
+    return session_id, context, cpu
+
+
+async def run(wires: list[str], lengths: list[int]) -> None:
+    cfg = LogConfig()
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", name="bench") as server:
+        two_cores = len(os.sched_getaffinity(0)) >= 2
+        if two_cores:
+            os.sched_setaffinity(0, {1})
+        edge = Server("edge", 18711, server.url, 0 if two_cores else None,
+                      extra=("--max-trajectory-length", str(MAX_TRAJECTORY)))
+        nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        try:
+            await edge.wait_ready()
+            await drive(edge.port, "openai", 3, edge.proc.pid, salt=0)  # warm up: lazy imports, caches
+            print(f"instant engine; ~4 KB tool result a turn; max trajectory length {MAX_TRAJECTORY}; "
+                  "edge on CPU 0, load and nats-server on CPU 1")
+            print(f"{'wire':>9} {'turns':>5} {'tokens':>8} {'log MB':>7} {'log B/tok':>9} {'tokens B/tok':>12} "
+                  f"{'nats RSS B/tok':>14}")
+            salt = 0
+            for wire in wires:
+                longest: list[float] = []
+                for turns in lengths:
+                    stored, rss = await stored_bytes(js, cfg), rss_bytes(server.pid)
+                    salt += 1
+                    session_id, context, cpu = await drive(edge.port, wire, turns, edge.proc.pid, salt)
+                    grown_rss = rss_bytes(server.pid) - rss
+                    grown = await stored_bytes(js, cfg) - stored
+                    arrays = await token_bytes(js, cfg, session_id)
+                    print(f"{wire:>9} {turns:>5} {context:>8} {grown / 1e6:>7.2f} {grown / context:>9.1f} "
+                          f"{arrays / context:>12.1f} {grown_rss / context:>14.1f}")
+                    longest = cpu
+                if len(longest) >= 20:
+                    early = statistics.median(longest[5:15]) * 1e3
+                    late = statistics.median(longest[-10:]) * 1e3
+                    print(f"{wire:>9} edge CPU per turn: {early:.3f} ms at turn 10, {late:.3f} ms at turn "
+                          f"{len(longest)}: {late / early:.2f}x (target <= 1.5x)")
+        finally:
+            await nc.close()
+            edge.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--turns", default="10,50,100,300")
+    parser.add_argument("--wires", default="openai,anthropic")
+    args = parser.parse_args()
+    asyncio.run(run(args.wires.split(","), [int(n) for n in args.turns.split(",")]))
+
+
+if __name__ == "__main__":
+    main()

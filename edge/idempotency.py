@@ -75,11 +75,12 @@ def retry_count(headers: Mapping[str, str]) -> int:
     return int(value) if value.isdigit() else 0
 
 
-def identify(body: bytes, key: str | None, retries: int = 0) -> RequestIdentity:
+def identify(body: bytes, key: str | None, retries: int = 0, digest: str = "") -> RequestIdentity:
+    """``digest``: the body's, when already computed (the wire adapters finish it while decoding)."""
     if key is not None and not (0 < len(key) <= MAX_KEY_LENGTH and key.isascii() and key.isprintable()):
         raise MalformedRequest(f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} printable ASCII characters",
                                param="Idempotency-Key")
-    return RequestIdentity(body_digest=body_digest(body), key=key, retry=retries > 0)
+    return RequestIdentity(body_digest=digest or body_digest(body), key=key, retry=retries > 0)
 
 
 def repeated_request(state: SessionState, identity: RequestIdentity) -> int | None:

@@ -85,6 +85,7 @@ class LiveSession:
         self.verified_key: str | None = None  # the api key once checked against its digest
         self.inflight = InFlight()  # requests in flight, by identity (edge.idempotency)
         self.bodies = StoredBodies()  # latest acknowledged request bodies (what new ones are stored against)
+        self.known: dict[str, object] = {}  # by wire: the last request's decoded history (edge.codec.prefix)
         self.active = 0  # requests in flight
         self.touched = state.updated_at  # last activity: a request started or an event committed
         self.lost = False

@@ -164,7 +164,10 @@ class EdgeService:
                           request: TurnRequest) -> tuple[LiveSession, RequestIdentity, TurnRequest]:
         """The authorized session, the request's identity, and the request carrying its body digest."""
         live = await self.authorized(session_id, api_key)
-        identity = identify(request.body, request.idempotency_key, request.retry_count)
+        conversation = request.conversation
+        if conversation.known is not None:  # what the session's next request on this wire is decoded against
+            live.known[request.wire] = conversation.known
+        identity = identify(request.body, request.idempotency_key, request.retry_count, conversation.body_digest)
         return live, identity, msgspec.structs.replace(request, body_digest=identity.body_digest)
 
     @staticmethod

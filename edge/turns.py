@@ -323,7 +323,8 @@ class TurnRunner:
         chain = selection.chain
         new = messages[selection.n_history:]
         increment = tokens.pack_ids(self.codec.encode_increment(new, last_token=chain.last_token()))
-        return _Plan(chain=chain.index, context=increment, input_ids=tokens.unpack_ids(chain.packed_ids() + increment),
+        packed = b"".join([chain.prompt_ids, *(s.token_ids for s in chain.segments), increment])  # one copy
+        return _Plan(chain=chain.index, context=increment, input_ids=tokens.unpack_ids(packed),
                      n_messages=len(messages), chat_turns=_chat_turns(new), prefix_digest=digests[-1])
 
     def _rollback_plan(self, selection: Rollback, messages: Sequence[Message], digests: Sequence[str]) -> _Plan:

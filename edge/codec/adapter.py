@@ -9,7 +9,7 @@ Adapters are pure: no I/O, no session logic. :mod:`edge.routes.model` serves the
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from edge.codec.conversation import Conversation, TurnOutcome
 from edge.codec.deltas import StreamEvent
@@ -35,7 +35,9 @@ class StreamEncoder(Protocol):
 class WireAdapter(Protocol):
     name: str  # recorded with each request: "openai" | "anthropic"
 
-    def decode(self, body: bytes) -> Conversation: ...
+    def decode(self, body: bytes, known: Any = None) -> Conversation:
+        """``known``: the last :attr:`Conversation.known` of the session on this wire, or None."""
+        ...
 
     def encode(self, outcome: TurnOutcome, conversation: Conversation, token_text: TokenText) -> bytes: ...
 

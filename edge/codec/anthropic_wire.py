@@ -44,6 +44,7 @@ from edge.codec.cache import BoundedCache
 from edge.codec.conversation import Conversation, Message, SamplingOverrides, ToolSpec, TurnOutcome
 from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFinished, StreamStarted, ToolCallReady
 from edge.codec.digest import decode_expanding_history, tools_digest
+from edge.codec.prefix import KnownPrefix, learn, skip_known
 from edge.codec.strict import decode_strict
 from schemas import wire_anthropic as w
 from schemas.errors import MalformedRequest, RollbusError
@@ -160,13 +161,13 @@ def _sampling(req: w.MessagesRequest | w.LazyMessagesRequest) -> SamplingOverrid
                              max_tokens=req.max_tokens, stop=stop)
 
 
-def decode_request(body: bytes) -> Conversation:
+def decode_request(body: bytes, known: KnownPrefix | None = None) -> Conversation:
     """Incrementally (:func:`_decode_incrementally`); a request that way refuses, or fails on, is
     decoded by value (:func:`_decode_by_value`), whose answer it gets: the same error, raised in
     the same order of checks (the whole request's types first, then its messages in order, then
     tools, tool_choice and sampling), or (were the incremental way stricter) the same conversation."""
     try:
-        return _decode_incrementally(body)
+        return _decode_incrementally(body, known)
     except Exception:
         return _decode_by_value(body)
 
@@ -214,22 +215,36 @@ def _cached_tools(raw: msgspec.Raw) -> tuple[ToolSpec, ...]:
     return tools
 
 
-def _decode_incrementally(body: bytes) -> Conversation:
+def _decode_incrementally(body: bytes, known: KnownPrefix | None = None) -> Conversation:
     """The request with its history decoded, converted and hashed once per (previous history
     digest, index, raw JSON) of each message (:func:`decode_expanding_history`): a resent history
-    costs a lookup a message. Any refusal here is the by-value decoding's to word."""
-    req = decode_strict(body, w.LazyMessagesRequest)
-    if not req.messages:
-        raise MalformedRequest("messages must not be empty", param="messages")
+    costs a lookup a message, and what the session's last request had is not even parsed
+    (``known``, :mod:`edge.codec.prefix`). Any refusal here is the by-value decoding's to word."""
+    document, known, shift = skip_known(body, known)
+    req = decode_strict(document, w.LazyMessagesRequest)
     tools = _cached_tools(req.tools)
-    messages, digests = decode_expanding_history(tools_digest(tools), _history(req), _decoded)
+    root = tools_digest(tools)
+    system = bytes(req.system) if req.system else b""
+    if known is not None and (known.root != root or known.extra != system):  # the history's root moved
+        return _decode_incrementally(body)
+    if known is None:
+        if not req.messages:
+            raise MalformedRequest("messages must not be empty", param="messages")
+        messages, digests, tip = decode_expanding_history(root, _history(req), _decoded)
+    else:
+        new, new_digests, tip = decode_expanding_history(
+            known.tip, enumerate(map(bytes, req.messages), known.count), _decoded)
+        messages, digests = known.messages + new, known.digests + new_digests
     # The last message is an assistant one exactly when the last wire message is: an assistant
     # message becomes one assistant message, a user message only user and tool messages.
     if messages[-1].role == "assistant":
         raise MalformedRequest("a final assistant message (prefill) is not supported", param="messages")
+    prefix, digest = learn(body, document, shift, known, req.messages, root=root, messages=messages,
+                           digests=digests, tip=tip, extra=system)
     return Conversation(messages=messages, history_digests=digests, tools=tools,
                         tool_choice=_tool_choice(req),  # type: ignore[arg-type]
-                        sampling=_sampling(req), stream=req.stream, model=req.model)
+                        sampling=_sampling(req), stream=req.stream, model=req.model, body_digest=digest,
+                        known=prefix)
 
 
 # --- encoding -------------------------------------------------------------------------------
@@ -342,8 +357,8 @@ class AnthropicStream:
 class AnthropicWire:
     name = "anthropic"
 
-    def decode(self, body: bytes) -> Conversation:
-        return decode_request(body)
+    def decode(self, body: bytes, known: KnownPrefix | None = None) -> Conversation:
+        return decode_request(body, known)
 
     def encode(self, outcome: TurnOutcome, conversation: Conversation, token_text: TokenText) -> bytes:
         return encode_message(outcome, conversation)

@@ -57,6 +57,8 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True):
     # Hex digests of messages[: i + 1] (edge.codec.digest.prefix_digests under the tools' digest),
     # when the adapter computed them while decoding; () when not.
     history_digests: tuple[str, ...] = ()
+    body_digest: str = ""  # sha256 hex of the body, when the adapter computed it while decoding
+    known: Any = None  # what the session's next request is decoded against (edge.codec.prefix.KnownPrefix)
 
 
 def _arguments(text: str) -> Any:

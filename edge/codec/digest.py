@@ -121,18 +121,21 @@ def _tools_digest(tools: Sequence[ToolSpec]) -> bytes:
 _BY_RAW: BoundedCache[tuple[bytes, bytes], tuple[Message, bytes]] = BoundedCache()
 
 
-def decode_history(root: bytes, raws: Iterable[bytes], decode: Callable[[int, bytes], Message]
-                   ) -> tuple[tuple[Message, ...], tuple[str, ...]]:
+def decode_history(root: bytes, raws: Iterable[bytes], decode: Callable[[int, bytes], Message], *,
+                   first_index: int = 0) -> tuple[tuple[Message, ...], tuple[str, ...]]:
     """Messages from their raw JSON, with :func:`prefix_digests` of them (hex), in one pass.
 
     For a wire that hands over each message's raw JSON (OpenAI's): a message is decoded and
     hashed once per history it follows, (previous digest, raw JSON) being the key, so a
-    resent history costs one lookup a message. ``decode(index, raw)`` decodes a miss."""
+    resent history costs one lookup a message. ``decode(index, raw)`` decodes a miss.
+
+    ``root`` is the digest the first of ``raws`` follows (the tools digest, or the digest of the
+    history before them, which then starts at ``first_index``)."""
     messages: list[Message] = []
     digests: list[bytes] = []
     current = root
     known_as = _BY_RAW.get
-    for index, raw in enumerate(raws):
+    for index, raw in enumerate(raws, first_index):
         known = known_as((current, raw))
         if known is None:
             message = decode(index, raw)
@@ -149,7 +152,7 @@ _BY_INDEXED_RAW: BoundedCache[tuple[bytes, int, bytes], tuple[tuple[Message, ...
 
 def decode_expanding_history(root: bytes, raws: Iterable[tuple[int, bytes]],
                              decode: Callable[[int, bytes], tuple[Message, ...]]
-                             ) -> tuple[tuple[Message, ...], tuple[str, ...]]:
+                             ) -> tuple[tuple[Message, ...], tuple[str, ...], bytes]:
     """:func:`decode_history` for a wire whose message becomes any number of messages (Anthropic's:
     a user message's text and tool results are several; an empty system prompt is none) and whose
     decoding of a message may depend on where it stands in the request (a default tool-call id
@@ -158,7 +161,8 @@ def decode_expanding_history(root: bytes, raws: Iterable[tuple[int, bytes]],
     ``raws`` are ``(index, raw JSON)``; ``decode(index, raw)`` decodes a miss. Since the digests
     ignore what tells such wire messages apart (tool-call ids), the same previous digest can come
     at different indices: (previous digest, index, raw JSON) is the key. The digests come back hex,
-    as remembered: a resent history costs one lookup a wire message."""
+    as remembered: a resent history costs one lookup a wire message. The third item is the digest
+    after the last of them (``root`` when there is none)."""
     messages: list[Message] = []
     digests: list[str] = []
     current = root
@@ -177,7 +181,7 @@ def decode_expanding_history(root: bytes, raws: Iterable[tuple[int, bytes]],
         messages += known[0]
         digests += known[1]
         current = known[2]
-    return tuple(messages), tuple(digests)
+    return tuple(messages), tuple(digests), current
 
 
 def prefix_digests(root: bytes, messages: Sequence[Message]) -> list[bytes]:

@@ -21,6 +21,7 @@ from edge.codec.cache import BoundedCache
 from edge.codec.conversation import Conversation, Message, SamplingOverrides, ToolSpec, TurnOutcome
 from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFinished, StreamStarted, ToolCallReady
 from edge.codec.digest import decode_history, tools_digest
+from edge.codec.prefix import KnownPrefix, learn, skip_known
 from edge.codec.strict import decode_strict
 from schemas.errors import MalformedRequest, RollbusError
 from schemas.events import ToolCall
@@ -138,14 +139,37 @@ def _cached_tools(raw: msgspec.Raw | None) -> tuple[ToolSpec, ...]:
     return tools
 
 
-def decode_request(body: bytes) -> Conversation:
-    req = decode_strict(body, LazyRequest)
-    if not req.messages:
-        raise MalformedRequest("messages must not be empty", param="messages")
+def decode_request(body: bytes, known: KnownPrefix | None = None) -> Conversation:
+    """The request as a conversation. ``known``: the session's last request's messages, which this
+    body most likely starts with (:mod:`edge.codec.prefix`); only what follows them is parsed. A
+    request refused on that path is decoded again in full, so its error names what it would have."""
+    document, known, shift = skip_known(body, known)
+    if known is None:
+        return _decode(body, body, None, 0)
+    try:
+        return _decode(body, document, known, shift)
+    except MalformedRequest:
+        return _decode(body, body, None, 0)
+
+
+def _decode(body: bytes, document: bytes, known: KnownPrefix | None, shift: int) -> Conversation:
+    req = decode_strict(document, LazyRequest)
     tools = _cached_tools(req.tools)
-    # Agents resend the whole history: each raw message is decoded (and hashed into the history
-    # digests chain matching uses) once per history it follows.
-    messages, digests = decode_history(tools_digest(tools), map(bytes, req.messages), _decoded_message)
+    root = tools_digest(tools)
+    if known is not None and known.root != root:  # other tools: the known digests do not apply
+        return _decode(body, body, None, 0)
+    raws = req.messages
+    if known is None:
+        if not raws:
+            raise MalformedRequest("messages must not be empty", param="messages")
+        # Agents resend the whole history: each raw message is decoded (and hashed into the history
+        # digests chain matching uses) once per history it follows.
+        messages, digests = decode_history(root, map(bytes, raws), _decoded_message)
+    else:
+        new, new_digests = decode_history(known.tip, map(bytes, raws), _decoded_message, first_index=known.count)
+        messages, digests = known.messages + new, known.digests + new_digests
+    prefix, digest = learn(body, document, shift, known, raws, root=root, messages=messages, digests=digests,
+                           tip=bytes.fromhex(digests[-1]))
     return Conversation(
         messages=messages,
         history_digests=digests,
@@ -156,6 +180,8 @@ def decode_request(body: bytes) -> Conversation:
         stream_usage=bool(req.stream and req.stream_options is not None and req.stream_options.include_usage),
         logprobs=bool(req.logprobs),
         model=req.model,
+        body_digest=digest,
+        known=prefix,
     )
 
 
@@ -246,8 +272,8 @@ class OpenAIStream:
 class OpenAIWire:
     name = "openai"
 
-    def decode(self, body: bytes) -> Conversation:
-        return decode_request(body)
+    def decode(self, body: bytes, known: KnownPrefix | None = None) -> Conversation:
+        return decode_request(body, known)
 
     def encode(self, outcome: TurnOutcome, conversation: Conversation, token_text: TokenText) -> bytes:
         text = token_text(outcome.token_ids) if conversation.logprobs else None

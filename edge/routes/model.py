@@ -48,7 +48,8 @@ async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: s
     watched for its client leaving (``disconnect``)."""
     headers = _headers(scope)
     body = await _body(receive, headers, service.settings.max_request_bytes)
-    conversation = adapter.decode(body)
+    live = service.registry.peek(session_id)
+    conversation = adapter.decode(body, live.known.get(adapter.name) if live is not None else None)
     turn = TurnRequest(conversation=conversation, wire=adapter.name, body=body,
                        idempotency_key=headers.get("idempotency-key"), retry_count=retry_count(headers),
                        disconnect=None if conversation.stream else disconnect)

@@ -17,6 +17,7 @@ Kinds of difference, per session:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import msgspec
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -39,6 +40,13 @@ class Difference(msgspec.Struct, frozen=True, kw_only=True):
     kind: str
     key: str | None = None
     detail: str = ""
+
+
+def body_differences(session_id: str, bad_requests: Sequence[int]) -> list[Difference]:
+    """A difference per request whose raw body, rebuilt from the log, does not have its recorded digest."""
+    return [Difference(session_id=session_id, kind="request_body", key=str(n),
+                       detail="the body rebuilt from the log does not match its recorded sha256")
+            for n in bad_requests]
 
 
 def derived_digests(state: SessionState, marker: MaterializedMarker | None = None,

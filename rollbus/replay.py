@@ -4,7 +4,9 @@
 
     rollbus replay SESSION_ID             its chains: turns, token counts, masks, reward
     rollbus replay SESSION_ID --json      the same with every token id, mask and log prob
-    rollbus replay --verify SESSION_ID    re-derive its records, compare digests with its marker
+    rollbus replay SESSION_ID --request N the raw body of its request N, byte for byte as the agent sent it
+    rollbus replay --verify SESSION_ID    re-derive its records, compare digests with its marker, and
+                                          rebuild every raw request body and check it against its sha256
     rollbus replay --verify --all         the same for every session of the log, in one pass
 
 Exit status: 0 (no difference), 1 (differences, each printed), 2 (no such session, no NATS).
@@ -16,14 +18,17 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Sequence
 
 import msgspec
 from nats.js.client import JetStreamContext
 
 from materializer.records import derive_records
-from materializer.verify import Difference, compare, load_markers, read_marker
+from materializer.verify import Difference, body_differences, compare, load_markers, read_marker
 from rollbus.tools import EXIT_DIFFERENT, EXIT_ERROR, EXIT_OK, add_connection_args, run_tool
+from schemas.bodies import rebuild
 from schemas.errors import SessionNotFound
+from schemas.events import AnyEvent
 from schemas.log import LogConfig
 from schemas.records import record_digest
 from session_projector.fold import SessionState, fold
@@ -38,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--verify", action="store_true", help="compare re-derived records with the markers")
     parser.add_argument("--all", action="store_true", help="with --verify: every session in the log")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--request", type=int, metavar="N", help="print the raw body of request N")
     add_connection_args(parser)
     parser.set_defaults(run=run)
 
@@ -48,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     if bool(args.session_id) == bool(args.all):
         print("rollbus replay: name one SESSION_ID, or --verify --all", file=sys.stderr)
+        return EXIT_ERROR
+    if args.request is not None and (args.verify or args.json):
+        print("rollbus replay: --request goes alone with a SESSION_ID", file=sys.stderr)
         return EXIT_ERROR
     return asyncio.run(run_tool(args, replay_main))
 
@@ -60,16 +69,31 @@ async def replay_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Names
     except SessionNotFound:
         print(f"rollbus replay: no session {args.session_id} in the log", file=sys.stderr)
         return EXIT_ERROR
+    if getattr(args, "request", None) is not None:
+        return _print_body(session_log.events, args.session_id, args.request)
     state = fold(session_log.events)
     assert state is not None  # read_session never returns an empty log
     if args.verify:
-        return await verify_one(js, cfg, state, as_json=args.json)
+        bodies = rebuild(session_log.events)
+        bad = [n for n in bodies.request_numbers() if not bodies.verify(n)]
+        return await verify_one(js, cfg, state, as_json=args.json, bad_bodies=bad, requests=len(bodies))
     info = {"events": len(session_log.events), "last_stream_seq": session_log.last_stream_seq}
     print(replay_json(state, info) if args.json else replay_table(state, info))
     return EXIT_OK
 
 
 # --- showing one session ------------------------------------------------------------------
+
+def _print_body(events: Sequence[AnyEvent], session_id: str, request_no: int) -> int:
+    bodies = rebuild(events)
+    if request_no not in bodies:
+        print(f"rollbus replay: session {session_id} has no request {request_no} "
+              f"(it has {len(bodies)})", file=sys.stderr)
+        return EXIT_ERROR
+    sys.stdout.buffer.write(bodies.body(request_no))
+    sys.stdout.buffer.flush()
+    return EXIT_OK
+
 
 def replay_json(state: SessionState, info: dict[str, int]) -> str:
     chains = []
@@ -131,15 +155,17 @@ def _print_differences(differences: list[Difference]) -> None:
         print(f"DIFF {d.session_id} {d.kind} {d.key or '-'} {d.detail}".rstrip())
 
 
-async def verify_one(js: JetStreamContext, cfg: LogConfig, state: SessionState, *, as_json: bool) -> int:
+async def verify_one(js: JetStreamContext, cfg: LogConfig, state: SessionState, *, as_json: bool,
+                     bad_bodies: Sequence[int] = (), requests: int = 0) -> int:
     marker = await read_marker(js, cfg, state.session_id)
-    differences = compare(state, marker)
+    differences = compare(state, marker) + body_differences(state.session_id, bad_bodies)
     if as_json:
         print(msgspec.json.encode({"sessions": 1, "differences": differences}).decode())
     else:
         _print_differences(differences)
         held = f"{len(marker.digests)} records in its marker" if marker is not None else "no marker"
-        print(f"verified {state.session_id} ({state.status}, {held}): {len(differences)} differences")
+        print(f"verified {state.session_id} ({state.status}, {held}, {requests} request bodies): "
+              f"{len(differences)} differences")
     return EXIT_DIFFERENT if differences else EXIT_OK
 
 
@@ -159,9 +185,10 @@ async def verify_all(js: JetStreamContext, cfg: LogConfig, *, as_json: bool, pro
     differences: list[Difference] = []
     seen: set[str] = set()
     next_report = time.monotonic() + progress_s
-    async for replayed in replay_all(js, cfg, stats):
+    async for replayed in replay_all(js, cfg, stats, check_bodies=True):
         tally.sessions += 1
         seen.add(replayed.session_id)
+        differences += body_differences(replayed.session_id, replayed.bad_bodies)
         state = replayed.state
         if state is None:
             tally.unreadable += 1

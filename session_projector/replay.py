@@ -17,7 +17,9 @@ import msgspec
 from nats.js.client import JetStreamContext
 
 from schemas import tokens
+from schemas.bodies import Bodies
 from schemas.errors import FoldError
+from schemas.events import AnyEvent, RequestReceived
 from schemas.log import LogConfig
 from session_projector.fold import ChainState, SessionState, fold
 from session_projector.reader import iter_envelopes, last_stream_seq
@@ -27,6 +29,7 @@ class Replayed(msgspec.Struct, frozen=True):
     session_id: str
     state: SessionState | None  # None: the session's events do not fold (see error)
     error: str | None = None
+    bad_bodies: tuple[int, ...] = ()  # requests whose body, rebuilt from the log, does not have its digest
 
 
 class ReplayStats(msgspec.Struct, kw_only=True):
@@ -35,12 +38,17 @@ class ReplayStats(msgspec.Struct, kw_only=True):
     last_stream_seq: int = 0
 
 
-async def replay_all(js: JetStreamContext, cfg: LogConfig, stats: ReplayStats | None = None
-                     ) -> AsyncIterator[Replayed]:
-    """Every session of the log, folded from the log alone; closed ones as soon as they close."""
+async def replay_all(js: JetStreamContext, cfg: LogConfig, stats: ReplayStats | None = None, *,
+                     check_bodies: bool = False) -> AsyncIterator[Replayed]:
+    """Every session of the log, folded from the log alone; closed ones as soon as they close.
+
+    ``check_bodies``: also rebuild every raw request body (:mod:`schemas.bodies`) and check it
+    against its recorded digest (this hashes every body: the cost of the bodies themselves)."""
     stats = stats if stats is not None else ReplayStats()
     stats.last_stream_seq = await last_stream_seq(js, cfg, cfg.subjects)
     states: dict[str, SessionState | None] = {}
+    rebuilt: dict[str, Bodies] = {}
+    bad: dict[str, list[int]] = {}
     broken: set[str] = set()
     async for _, events in iter_envelopes(js, cfg, cfg.subjects, stats.last_stream_seq):
         stats.envelopes += 1
@@ -50,18 +58,31 @@ async def replay_all(js: JetStreamContext, cfg: LogConfig, stats: ReplayStats | 
             continue
         try:
             state = fold(events, states.get(session_id))
+            if check_bodies:
+                _check_bodies(events, rebuilt.setdefault(session_id, Bodies()), bad.setdefault(session_id, []))
         except FoldError as exc:
             broken.add(session_id)
             states.pop(session_id, None)
+            rebuilt.pop(session_id, None)
+            bad.pop(session_id, None)
             yield Replayed(session_id, None, str(exc))
             continue
         if state is not None and state.status != "open":
             states.pop(session_id, None)
-            yield Replayed(session_id, state)
+            rebuilt.pop(session_id, None)
+            yield Replayed(session_id, state, bad_bodies=tuple(bad.pop(session_id, ())))
         else:
             states[session_id] = state
     for session_id, state in states.items():
-        yield Replayed(session_id, state)
+        yield Replayed(session_id, state, bad_bodies=tuple(bad.pop(session_id, ())))
+
+
+def _check_bodies(events: list[AnyEvent], bodies: Bodies, bad: list[int]) -> None:
+    for event in events:
+        if type(event) is RequestReceived:
+            bodies.add(event)
+            if not bodies.verify(event.request_no):
+                bad.append(event.request_no)
 
 
 class TurnView(msgspec.Struct, frozen=True, kw_only=True):

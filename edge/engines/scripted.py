@@ -119,12 +119,17 @@ class ScriptedServer:
     protocol = "none"
 
     def __init__(
-        self, replies: Iterable[ScriptedReply] | None = None, responder: Responder | None = None, chunk_size: int = 4
+        self, replies: Iterable[ScriptedReply] | None = None, responder: Responder | None = None, chunk_size: int = 4,
+        keep_requests: int | None = None,
     ) -> None:
+        """``keep_requests``: remember only the last so many requests in :attr:`requests` (a long
+        session's requests carry its whole context each)."""
         self._replies: deque[ScriptedReply] = deque(replies or ())
         self._responder = responder
         self._chunk_size = max(1, chunk_size)
-        self.requests: list[dict[str, Any]] = []
+        self.requests: list[dict[str, Any]] | deque[dict[str, Any]] = \
+            [] if keep_requests is None else deque(maxlen=keep_requests)
+        self.served = 0  # requests received
         self.aborted: list[str] = []
         self.cancelled: list[str] = []  # request ids whose stream the client closed before its end
         self.healthy = True
@@ -174,11 +179,12 @@ class ScriptedServer:
         return None
 
     async def _generate(self, request: Request) -> Response:
-        body = await request.json()
+        body = msgspec.json.decode(await request.body())
         self.requests.append(body)
+        self.served += 1
         reply = self._next_reply(body)
         if reply is None:
-            return PlainTextResponse(f"scripted engine: no reply queued for request {len(self.requests)}", 500)
+            return PlainTextResponse(f"scripted engine: no reply queued for request {self.served}", 500)
         await asyncio.sleep(reply.delay_s)
         if reply.fault in _STATUS_FAULTS:
             status, message = _STATUS_FAULTS[reply.fault]
@@ -286,9 +292,10 @@ class ScriptedEngineServer(ScriptedServer):
         chunk_size: int = 4,
         *,
         incremental_streaming_output: bool = False,
+        keep_requests: int | None = None,
     ) -> None:
         self._incremental = incremental_streaming_output
-        super().__init__(replies, responder, chunk_size)
+        super().__init__(replies, responder, chunk_size, keep_requests)
 
     def _routes(self) -> list[Route]:
         return [Route("/generate", self._generate, methods=["POST", "PUT"]),

@@ -149,3 +149,34 @@ async def test_sessions_lists_and_filters_the_projections(js, log_config, logged
     assert await sessions_main(js, log_config, sessions("--limit", "5")) == 0
     out = capsys.readouterr().out
     assert f"5 of {SESSIONS} matching sessions shown" in out
+
+
+async def test_request_bodies_are_printed_byte_exact_and_a_forged_one_is_found(js, log_config, capsysbinary):
+    """Bodies stored as parts against earlier ones come back byte for byte (``--request N``); a
+    request whose parts do not rebuild the body it was recorded with is a ``request_body`` difference."""
+    from schemas.bodies import parts_against
+
+    bodies = [b'{"messages":[{"role":"user","content":"' + b"x" * 500 + b'"}' + b',{"role":"tool"}' * n +
+              b'],"model":"m","tools":[' + b"t" * 300 + b"]}" for n in range(4)]
+    script = SessionScript(session_id="ab" * 16)
+    for n, body in enumerate(bodies):
+        script.turn(0, [1, n], [2], new_chain=n == 0, body=body, tip=f"t{n}", n_messages=2 + 2 * n)
+    for n in range(1, len(bodies)):  # each request stored against the one before it, as the edge does
+        index = next(i for i, e in enumerate(script.events) if getattr(e, "request_no", 0) == n + 1)
+        event = script.events[index]
+        parts = parts_against(bodies[n], n, bodies[n - 1])
+        assert any(p.request_no for p in parts)  # references, not a copy
+        script.events[index] = msgspec.structs.replace(event, parts=parts)
+    forged = next(i for i, e in enumerate(script.events) if getattr(e, "request_no", 0) == 3)
+    script.events[forged] = msgspec.structs.replace(script.events[forged], body_digest="0" * 64)
+    script.finalize()
+    await append_all(JetStreamLog(js, log_config), script.session_id, envelopes(script.events))
+
+    for n, body in enumerate(bodies, 1):
+        assert await replay_main(js, log_config, args(script.session_id, "--request", str(n))) == 0
+        assert capsysbinary.readouterr().out == body
+    assert await replay_main(js, log_config, args(script.session_id, "--request", "9")) == 2
+    assert b"has no request 9" in capsysbinary.readouterr().err
+    assert await replay_main(js, log_config, args("--verify", script.session_id)) == 1
+    out = capsysbinary.readouterr().out.decode()
+    assert f"DIFF {script.session_id} request_body 3" in out and "4 request bodies" in out

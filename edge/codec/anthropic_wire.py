@@ -44,7 +44,7 @@ from edge.codec.cache import BoundedCache
 from edge.codec.conversation import Conversation, Message, SamplingOverrides, ToolSpec, TurnOutcome
 from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFinished, StreamStarted, ToolCallReady
 from edge.codec.digest import decode_expanding_history, tools_digest
-from edge.codec.prefix import KnownPrefix, learn, skip_known
+from edge.codec.prefix import KnownPrefix, cut_holds, learn, skip_known
 from edge.codec.strict import decode_strict
 from schemas import wire_anthropic as w
 from schemas.errors import MalformedRequest, RollbusError
@@ -222,6 +222,8 @@ def _decode_incrementally(body: bytes, known: KnownPrefix | None = None) -> Conv
     (``known``, :mod:`edge.codec.prefix`). Any refusal here is the by-value decoding's to word."""
     document, known, shift = skip_known(body, known)
     req = decode_strict(document, w.LazyMessagesRequest)
+    if known is not None and not cut_holds(document, known, req.messages):
+        return _decode_incrementally(body)
     tools = _cached_tools(req.tools)
     root = tools_digest(tools)
     system = bytes(req.system) if req.system else b""

@@ -21,7 +21,7 @@ from edge.codec.cache import BoundedCache
 from edge.codec.conversation import Conversation, Message, SamplingOverrides, ToolSpec, TurnOutcome
 from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFinished, StreamStarted, ToolCallReady
 from edge.codec.digest import decode_history, tools_digest
-from edge.codec.prefix import KnownPrefix, learn, skip_known
+from edge.codec.prefix import KnownPrefix, cut_holds, learn, skip_known
 from edge.codec.strict import decode_strict
 from schemas.errors import MalformedRequest, RollbusError
 from schemas.events import ToolCall
@@ -154,6 +154,8 @@ def decode_request(body: bytes, known: KnownPrefix | None = None) -> Conversatio
 
 def _decode(body: bytes, document: bytes, known: KnownPrefix | None, shift: int) -> Conversation:
     req = decode_strict(document, LazyRequest)
+    if known is not None and not cut_holds(document, known, req.messages):
+        return _decode(body, body, None, 0)
     tools = _cached_tools(req.tools)
     root = tools_digest(tools)
     if known is not None and known.root != root:  # other tools: the known digests do not apply

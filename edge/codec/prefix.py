@@ -10,8 +10,9 @@ is left (the new messages, the other fields) is parsed. The body's digest is fin
 the remembered hash state, so a 1 MB history costs a comparison, not a parse and a hash.
 
 The cut is sound because the bytes before it are identical: a JSON parser is in the same
-state there as it was in the earlier body, inside the messages array, after a whole message.
-Any other body (a rewritten or compacted history, other tools) is decoded in full.
+state there as it was in the earlier body, inside the messages array, after a whole message;
+and :func:`cut_holds` checks that the messages parsed are those of that array. Any other body
+(a rewritten or compacted history, other tools, a resend with no new message) is decoded in full.
 """
 
 from __future__ import annotations
@@ -58,10 +59,25 @@ def skip_known(body: bytes, known: KnownPrefix | None) -> tuple[bytes, KnownPref
     if at >= len(body):
         return body, None, 0
     if body[at] == 0x2C:  # ",": more messages follow; the first of them starts the array now
+        after = at + 1
+        while after < len(body) and body[after] in _SPACE:
+            after += 1
+        if after >= len(body) or body[after] == 0x5D:  # "..., ]": a trailing comma, which JSON refuses
+            return body, None, 0
         return body[:known.start] + body[at + 1:], known, at + 1 - known.start
-    if body[at] == 0x5D:  # "]": no new message
-        return body[:known.start] + body[at:], known, at - known.start
-    return body, None, 0
+    return body, None, 0  # "]" (no new message: a resend, decoded in full) or not JSON we know
+
+
+def cut_holds(document: bytes, known: KnownPrefix, raws: list[Any]) -> bool:
+    """Whether the messages parsed from a :func:`skip_known` document are those of the array that was
+    cut: its first message right where the cut was. (Else the body has a second ``messages`` key
+    further on, which a parser lets win: decoded in full, as it would be without the cut.)"""
+    if not raws:
+        return False
+    at = known.start
+    while at < len(document) and document[at] in _SPACE:
+        at += 1
+    return offset_in(document, raws[0]) == at
 
 
 def offset_in(buffer: bytes, raw: Any) -> int:

@@ -14,6 +14,8 @@ For each session it prints:
   context ids, log probs): what any log must store;
 - ``nats RSS B/tok``: the nats-server's resident memory growth per stored token (the
   server's RSS after the session minus before it, over the session's tokens);
+- ``replay``: the time to read the session back, fold it, derive its records and rebuild every
+  request body (per 1,000 tokens: flat when replay is linear);
 - for the longest session, the edge's median CPU per turn around turn 10 (turns 6-15) and
   at turn 300 (its last ten turns), and their ratio.
 
@@ -33,6 +35,7 @@ import random
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +46,12 @@ import nats
 from _http import Connection
 from edge_overhead import SYSTEM, TASK, TOOLS, Server, cpu_seconds
 
+from materializer.records import derive_records
 from rollbus.nats_server import EmbeddedNats
+from schemas.bodies import rebuild
 from schemas.events import ChainStarted, ContextAppended, TokensGenerated
 from schemas.log import LogConfig
+from session_projector.fold import fold
 from session_projector.reader import read_session
 
 MAX_TRAJECTORY = 1_000_000
@@ -127,8 +133,17 @@ async def stored_bytes(js: Any, cfg: LogConfig) -> int:
     return total
 
 
-async def token_bytes(js: Any, cfg: LogConfig, session_id: str) -> int:
+async def replayed(js: Any, cfg: LogConfig, session_id: str) -> tuple[int, float]:
+    """The packed token arrays' bytes, and the seconds a replay took: read the log, fold it, derive
+    the records, rebuild every request body (as ropes) and join the last one."""
+    started = time.perf_counter()
     session = await read_session(js, cfg, session_id)
+    state = fold(session.events)
+    assert state is not None
+    derive_records(state)
+    bodies = rebuild(session.events)
+    bodies.body(bodies.request_numbers()[-1])
+    seconds = time.perf_counter() - started
     total = 0
     for event in session.events:
         if isinstance(event, ChainStarted):
@@ -137,7 +152,7 @@ async def token_bytes(js: Any, cfg: LogConfig, session_id: str) -> int:
             total += len(event.token_ids)
         elif isinstance(event, TokensGenerated):
             total += len(event.token_ids) + len(event.logprobs or b"")
-    return total
+    return total, seconds
 
 
 async def drive(port: int, wire: str, turns: int, edge_pid: int, salt: int) -> tuple[str, int, list[float]]:
@@ -184,7 +199,7 @@ async def run(wires: list[str], lengths: list[int]) -> None:
             print(f"instant engine; ~4 KB tool result a turn; max trajectory length {MAX_TRAJECTORY}; "
                   "edge on CPU 0, load and nats-server on CPU 1")
             print(f"{'wire':>9} {'turns':>5} {'tokens':>8} {'log MB':>7} {'log B/tok':>9} {'tokens B/tok':>12} "
-                  f"{'nats RSS B/tok':>14}")
+                  f"{'nats RSS B/tok':>14} {'replay ms':>9} {'replay us/ktok':>14}")
             salt = 0
             for wire in wires:
                 longest: list[float] = []
@@ -194,9 +209,10 @@ async def run(wires: list[str], lengths: list[int]) -> None:
                     session_id, context, cpu = await drive(edge.port, wire, turns, edge.proc.pid, salt)
                     grown_rss = rss_bytes(server.pid) - rss
                     grown = await stored_bytes(js, cfg) - stored
-                    arrays = await token_bytes(js, cfg, session_id)
+                    arrays, seconds = await replayed(js, cfg, session_id)
                     print(f"{wire:>9} {turns:>5} {context:>8} {grown / 1e6:>7.2f} {grown / context:>9.1f} "
-                          f"{arrays / context:>12.1f} {grown_rss / context:>14.1f}")
+                          f"{arrays / context:>12.1f} {grown_rss / context:>14.1f} {seconds * 1e3:>9.0f} "
+                          f"{seconds * 1e9 / context:>14.0f}")
                     longest = cpu
                 if len(longest) >= 20:
                     early = statistics.median(longest[5:15]) * 1e3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -9,13 +10,21 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
-from rollbus.nats_server import ENV_BINARY, EmbeddedNats, EmbeddedNatsError, NatsServerNotFound
+from rollbus.nats_server import (
+    DEFAULT_MEMORY_LIMIT,
+    ENV_BINARY,
+    ENV_GO_MEMORY_LIMIT,
+    EmbeddedNats,
+    EmbeddedNatsError,
+    NatsServerNotFound,
+)
 from rollbus.provision import connect, provision
 from schemas.log import HDR_MSG_ID, LogConfig
 
@@ -23,6 +32,11 @@ from schemas.log import HDR_MSG_ID, LogConfig
 def _healthz(server: EmbeddedNats) -> int:
     with urllib.request.urlopen(f"{server.monitoring_url}/healthz?js-enabled-only=true", timeout=2) as r:
         return r.status
+
+
+def _varz(server: EmbeddedNats) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{server.monitoring_url}/varz", timeout=2) as r:
+        return json.load(r)
 
 
 async def _publish_until_acked(js: JetStreamContext, subject: str) -> PubAck:
@@ -64,6 +78,27 @@ def test_ready_means_healthz_answers_200(nats_server: EmbeddedNats) -> None:
 def test_logs_go_to_a_file_beside_the_store(nats_server: EmbeddedNats) -> None:
     assert nats_server.log_path.parent == nats_server.store_dir.parent
     assert "Server is ready" in nats_server.log_path.read_text()
+
+
+def test_the_server_runs_under_the_default_memory_limit(nats_server: EmbeddedNats) -> None:
+    """The bound reaches the running server: its Go runtime reports the GOMEMLIMIT it got, and JetStream
+    sized its memory-storage budget from it (75%) rather than from the machine's memory."""
+    varz = _varz(nats_server)
+    assert varz["gomemlimit"] == DEFAULT_MEMORY_LIMIT
+    assert varz["jetstream"]["config"]["max_memory"] == DEFAULT_MEMORY_LIMIT // 4 * 3
+
+
+def test_a_memory_limit_of_its_own_or_none(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(ENV_GO_MEMORY_LIMIT, "1GiB")  # ours is overridden by memory_limit, passed on with None
+    with EmbeddedNats(tmp_path / "a", memory_limit=96 * 1024 * 1024) as limited, \
+            EmbeddedNats(tmp_path / "b", memory_limit=None) as inherited:
+        assert _varz(limited)["gomemlimit"] == 96 * 1024 * 1024
+        assert _varz(inherited)["gomemlimit"] == 1024**3
+    monkeypatch.delenv(ENV_GO_MEMORY_LIMIT)
+    with EmbeddedNats(tmp_path / "c", memory_limit=None) as unlimited:
+        assert "gomemlimit" not in _varz(unlimited)
+    with pytest.raises(ValueError, match="memory_limit"):
+        EmbeddedNats(tmp_path / "d", memory_limit=0)
 
 
 def test_two_servers_run_at_once(tmp_path: Path) -> None:

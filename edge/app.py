@@ -2,6 +2,12 @@
 
 The model routes (one per wire) are served by the thin :class:`ModelRoutes` front;
 admin, reward, health and metrics by FastAPI behind it. State lives on ``app.state``.
+
+Every error is answered in a wire's JSON error shape, FastAPI's own too (an unknown path, a
+method a route does not serve, a request it cannot validate, an unexpected failure): under
+``/sessions/{id}/v1/messages`` Anthropic's, everywhere else OpenAI's (the admin and reward
+routes' shape). Paths are matched as sent: no redirect to the same path with or without its
+trailing slash (a redirect would be built from the request's ``Host`` header).
 """
 
 from __future__ import annotations
@@ -9,21 +15,66 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
 
+from edge.codec import anthropic_wire, openai_wire
 from edge.codec.anthropic_wire import AnthropicWire
 from edge.codec.openai_wire import OpenAIWire
 from edge.metrics import Metrics
 from edge.routes import admin, reward
-from edge.routes.model import ModelRoutes
+from edge.routes.model import ModelRoutes, is_anthropic_path
+from edge.routes.wire import ErrorEncoder, RouteNotServed, json_response
 from edge.service import EdgeService
+from schemas.errors import MalformedRequest, RollbusError
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 
+def error_encoder(path: str) -> ErrorEncoder:
+    """The error shape of the wire ``path`` belongs to."""
+    return anthropic_wire.encode_error if is_anthropic_path(path) else openai_wire.encode_error
+
+
+def _answer(request: Request, exc: RollbusError, headers: dict[str, str] | None = None) -> Response:
+    response = json_response(error_encoder(request.url.path)(exc), exc.status)
+    response.headers.update(headers or {})
+    return response
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """FastAPI's (Starlette's) 404, 405 and other HTTP errors, in the wire's shape."""
+    assert isinstance(exc, HTTPException)
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        error = RouteNotServed(f"no route serves {where}", status=404, code="not_found_error")
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        error = RouteNotServed(f"method {request.method} is not allowed on {request.url.path} (allowed: {allowed})",
+                               status=405, code="method_not_allowed")
+    else:
+        error = RouteNotServed(str(exc.detail), status=exc.status_code, code="http_error")
+    return _answer(request, error, exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    """A bug outside the routes' own error handling (logged by the server): a 500, in the wire's shape."""
+    return _answer(request, RollbusError("internal error"))
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    details = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg', '')}" for e in exc.errors())
+    return _answer(request, MalformedRequest(f"invalid request: {details}"[:1000]))
+
+
 def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True,
                metrics: Metrics | None = None, lifespan: Lifespan | None = None) -> ModelRoutes:
-    app = FastAPI(title="rollbus edge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(title="rollbus edge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan,
+                  redirect_slashes=False,
+                  exception_handlers={HTTPException: _http_error, RequestValidationError: _validation_error,
+                                      Exception: _server_error})
     app.state.service = service
     app.state.metrics = metrics or Metrics()
     app.include_router(admin.router)

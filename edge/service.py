@@ -13,11 +13,12 @@ import hmac
 import secrets
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
+from edge.codec.strict import INT32_MAX, INT64_MAX, INT64_MIN, check_free_form, check_sampling, is_int
 from edge.idempotency import RequestIdentity, identify, recorded_outcome, repeated_request
 from edge.live import LiveSession, Registry
 from edge.ownership import KvLeases
@@ -64,12 +65,42 @@ def same_secret(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
 
 
+def _int64(value: Any) -> bool:
+    return is_int(value) and INT64_MIN <= value <= INT64_MAX
+
+
+# The metadata keys the materializer reads (schemas/EVENTS.md, "session_opened metadata"): what
+# each must be, and how a refusal says it. A session is refused rather than its key ignored later.
+_METADATA: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "rollout_n": (lambda v: _int64(v) and v >= 1, f"an integer from 1 to {INT64_MAX}"),
+    "global_steps": (_int64, "a 64-bit integer"),
+    "tq_partition": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    "attempt": (_int64, "a 64-bit integer"),
+    "prompt_status_rule": (lambda v: v in ("any_success", "all_success"), "'any_success' or 'all_success'"),
+    "trajectory_selection": (lambda v: v in ("all", "longest"), "'all' or 'longest'"),
+    "mask_unfinished_episode": (lambda v: isinstance(v, bool), "a boolean"),
+}
+
+
+def _check_metadata(metadata: dict[str, Any]) -> None:
+    for key, value in metadata.items():
+        rule = _METADATA.get(key)
+        if rule is not None and not rule[0](value):
+            raise MalformedRequest(f"metadata.{key} must be {rule[1]}", param=f"metadata.{key}")
+        check_free_form(value, f"metadata.{key}")  # any other key: any JSON, its integers within 64 bits
+
+
 def _check_open_request(spec: OpenSession) -> str:
+    """The session's uid; refuses (400, naming the field) what the records could not hold."""
     uid = spec.uid if spec.uid is not None else uuid.uuid4().hex
     if not uid or "_" in uid or len(uid) > 128:
         raise MalformedRequest("uid must be 1-128 characters without '_'", param="uid")
-    if spec.session_index < 0:
-        raise MalformedRequest("session_index must be >= 0", param="session_index")
+    if not 0 <= spec.session_index <= INT32_MAX:
+        raise MalformedRequest(f"session_index must be an integer from 0 to {INT32_MAX}", param="session_index")
+    _check_metadata(spec.metadata)
+    s = spec.sampling
+    check_sampling(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens, stop=s.stop,
+                   prefix="sampling.")
     return uid
 
 

@@ -8,6 +8,9 @@
   ``mask_unfinished_episode`` an episode that says ``finished: false`` trains nothing;
 - every other key is *reward extra info*, carried with each trajectory of the session
   (verl reads it as ``extra_fields["reward_extra_info"]``, e.g. for DAPO group filtering).
+
+Every value must be one the log and the records can hold: an integer (the reward's, or any
+inside the extra info) within 64 bits, nothing nested deeper than ``edge.codec.strict.MAX_DEPTH``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from edge.codec.strict import INT64_MAX, INT64_MIN, check_free_form
 from schemas.errors import MalformedRequest
 
 REWARD_KEY = "reward"
@@ -33,9 +37,14 @@ def parse_reward_info(reward_info: dict[str, Any]) -> PostedReward:
     reward = reward_info.get(REWARD_KEY)
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
         raise MalformedRequest("reward_info.reward must be a number", param="reward_info.reward")
+    if isinstance(reward, int) and not INT64_MIN <= reward <= INT64_MAX:
+        raise MalformedRequest("reward_info.reward must be a float or an integer within 64 bits",
+                               param="reward_info.reward")
     finished = reward_info.get(FINISHED_KEY)
     if finished is not None and not isinstance(finished, bool):
         raise MalformedRequest("reward_info.finished must be a bool or null", param="reward_info.finished")
+    for key, value in reward_info.items():
+        check_free_form(value, f"reward_info.{key}")
     extra = {k: v for k, v in reward_info.items() if k != REWARD_KEY}
     return PostedReward(reward=None if reward is None else float(reward), extra=extra)
 

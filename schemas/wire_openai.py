@@ -83,6 +83,7 @@ class ChatCompletionRequest(msgspec.Struct, Generic[M, T], frozen=True, kw_only=
     seed: int | None = None
     parallel_tool_calls: bool | None = None
     user: str | None = None
+    response_format: Any = None  # only {"type": "text"} is served; anything else is refused (400)
 
 
 # --- responses -----------------------------------------------------------------------

@@ -10,12 +10,15 @@ the same tokens on either wire):
   for it);
 - an assistant message's ``thinking`` blocks become its reasoning, its text blocks its
   content, its ``tool_use`` blocks its tool calls (``input`` as JSON text);
+- a ``tool_use`` block needs its ``id`` and ``name``, a ``tool_result`` its ``tool_use_id``
+  (non-empty strings, as on Anthropic's API): without them, a 400 naming the block's field;
 - tools ``{name, description, input_schema}``; ``tool_choice`` ``auto`` / ``none``;
   ``stop_sequences``, ``max_tokens`` (required), ``temperature``, ``top_p``, ``top_k``.
 
 Refused with a 400 naming the field: images, documents and other block types,
-``redacted_thinking``, server tools, ``tool_choice`` ``any`` / ``tool``, and a final
-assistant message (prefill). ``thinking`` (the request option) is accepted and has no
+``redacted_thinking``, server tools, ``tool_choice`` ``any`` / ``tool``, a final
+assistant message (prefill), sampling values out of range and nesting past the bounds
+(:mod:`edge.codec.strict`). ``thinking`` (the request option) is accepted and has no
 effect: whether the model reasons is the chat template's business.
 
 Agents resend the whole history on every request, so it is decoded lazily, as OpenAI's is:
@@ -45,7 +48,7 @@ from edge.codec.conversation import Conversation, Message, SamplingOverrides, To
 from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFinished, StreamStarted, ToolCallReady
 from edge.codec.digest import decode_expanding_history, tools_digest
 from edge.codec.prefix import KnownPrefix, cut_holds, learn, skip_known
-from edge.codec.strict import decode_strict
+from edge.codec.strict import check_free_form, check_sampling, decode_strict
 from schemas import wire_anthropic as w
 from schemas.errors import MalformedRequest, RollbusError
 from schemas.events import ToolCall
@@ -82,8 +85,11 @@ def _user(where: str, content: str | list[w.ContentBlock]) -> tuple[Message, ...
         if block.type == "text" and block.text is not None:
             texts.append(block.text)
             continue
-        if block.type != "tool_result" or block.tool_use_id is None:
+        if block.type != "tool_result":
             raise _unsupported(block, f"{where}[{j}]")
+        if not block.tool_use_id:
+            raise MalformedRequest("a tool_result block needs the tool_use_id of its tool_use",
+                                   param=f"{where}[{j}].tool_use_id")
         if "".join(texts):
             out.append(Message(role="user", content="".join(texts)))
         texts = []
@@ -94,7 +100,7 @@ def _user(where: str, content: str | list[w.ContentBlock]) -> tuple[Message, ...
     return tuple(out)
 
 
-def _assistant(where: str, index: int, content: str | list[w.ContentBlock]) -> Message:
+def _assistant(where: str, content: str | list[w.ContentBlock]) -> Message:
     if isinstance(content, str):
         return Message(role="assistant", content=content)
     texts: list[str] = []
@@ -105,13 +111,23 @@ def _assistant(where: str, index: int, content: str | list[w.ContentBlock]) -> M
             texts.append(block.text)
         elif block.type == "thinking" and block.thinking is not None:
             reasoning.append(block.thinking)
-        elif block.type == "tool_use" and block.name is not None:
-            arguments = json.dumps(block.input or {}, ensure_ascii=False)
-            calls.append(ToolCall(id=block.id or f"toolu_{index}_{j}", name=block.name, arguments=arguments))
+        elif block.type == "tool_use":
+            calls.append(_tool_use(block, f"{where}[{j}]"))
         else:
             raise _unsupported(block, f"{where}[{j}]")
     return Message(role="assistant", content="".join(texts), tool_calls=tuple(calls),
                    reasoning="".join(reasoning) or None)
+
+
+def _tool_use(block: w.ContentBlock, where: str) -> ToolCall:
+    """A ``tool_use`` block as a tool call: its id and name required (the tool_result names the id)."""
+    if not block.id:
+        raise MalformedRequest("a tool_use block needs an id", param=f"{where}.id")
+    if not block.name:
+        raise MalformedRequest("a tool_use block needs a name", param=f"{where}.name")
+    if block.input:
+        check_free_form(block.input, f"{where}.input", ints=False)
+    return ToolCall(id=block.id, name=block.name, arguments=json.dumps(block.input or {}, ensure_ascii=False))
 
 
 def _system(system: str | list[w.ContentBlock] | None) -> tuple[Message, ...]:
@@ -121,10 +137,10 @@ def _system(system: str | list[w.ContentBlock] | None) -> tuple[Message, ...]:
 
 
 def _message(index: int, m: w.MessageParam) -> tuple[Message, ...]:
-    """``messages[index]`` as neutral messages. What comes out depends on the message and its
-    index (a ``tool_use`` without an id is given one naming it), on nothing else in the request."""
+    """``messages[index]`` as neutral messages. What comes out depends on the message (and, in
+    what a refusal names, its index), on nothing else in the request."""
     where = f"messages[{index}].content"
-    return _user(where, m.content) if m.role == "user" else (_assistant(where, index, m.content),)
+    return _user(where, m.content) if m.role == "user" else (_assistant(where, m.content),)
 
 
 def neutral_messages(req: w.MessagesRequest) -> tuple[Message, ...]:
@@ -139,6 +155,8 @@ def _tool_specs(tools: Sequence[w.ToolParam]) -> tuple[ToolSpec, ...]:
     for i, tool in enumerate(tools):
         if tool.type not in (None, "custom"):
             raise MalformedRequest(f"server tool {tool.type!r} is not supported", param=f"tools[{i}].type")
+        if tool.input_schema is not None:
+            check_free_form(tool.input_schema, f"tools[{i}].input_schema", ints=False)
     return tuple(ToolSpec(name=t.name, description=t.description, parameters=t.input_schema) for t in tools)
 
 
@@ -150,12 +168,8 @@ def _tool_choice(req: w.MessagesRequest | w.LazyMessagesRequest) -> str:
 
 
 def _sampling(req: w.MessagesRequest | w.LazyMessagesRequest) -> SamplingOverrides:
-    if req.max_tokens < 1:
-        raise MalformedRequest("max_tokens must be >= 1", param="max_tokens")
-    if req.temperature is not None and req.temperature < 0:
-        raise MalformedRequest("temperature must be >= 0", param="temperature")
-    if req.top_p is not None and not 0 < req.top_p <= 1:
-        raise MalformedRequest("top_p must be in (0, 1]", param="top_p")
+    check_sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                   stop=req.stop_sequences, stop_param="stop_sequences")
     stop = tuple(req.stop_sequences) if req.stop_sequences else None
     return SamplingOverrides(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                              max_tokens=req.max_tokens, stop=stop)

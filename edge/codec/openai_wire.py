@@ -1,8 +1,9 @@
 """OpenAI Chat Completions adapter: wire request -> :class:`Conversation`, outcome -> wire reply.
 
 Decoding is strict about types and explicit about what rollbus does not serve
-(``n > 1``, forced tool choice, non-text content parts): those are 400s with the
-parameter named, never silently ignored.
+(``n > 1``, forced tool choice, non-text content parts, a ``response_format`` other than
+``{"type": "text"}``): those are 400s with the parameter named, never silently ignored, and
+so are sampling values out of range and nesting past the bounds (:mod:`edge.codec.strict`).
 
 Streaming (``stream: true``) sends ``chat.completion.chunk`` events: the role, then
 ``reasoning_content`` and ``content`` deltas as they come, each tool call as a delta with
@@ -22,7 +23,14 @@ from edge.codec.conversation import Conversation, Message, SamplingOverrides, To
 from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFinished, StreamStarted, ToolCallReady
 from edge.codec.digest import decode_history, tools_digest
 from edge.codec.prefix import KnownPrefix, cut_holds, learn, skip_known
-from edge.codec.strict import decode_strict
+from edge.codec.strict import (
+    TOO_DEEP,
+    check_free_form,
+    check_json_text,
+    check_max_tokens,
+    check_sampling,
+    decode_strict,
+)
 from schemas.errors import MalformedRequest, RollbusError
 from schemas.events import ToolCall
 from schemas.wire_openai import (
@@ -50,7 +58,8 @@ from schemas.wire_openai import (
 _encoder = msgspec.json.Encoder()
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                409: "conflict_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+                405: "invalid_request_error", 409: "conflict_error", 413: "invalid_request_error",
+                429: "rate_limit_error"}
 
 
 def _text(content: str | list[ContentPart] | None, where: str) -> str:
@@ -74,6 +83,8 @@ def _message(index: int, m: MessageIn) -> Message:
     )
     if calls and m.role != "assistant":
         raise MalformedRequest("only assistant messages carry tool_calls", param=f"{where}.tool_calls")
+    for i, call in enumerate(calls):
+        check_json_text(call.arguments, f"{where}.tool_calls[{i}].function.arguments")
     return Message(
         role="system" if m.role == "developer" else m.role,
         content=_text(m.content, f"{where}.content"),
@@ -91,16 +102,20 @@ def _tool_choice(req: LazyRequest) -> str:
     raise MalformedRequest("tool_choice must be 'auto' or 'none'", param="tool_choice")
 
 
+def _response_format(req: LazyRequest) -> None:
+    """Only plain text is served: ``{"type": "text"}`` (or none) changes nothing; anything else
+    (JSON mode, a JSON schema) would be silently unenforced, so it is refused."""
+    if req.response_format is not None and req.response_format != {"type": "text"}:
+        raise MalformedRequest('response_format is not supported (only {"type": "text"})', param="response_format")
+
+
 def _sampling(req: LazyRequest) -> SamplingOverrides:
     if req.n not in (None, 1):
         raise MalformedRequest("n must be 1 (start one session per sample)", param="n")
-    if req.temperature is not None and req.temperature < 0:
-        raise MalformedRequest("temperature must be >= 0", param="temperature")
-    if req.top_p is not None and not 0 < req.top_p <= 1:
-        raise MalformedRequest("top_p must be in (0, 1]", param="top_p")
-    max_tokens = req.max_completion_tokens or req.max_tokens
-    if max_tokens is not None and max_tokens < 1:
-        raise MalformedRequest("max_tokens must be >= 1", param="max_tokens")
+    check_max_tokens(req.max_completion_tokens, "max_completion_tokens")
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    check_sampling(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, max_tokens=req.max_tokens,
+                   stop=req.stop)
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop) if req.stop else None
     return SamplingOverrides(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                              max_tokens=max_tokens, stop=stop)
@@ -115,6 +130,8 @@ def _decoded_message(index: int, raw: bytes) -> Message:
         wire = _message_decoder.decode(raw)
     except msgspec.DecodeError as exc:  # invalid JSON or UTF-8, or a wrong shape (ValidationError)
         raise MalformedRequest(f"invalid request: {exc} (in messages[{index}])", param=f"messages[{index}]") from exc
+    except RecursionError:
+        raise MalformedRequest(f"{TOO_DEEP} (in messages[{index}])", param=f"messages[{index}]") from None
     return _message(index, wire)
 
 
@@ -133,6 +150,11 @@ def _cached_tools(raw: msgspec.Raw | None) -> tuple[ToolSpec, ...]:
             defs = _tools_decoder.decode(key)
         except msgspec.ValidationError as exc:
             raise MalformedRequest(f"invalid request: {exc} (in tools)", param="tools") from exc
+        except RecursionError:
+            raise MalformedRequest(f"{TOO_DEEP} (in tools)", param="tools") from None
+        for i, tool in enumerate(defs or ()):
+            if tool.function.parameters is not None:
+                check_free_form(tool.function.parameters, f"tools[{i}].function.parameters", ints=False)
         tools = _TOOLS.put(key, tuple(
             ToolSpec(name=t.function.name, description=t.function.description, parameters=t.function.parameters)
             for t in defs or ()), 2 * len(key))
@@ -170,6 +192,7 @@ def _decode(body: bytes, document: bytes, known: KnownPrefix | None, shift: int)
     else:
         new, new_digests = decode_history(known.tip, map(bytes, raws), _decoded_message, first_index=known.count)
         messages, digests = known.messages + new, known.digests + new_digests
+    _response_format(req)
     prefix, digest = learn(body, document, shift, known, raws, root=root, messages=messages, digests=digests,
                            tip=bytes.fromhex(digests[-1]))
     return Conversation(

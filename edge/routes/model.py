@@ -9,8 +9,9 @@ error event. A client that leaves a stream early abandons its turn (see
 :mod:`edge.streaming`).
 
 These routes are the hot path, so :class:`ModelRoutes` serves them as a thin ASGI front:
-it matches the two paths with string operations and calls the handler directly, and
-hands every other request to the FastAPI app (admin, reward, health, metrics).
+it matches the two paths with string operations and calls the handler directly (another
+method than POST on them is a 405 in the wire's shape), and hands every other request to
+the FastAPI app (admin, reward, health, metrics).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from edge.codec.adapter import StreamEncoder, WireAdapter
 from edge.http_server import DISCONNECT_EXTENSION, REPLY_EXTENSION
 from edge.idempotency import retry_count
 from edge.metrics import CounterKey, Metrics
-from edge.routes.wire import bearer, check_declared_size, error_response
+from edge.routes.wire import RouteNotServed, bearer, check_declared_size, error_response, json_response
 from edge.service import EdgeService
 from edge.streaming import Item, RecordedStream, TurnStream
 from edge.turns import Disconnect, TurnRequest
@@ -40,6 +41,12 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _PREFIX = "/sessions/"
+_ANTHROPIC = "v1/messages"
+
+
+def is_anthropic_path(path: str) -> bool:
+    """``/sessions/{id}/v1/messages...``: the Anthropic wire's (its errors in Anthropic's shape)."""
+    return path.startswith(_PREFIX) and path[len(_PREFIX):].partition("/")[2].startswith(_ANTHROPIC)
 
 
 async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: str, scope: Scope, receive: Receive,
@@ -137,11 +144,14 @@ class ModelRoutes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
-        if scope["type"] == "http" and scope["method"] == "POST" and path.startswith(_PREFIX):
+        if scope["type"] == "http" and path.startswith(_PREFIX):
             session_id, _, tail = path[len(_PREFIX):].partition("/")
             adapter = self._adapters.get(tail)
             if adapter is not None:
-                await self._serve(adapter, session_id, tail, scope, receive, send)
+                if scope["method"] == "POST":
+                    await self._serve(adapter, session_id, tail, scope, receive, send)
+                else:
+                    await _method_not_allowed(adapter, scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -181,6 +191,14 @@ class ModelRoutes:
                 route=f"/sessions/{{session_id}}/{tail}", status=str(status))
         self._metrics.add(counted)
         self._latency.observe(time.perf_counter() - started)
+
+
+async def _method_not_allowed(adapter: WireAdapter, scope: Scope, receive: Receive, send: Send) -> None:
+    error = RouteNotServed(f"method {scope['method']} is not allowed on {scope['path']} (allowed: POST)",
+                           status=405, code="method_not_allowed")
+    response = json_response(adapter.encode_error(error), 405)
+    response.headers["Allow"] = "POST"
+    await response(scope, receive, send)
 
 
 async def _sse(encoder: StreamEncoder, first: Item, stream: TurnStream | RecordedStream) -> AsyncIterator[bytes]:

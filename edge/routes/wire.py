@@ -26,6 +26,16 @@ T = TypeVar("T")
 JSON = "application/json"
 
 
+class RouteNotServed(RollbusError):
+    """A path (404) or method (405) no route serves, answered in the shape of the wire the path
+    belongs to (see ``edge.app``)."""
+
+    def __init__(self, message: str, *, status: int, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
 def json_response(body: bytes, status: int = 200) -> Response:
     return Response(content=body, status_code=status, media_type=JSON)
 

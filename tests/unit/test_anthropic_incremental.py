@@ -30,10 +30,11 @@ def body(messages: list[dict[str, Any]], **fields: Any) -> bytes:
     return json.dumps({"model": "m", "max_tokens": 8, "messages": messages, **fields}).encode()
 
 
-def assistant(i: int, *, tool_id: str | None = None) -> dict[str, Any]:
+def assistant(i: int, *, tool_id: str | None = "") -> dict[str, Any]:
+    """An assistant turn with a tool call (``tool_id`` None: without its id, which is refused)."""
     use: dict[str, Any] = {"type": "tool_use", "name": "calc", "input": {"x": i, "s": "é"}}
     if tool_id is not None:
-        use["id"] = tool_id
+        use["id"] = tool_id or f"toolu_{i}"
     return {"role": "assistant", "content": [
         {"type": "thinking", "thinking": f"think {i}", "signature": "sig"}, {"type": "text", "text": f"say {i}"}, use]}
 
@@ -50,7 +51,7 @@ def session(turns: int) -> list[dict[str, Any]]:
     """user, (assistant, tool results)..., ending with a user message."""
     out: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
     for i in range(1, turns):
-        out += [assistant(i, tool_id=f"toolu_{i}" if i % 2 else None), tool_result(i, f"toolu_{i}")]
+        out += [assistant(i), tool_result(i, f"toolu_{i}")]
     return out
 
 
@@ -164,23 +165,26 @@ def test_every_prefix_decodes_as_from_scratch_and_by_value(fresh: Callable[[], N
         assert isinstance(got, Conversation) and len(got.history_digests) == len(got.messages)
 
 
-def test_a_default_tool_call_id_names_the_index_even_where_the_previous_digest_is_the_same(
-        fresh: Callable[[], None]) -> None:
+def test_a_refusal_names_the_index_even_where_the_previous_digest_is_the_same(fresh: Callable[[], None]) -> None:
     # The digests ignore tool-call ids, so these two histories share their digest before the
-    # assistant message; its id-less tool_use (block 2) is toolu_1_2 in one and toolu_2_2 in the other.
+    # assistant message; its id-less tool_use (block 2) is messages[1] in one and messages[2] in the other.
     one = [{"role": "user", "content": [{"type": "text", "text": "a"},
                                         {"type": "tool_result", "tool_use_id": "p", "content": "r"}]}]
     two = [{"role": "user", "content": "a"},
            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "q", "content": "r"}]}]
-    tail = [assistant(1), {"role": "user", "content": "ok"}]
-    first = a.decode_request(body(one + tail))
-    second = a.decode_request(body(two + tail))
-    assert first.history_digests == second.history_digests
-    assert first.messages[2].tool_calls[0].id == "toolu_1_2" and second.messages[2].tool_calls[0].id == "toolu_2_2"
-    assert plain(second) == by_value(body(two + tail)) and plain(first) == by_value(body(one + tail))
+    assert a.decode_request(body(one)).history_digests == a.decode_request(body(two)).history_digests
+    tail = [assistant(1, tool_id=None), {"role": "user", "content": "ok"}]
+    for history, index in ((one, 1), (two, 2), (one, 1)):
+        raw = body(history + tail)
+        expected = ("MalformedRequest", "a tool_use block needs an id", f"messages[{index}].content[2].id")
+        assert outcome(a.decode_request, raw) == outcome(by_value, raw) == expected
 
 
-BAD: list[tuple[str, list[dict[str, Any]], dict[str, Any]]] = [
+NESTED: Any = 1
+for _ in range(100):  # past the bound on a free-form value's nesting
+    NESTED = [NESTED]
+
+BAD: list[tuple[str | None, list[dict[str, Any]], dict[str, Any]]] = [
     ("messages[7].content[0].type", [*session(4), {"role": "user", "content": [{"type": "image", "source": {}}]}], {}),
     ("messages[7].content[0].content[0].type", [*session(4), {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}]}], {}),
@@ -193,6 +197,24 @@ BAD: list[tuple[str, list[dict[str, Any]], dict[str, Any]]] = [
     ("tool_choice.type", session(3), {"tool_choice": {"type": "any"}}),
     ("top_p", session(3), {"top_p": 0}),
     ("max_tokens", session(3), {"max_tokens": 0}),
+    ("max_tokens", session(3), {"max_tokens": 2**31}),
+    ("top_k", session(3), {"top_k": 0}),
+    ("temperature", session(3), {"temperature": 101}),
+    ("stop_sequences[1]", session(3), {"stop_sequences": ["a", ""]}),
+    # Tool blocks without their ids, as on Anthropic's API.
+    ("messages[5].content[2].id", [*session(3), assistant(9, tool_id=None), tool_result(9)], {}),
+    ("messages[4].content[2].id", [*session(2), {"role": "user", "content": "b"}, assistant(9, tool_id=None),
+                                   tool_result(9)], {}),
+    ("messages[1].content[0].name", [{"role": "user", "content": "a"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "input": {}}]}, tool_result(1)], {}),
+    ("messages[5].content[0].tool_use_id", [*session(3), {"role": "user", "content": [
+        {"type": "tool_result", "content": "r"}]}], {}),
+    ("messages[5].content[1].tool_use_id", [*session(3), {"role": "user", "content": [
+        {"type": "text", "text": "x"}, {"type": "tool_result", "tool_use_id": "", "content": "r"}]}], {}),
+    ("messages[1].content[2].input", [{"role": "user", "content": "a"}, {"role": "assistant", "content": [
+        {"type": "text", "text": "x"}, {"type": "text", "text": "y"},
+        {"type": "tool_use", "id": "t", "name": "calc", "input": {"x": NESTED}}]}, tool_result(1)], {}),
+    ("tools[1].input_schema", session(3), {"tools": [TOOLS[0], {"name": "deep", "input_schema": {"x": NESTED}}]}),
     # Which refusal comes first is as by value: the messages before tools, tool_choice, sampling.
     ("messages[7].content[0].type", [*session(4), {"role": "user", "content": [{"type": "image"}]}],
      {"tools": [{"name": "bash", "type": "bash_20250124"}], "tool_choice": {"type": "any"}, "top_p": 0}),
@@ -248,11 +270,12 @@ def test_the_lazy_request_has_the_requests_fields() -> None:
 _text = st.text(alphabet="ab é{}\"\\", max_size=6)
 _plain = st.builds(lambda t: {"type": "text", "text": t}, _text)
 _odd = st.sampled_from([{"type": "image", "source": {}}, {"type": "text"}, {"type": "text", "text": 3},
-                        {"type": "tool_result"}, {"type": "redacted_thinking", "data": "x"}])
+                        {"type": "tool_result"}, {"type": "tool_result", "tool_use_id": ""},
+                        {"type": "tool_use", "name": "calc", "input": {}}, {"type": "redacted_thinking", "data": "x"}])
 _result = st.builds(lambda i, c: {"type": "tool_result", "tool_use_id": f"t{i}", "content": c},
                     st.integers(0, 3), st.one_of(st.none(), _text, st.lists(_plain, max_size=2)))
 _thinking = st.builds(lambda t: {"type": "thinking", "thinking": t, "signature": "s"}, _text)
-_use = st.builds(lambda i, n: {"type": "tool_use", "name": n, "input": {"x": i}, **({"id": f"toolu_{i}"} if i else {})},
+_use = st.builds(lambda i, n: {"type": "tool_use", "id": f"toolu_{i}", "name": n, "input": {"x": i}},
                  st.integers(0, 2), st.sampled_from(["calc", "read"]))
 
 

@@ -219,7 +219,7 @@ def an_turns() -> list[list[dict[str, Any]]]:
     return [
         [{"role": "user", "content": "Fix the bug, please ✓"}],
         [assistant(1, tool_id="toolu_1"), results(1, "toolu_1")],
-        [assistant(3, tool_id=None), results(3, "toolu_3_2")],
+        [assistant(3, tool_id="toolu_3_2"), results(3, "toolu_3_2")],
         [],  # a retry
         [{"role": "assistant", "content": "Plain text."},
          {"role": "user", "content": [{"type": "text", "text": "ok"}]}],
@@ -298,10 +298,8 @@ def an_exchange(draw: st.DrawFn) -> list[dict[str, Any]]:
         elif kind == "thinking":
             blocks.append({"type": "thinking", "thinking": draw(_text), "signature": "s"})
         else:
-            use: dict[str, Any] = {"type": "tool_use", "name": "calc", "input": draw(_arguments)}
-            if draw(st.booleans()):
-                use["id"] = draw(_text)
-            blocks.append(use)
+            blocks.append({"type": "tool_use", "id": "toolu_" + draw(_text), "name": "calc",
+                           "input": draw(_arguments)})
     assistant = {"role": "assistant", "content": blocks if blocks and draw(st.booleans()) else draw(_text)}
     user_blocks: list[dict[str, Any]] = []
     for kind in draw(st.lists(st.sampled_from(["text", "tool_result"]), max_size=4)):
@@ -309,7 +307,7 @@ def an_exchange(draw: st.DrawFn) -> list[dict[str, Any]]:
             user_blocks.append(draw(_block_text))
         else:
             content = draw(st.one_of(_text, st.lists(_block_text, max_size=2)))
-            user_blocks.append({"type": "tool_result", "tool_use_id": draw(_text), "content": content,
+            user_blocks.append({"type": "tool_result", "tool_use_id": "toolu_" + draw(_text), "content": content,
                                 "is_error": draw(st.booleans())})
     user = {"role": "user", "content": user_blocks if draw(st.booleans()) else draw(_text)}
     return [assistant, user]

@@ -8,9 +8,13 @@
     rollbus materializer  the materializer alone         (--nats URL)
     rollbus demo          sample agent sessions through a running or embedded stack
     rollbus replay        a session rebuilt from the log; --verify checks what was materialized
-    rollbus sessions      sessions with status, turns, chains, reward (from the projections)
+    rollbus sessions      sessions with status, model turns, chains, reward (from the projections)
     rollbus materialize   rebuild training records from the log (--from-log)
     rollbus rollout       the verl rollout adapter over a prompts dataset (no trainer)
+
+A user's mistake (a busy port, no NATS server at ``--nats``, a missing ``--model``, an
+unwritable ``--data-dir``, a bad flag) is answered with one line on stderr and exit status
+2, never a traceback.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import secrets
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import msgspec
 
@@ -30,13 +35,22 @@ from edge.codec.fidelity import load_codec
 from materializer.service import MaterializerOptions
 from rollbus import demo, materialize, replay, rollout, sessions
 from rollbus.heap import settle_heap
-from rollbus.runtime import COMPONENTS, Stack, StackOptions, engine_summary, model_defaults
+from rollbus.runtime import COMPONENTS, Stack, StackOptions, check_options, engine_summary, model_defaults
+from rollbus.tools import EXIT_ERROR, LOG_LEVEL_HELP, UserError, check_nats, one_line
+from schemas.errors import RollbusError
 
 # Commands beyond the stack itself: each module has ``register(subparsers)`` and sets
 # ``run(args) -> int`` as the parser default.
 TOOL_COMMANDS = [demo, replay, sessions, materialize, rollout]
 
 STATE_FILE = "edge.json"  # <data-dir>/edge.json: where a running `rollbus up` can be reached
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (the usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 class EdgeInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,13 +64,16 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
     parser.add_argument("--data-dir", type=Path, default=Path("rollbus-data"),
                         help="NATS store and Parquet output (trajectories/) [./rollbus-data]")
     parser.add_argument("--nats", metavar="URL", required=nats_required, default=None,
-                        help="use this NATS server instead of starting an embedded one")
-    parser.add_argument("--log-level", default="INFO")
+                        help="the log's NATS server (required)" if nats_required else
+                             "use this NATS server instead of starting an embedded one")
+    parser.add_argument("--log-level", default="INFO", metavar="LEVEL", help=LOG_LEVEL_HELP)
     if not edge:
         return
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--engine", choices=["local", "sglang", "vllm"], default="local")
+    parser.add_argument("--host", default="127.0.0.1", help="address the edge listens on [127.0.0.1]")
+    parser.add_argument("--port", type=int, default=8000,
+                        help="port the edge listens on; 0: any free port [8000]")
+    parser.add_argument("--engine", choices=["local", "sglang", "vllm"], default="local",
+                        help="local: an in-process CPU model (--model); sglang, vllm: servers at --engine-url [local]")
     parser.add_argument("--engine-url", action="append", default=[], metavar="URL",
                         help="engine server URL (repeatable; sessions are spread over them and stick)")
     parser.add_argument("--model", default=None, metavar="NAME|PATH",
@@ -71,7 +88,8 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
     parser.add_argument("--tool-format", default=None,
                         help="tool-call parser: hermes, qwen3_coder, llama3, smollm2, none or sglang:NAME; must "
                              "match the chat template (checked at startup) [the model's, else hermes]")
-    parser.add_argument("--max-trajectory-length", type=int, default=32768)
+    parser.add_argument("--max-trajectory-length", type=int, default=32768, metavar="TOKENS",
+                        help="prompt + response tokens per chain; past it the chain is closed [32768]")
     parser.add_argument("--admin-token", default=os.environ.get("ROLLBUS_ADMIN_TOKEN", ""),
                         help="admin bearer token [$ROLLBUS_ADMIN_TOKEN; generated when absent]")
     parser.add_argument("--edge-id", default="",
@@ -89,7 +107,7 @@ def _materializer_flags(parser: argparse.ArgumentParser) -> None:
                        help="also write records to TransferQueue (verl's data plane), beside Parquet")
     group.add_argument("--ray-address", help="join the TransferQueue of this Ray cluster (e.g. verl's trainer's); "
                                              "default: host one in this process")
-    group.add_argument("--tq-partition", default="train")
+    group.add_argument("--tq-partition", default="train", help="the TransferQueue partition to write [train]")
     group.add_argument("--rollout-n", type=int, default=1,
                        help="sessions per prompt when a session's metadata has no rollout_n [1]")
     group.add_argument("--batch-size", type=int, default=MaterializerOptions().max_batch,
@@ -110,7 +128,7 @@ def _materializer_options(args: argparse.Namespace) -> MaterializerOptions:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rollbus", description="Event-sourced trajectory gateway for agentic RL.")
+    parser = Parser(prog="rollbus", description="Event-sourced trajectory gateway for agentic RL.")
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="run the whole stack in the foreground")
     _common(up, edge=True, nats_required=False)
@@ -181,12 +199,18 @@ def _write_state(stack: Stack) -> Path | None:
 
 
 async def _serve(options: StackOptions) -> int:
+    if options.nats_url:  # refuse at once a --nats nothing listens on (connect() would wait 10 s)
+        await check_nats(options.nats_url)
     stack = Stack(options)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stack.stop_event.set)
     try:
         await stack.start()
+    except BaseException:  # a StartupError or RollbusError is the caller's one line; stop what did start
+        await stack.stop()
+        raise
+    try:
         settle_heap()  # startup is done: its heap is never collected again
         state = _write_state(stack)
         _announce(stack)
@@ -199,13 +223,34 @@ async def _serve(options: StackOptions) -> int:
     return 0
 
 
+def _log_level(name: str) -> int:
+    """The logging level ``--log-level`` names (a name in any case, or a number)."""
+    if name.isdigit():
+        return int(name)
+    level = logging.getLevelNamesMapping().get(name.upper())
+    if level is None:
+        raise UserError(f"--log-level {name}: not a level (DEBUG, INFO, WARNING, ERROR, CRITICAL)")
+    return level
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return _run(args)
+    except UserError as exc:
+        print(f"rollbus {args.command}: {one_line(str(exc))}", file=sys.stderr)
+    except RollbusError as exc:  # e.g. no NATS server answered in time, an embedded nats-server that failed
+        print(f"rollbus {args.command}: {one_line(exc.message)}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=_log_level(args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command not in ("up", *COMPONENTS):
         return int(args.run(args))
     components = COMPONENTS if args.command == "up" else (args.command,)
     options = _options(args, components)
+    check_options(options)  # a missing --model, --engine sglang without --engine-url, ...
     if "edge" in components:
         try:  # refuse a bad --tokenizer / --tool-format before starting anything
             load_codec(options.tokenizer, options.tool_format)

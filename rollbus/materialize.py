@@ -7,8 +7,13 @@
                         [--reward-scorer MODULE:ATTR] [--diff EARLIER_DIR]
 
 The log comes from ``--nats URL``, else the running ``rollbus up`` of ``--data-dir``, else
-an embedded nats-server on ``<data-dir>/nats``. Progress goes to stderr once a second;
-``--diff`` then compares the new output with an earlier one, key by key.
+an embedded nats-server on ``<data-dir>/nats`` (which must hold a log). Progress goes to
+stderr once a second; ``--diff`` then compares the new output with an earlier one, key by
+key, and prints ``identical`` or ``different`` last.
+
+Exit status (:data:`EXIT_STATUS`): 0 when every session was read, whether or not the diff
+found differences (read its last line); 1 when some sessions' events were unreadable; 2
+for a mistake (a missing ``--diff`` dataset, an ``--out`` that holds one, no log, no NATS).
 
 The record flags (:func:`add_record_flags`) are shared with ``rollbus up`` and
 ``rollbus materializer``.
@@ -24,16 +29,21 @@ import sys
 import time
 from pathlib import Path
 
-from materializer.dataset import read_dataset
+from materializer.dataset import dataset_files, read_dataset
 from materializer.diff import diff_tables, render
 from materializer.padding import Padding
 from materializer.parquet import ParquetSink
 from materializer.records import RecordOptions
 from materializer.rematerialize import Progress, Rematerializer
-from reward.scorer import load_scorer
+from reward.scorer import RewardScorer, load_scorer
 from rollbus.nats_server import EmbeddedNats
 from rollbus.provision import connect
+from rollbus.tools import LOG_LEVEL_HELP, UserError, check_nats, check_writable_dir
 from schemas.log import LogConfig
+
+EXIT_STATUS = ("exit status: 0 when every session was read, whether or not --diff found differences (its last "
+               "line says identical or different); 1 when some sessions were unreadable; 2 for a mistake (a "
+               "missing --diff dataset, an --out that holds one, no log, no NATS server)")
 
 
 def add_record_flags(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +56,7 @@ def add_record_flags(parser: argparse.ArgumentParser) -> None:
                        help="score sessions whose task posted no reward (else their reward is 0)")
     group.add_argument("--prompt-length", type=int, help="write padded rows: prompts left-padded to this length")
     group.add_argument("--response-length", type=int, help="... and responses right-padded to this length")
-    group.add_argument("--pad-token-id", type=int, default=0)
+    group.add_argument("--pad-token-id", type=int, default=0, help="the token id of padding [0]")
     group.add_argument("--overflow", choices=["truncate", "error"], default="truncate",
                        help="a record longer than the padded lengths: cut it (recorded per row) or refuse [truncate]")
 
@@ -60,34 +70,58 @@ def padding(args: argparse.Namespace) -> Padding | None:
     if args.prompt_length is None and args.response_length is None:
         return None
     if args.prompt_length is None or args.response_length is None:
-        raise SystemExit("--prompt-length and --response-length go together")
+        raise UserError("--prompt-length and --response-length go together")
     return Padding(prompt_length=args.prompt_length, response_length=args.response_length,
                    pad_token_id=args.pad_token_id, overflow=args.overflow)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    cmd = sub.add_parser("materialize", help="rebuild training records from the log into a new dataset")
+    cmd = sub.add_parser("materialize", help="rebuild training records from the log into a new dataset",
+                         description="Rebuild the records of every finalized session from the log into a new "
+                                     "dataset; the log is --nats URL, else the running `rollbus up` of "
+                                     "--data-dir, else an embedded nats-server on <data-dir>/nats.",
+                         epilog=EXIT_STATUS)
     cmd.add_argument("--from-log", action="store_true", required=True, help="read every session from the log")
     cmd.add_argument("--out", type=Path, required=True, help="directory of the new dataset (must hold none)")
-    cmd.add_argument("--diff", type=Path, metavar="DIR", help="compare the new dataset with this earlier one")
-    cmd.add_argument("--data-dir", type=Path, default=Path("rollbus-data"))
-    cmd.add_argument("--nats", metavar="URL", help="the log's NATS server (default: see the command's help)")
-    cmd.add_argument("--sessions-per-file", type=int, default=4096)
-    cmd.add_argument("--log-level", default="WARNING")
+    cmd.add_argument("--diff", type=Path, metavar="DIR",
+                     help="then compare the new dataset with this earlier one (it must hold a dataset); "
+                          "differences are printed and do not change the exit status")
+    cmd.add_argument("--data-dir", type=Path, default=Path("rollbus-data"),
+                     help="the stack's directory: its running `rollbus up` (edge.json), else its nats/ store "
+                          "[./rollbus-data]")
+    cmd.add_argument("--nats", metavar="URL", help="the log's NATS server [the running stack's, else embedded]")
+    cmd.add_argument("--sessions-per-file", type=int, default=4096, help="sessions per Parquet file [4096]")
+    cmd.add_argument("--log-level", default="WARNING", metavar="LEVEL", help=LOG_LEVEL_HELP)
     add_record_flags(cmd)
     cmd.set_defaults(run=lambda args: asyncio.run(run(args)))
 
 
 def _running_nats(data_dir: Path) -> str | None:
     state = data_dir / "edge.json"
-    if not state.exists():
-        return None
-    info = json.loads(state.read_text())
     try:
+        info = json.loads(state.read_text())
         os.kill(int(info["pid"]), 0)
-    except (OSError, ValueError, KeyError):
+        return str(info["nats_url"])
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return str(info["nats_url"])
+
+
+def _check(args: argparse.Namespace) -> RewardScorer | None:
+    """Refuse, before reading the log, what would fail late or compare against nothing; the reward scorer."""
+    padding(args)
+    if args.diff is not None:
+        if not args.diff.is_dir():
+            raise UserError(f"--diff {args.diff}: no such directory")
+        if not dataset_files(args.diff):
+            raise UserError(f"--diff {args.diff}: holds no dataset (no part-*.parquet files)")
+    if args.out.is_dir() and dataset_files(args.out):
+        raise UserError(f"--out {args.out} already holds a dataset; choose a new --out")
+    if not args.reward_scorer:
+        return None
+    try:
+        return load_scorer(args.reward_scorer)
+    except (ValueError, ImportError, AttributeError) as exc:
+        raise UserError(f"--reward-scorer {args.reward_scorer}: {exc}") from exc
 
 
 def _report(progress: Progress) -> None:
@@ -98,25 +132,41 @@ def _report(progress: Progress) -> None:
           flush=True)
 
 
+def _embedded_store(data_dir: Path) -> Path:
+    """``<data-dir>/nats``, when it holds a log the embedded nats-server can open."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise UserError(f"--data-dir {data_dir} is a file, not a directory")
+    store = data_dir / "nats"
+    if not store.is_dir():
+        raise UserError(f"no log: --data-dir {data_dir} has no nats/ store and no running `rollbus up`; "
+                        "pass --nats URL or the stack's --data-dir")
+    check_writable_dir(data_dir, flag="--data-dir", subdirs=("nats",))  # the embedded server's store, log, ports
+    return store
+
+
 async def run(args: argparse.Namespace) -> int:
-    if any(args.out.glob("part-*.parquet")):
-        print(f"{args.out} already holds a dataset; choose a new --out", file=sys.stderr)
-        return 2
+    scorer = _check(args)
     url = args.nats or _running_nats(args.data_dir)
+    store = None
+    if url is not None:
+        await check_nats(url, where="" if args.nats else f" (the running stack's, in {args.data_dir / 'edge.json'})")
+    else:
+        store = _embedded_store(args.data_dir)
+    check_writable_dir(args.out, flag="--out")
     embedded = None
-    if url is None:
-        embedded = await asyncio.to_thread(EmbeddedNats(args.data_dir / "nats", name="rollbus-materialize").start)
+    if store is not None:
+        embedded = await asyncio.to_thread(EmbeddedNats(store, name="rollbus-materialize").start)
         url = embedded.url
+    assert url is not None
     try:
-        return await _rematerialize(args, url)
+        return await _rematerialize(args, url, scorer)
     finally:
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
 
 
-async def _rematerialize(args: argparse.Namespace, url: str) -> int:
+async def _rematerialize(args: argparse.Namespace, url: str, scorer: RewardScorer | None) -> int:
     sink = ParquetSink(args.out, padding=padding(args))
-    scorer = load_scorer(args.reward_scorer) if args.reward_scorer else None
     worker = Rematerializer(sink, options=record_options(args), scorer=scorer,
                             sessions_per_file=args.sessions_per_file)
     nc = await connect(url, name="rollbus-materialize")

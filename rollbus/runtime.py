@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import socket
 import time
@@ -24,7 +25,7 @@ from nats.js.client import JetStreamContext
 from edge.app import create_app
 from edge.codec.fidelity import load_codec
 from edge.codec.tokenizer import load_tokenizer
-from edge.engines import local_model, make_engine
+from edge.engines import LOCAL_MODELS, local_model, make_engine
 from edge.engines.base import Engine
 from edge.http_server import EdgeHttpProtocol
 from edge.keeper import SessionKeeper
@@ -39,6 +40,7 @@ from materializer.service import Materializer, MaterializerOptions
 from reward.scorer import RewardScorer, load_scorer
 from rollbus.nats_server import EmbeddedNats
 from rollbus.provision import connect, provision
+from rollbus.tools import UserError, check_writable_dir, one_line
 from schemas.log import LogConfig
 from session_projector.projections import current_summary, iter_projections
 from session_projector.reader import last_stream_seq, load_state
@@ -50,6 +52,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("edge", "projector", "materializer")
+DATA_SUBDIRS = ("nats", "trajectories", ".trajectories-staging")  # what the stack writes under --data-dir
+
+
+class StartupError(UserError):
+    """The stack cannot start for a reason the user can fix (a busy port, a missing model, an unwritable
+    ``--data-dir``); its message is one line naming the problem and the flag."""
 
 
 class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,6 +98,41 @@ def engine_summary(options: StackOptions) -> str:
         return " ".join([options.engine, *options.engine_urls])
     spec = local_model(options.model)
     return f"local {spec.name} ({spec.summary})" if spec else f"local {options.model}"
+
+
+def check_model(model: str | None) -> None:
+    """Refuse a ``--model`` that names no built-in model and no local model directory or ``.gguf`` file."""
+    if model is None or model in LOCAL_MODELS:
+        return
+    path = Path(model)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise StartupError(f"--model {model}: no such GGUF file (nothing is downloaded)")
+        return
+    if not path.exists():
+        raise StartupError(f"--model {model}: no such model directory or .gguf file, and not one of "
+                           f"{', '.join(LOCAL_MODELS)} (nothing is downloaded)")
+    if not (path / "config.json").is_file():
+        raise StartupError(f"--model {model}: not a saved model directory (it has no config.json)")
+
+
+def check_options(options: StackOptions) -> None:
+    """Refuse, before anything starts, an engine selection that cannot work (no model is loaded here)."""
+    if "edge" not in options.components:
+        return
+    if options.engine != "local":
+        if options.model is not None:
+            raise StartupError("--model selects the local engine's model; a remote engine serves its own")
+        if not options.engine_urls:
+            raise StartupError(f"--engine {options.engine} needs at least one --engine-url URL")
+        return
+    if options.engine_urls:
+        raise StartupError("--engine-url goes with --engine sglang or vllm; the local engine runs in-process")
+    check_model(options.model)
+    spec = local_model(options.model)
+    if spec is not None and options.tokenizer != spec.tokenizer:
+        raise StartupError(f"the local model {spec.name} needs --tokenizer {spec.tokenizer} "
+                           f"(got {options.tokenizer})")
 
 
 def build_engine(options: StackOptions) -> Engine:
@@ -144,13 +187,46 @@ class _Server(uvicorn.Server):
         yield
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, *, listen: bool = True) -> socket.socket:
+    """A non-blocking TCP socket bound to ``host:port`` (listening unless ``listen=False``).
+
+    Raises :class:`StartupError` when the address cannot be had: the port is in use, needs
+    privileges, or is out of range; the host is unknown or not this machine's.
+    """
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {_bind_problem(exc)}") from exc
     sock.setblocking(False)
+    if listen:
+        start_listening(sock, host, port)
     return sock
+
+
+def start_listening(sock: socket.socket, host: str, port: int) -> None:
+    """``listen()`` on a socket from :func:`bind` (another process may have taken the port since)."""
+    try:
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {_bind_problem(exc)}") from exc
+
+
+def _bind_problem(exc: OSError | OverflowError) -> str:
+    if isinstance(exc, OverflowError):
+        return "--port must be 0-65535"
+    if exc.errno == errno.EADDRINUSE:
+        return "the port is in use (by another rollbus up?); pass another --port, or --port 0 for any free one"
+    if exc.errno == errno.EACCES:
+        return "permission denied (ports below 1024 need privileges); pass another --port"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "--host is not an address of this machine"
+    if isinstance(exc, socket.gaierror):
+        return "unknown --host"
+    return one_line(exc.strerror or str(exc)).lower()
 
 
 class Stack:
@@ -172,6 +248,7 @@ class Stack:
         self._engine: Engine | None = None
         self._service: EdgeService | None = None
         self._tq_connection: TransferQueueConnection | None = None  # with --transfer-queue
+        self._sock: socket.socket | None = None  # the edge's address, held from the start of start()
         self._ready = False
 
     @property
@@ -186,8 +263,12 @@ class Stack:
         return self._ready
 
     async def start(self) -> None:
+        """Start the components; a mistake in the options (:class:`StartupError`) is found before anything runs:
+        an unusable ``data_dir``, then the edge's address (bound first, listening once the edge serves)."""
         options = self.options
-        options.data_dir.mkdir(parents=True, exist_ok=True)
+        check_writable_dir(options.data_dir, flag="--data-dir", subdirs=DATA_SUBDIRS)
+        if "edge" in options.components:
+            self._sock = bind(options.host, options.port, listen=False)
         if options.nats_url is None:
             self.nats = await asyncio.to_thread(EmbeddedNats(options.data_dir / "nats", name="rollbus").start)
         self.nc = await connect(self.nats_url, name="rollbus-" + "-".join(options.components))
@@ -217,8 +298,12 @@ class Stack:
 
     async def _start_edge(self, js: JetStreamContext) -> None:
         options = self.options
-        self._engine = self._given_engine or await asyncio.to_thread(build_engine, options)
-        sock = bind(options.host, options.port)
+        try:
+            self._engine = self._given_engine or await asyncio.to_thread(build_engine, options)
+        except (ValueError, OSError) as exc:  # the engine's options, or a model that does not load
+            raise StartupError(f"cannot start the {options.engine} engine: {one_line(str(exc))}") from exc
+        sock = self._sock or bind(options.host, options.port, listen=False)
+        start_listening(sock, options.host, options.port)
         host, port = sock.getsockname()[:2]
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         settings = EdgeSettings(public_url=self.url, admin_token=options.admin_token, tokenizer=options.tokenizer,
@@ -256,6 +341,8 @@ class Stack:
         self.stop_event.set()
         if self._server is not None:
             self._server.should_exit = True
+        elif self._sock is not None:  # start() failed before the edge served on it
+            self._sock.close()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._service is not None:
             with contextlib.suppress(Exception):  # leases lapse anyway

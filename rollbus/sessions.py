@@ -9,6 +9,10 @@
 
 Projections follow the log a moment behind (the projector's lag): a session opened an
 instant ago may not be listed yet; ``GET /sessions/{id}`` and ``rollbus replay`` read the log.
+
+The ``model_turns`` column counts the model's replies in the session (its summary's
+``turns``), not verl's ``num_turns`` of a record (a chain's messages, as ``rollbus demo``
+shows them).
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ STATUSES = ("open", "finalized", "aborted")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("sessions", help="list sessions with status, turns, chains and reward")
+    parser = sub.add_parser("sessions", help="list sessions with status, model turns, chains and reward",
+                            description="List the sessions the projector knows (the projections, no replay): "
+                                        "status, uid, model_turns (the model's replies), chains, trajectories, "
+                                        "reward.")
     parser.add_argument("--status", choices=STATUSES, help="only sessions with this status")
     parser.add_argument("--uid", help="only sessions of this prompt uid")
     parser.add_argument("--limit", type=int, default=50, help="show the latest N [50]")
@@ -67,13 +74,13 @@ def _ago(seconds: float) -> str:
 
 
 def table(summaries: list[SessionSummary], *, now: float) -> str:
-    header = (f"{'session':<32}  {'status':<9} {'uid':<16} {'idx':>3} {'turns':>5} {'chains':>6} {'traj':>4} "
+    header = (f"{'session':<32}  {'status':<9} {'uid':<16} {'idx':>3} {'model_turns':>11} {'chains':>6} {'traj':>4} "
               f"{'reward':>7}  {'updated':<9} reason")
     lines = [header, "-" * len(header)]
     for s in summaries:
         reward = "-" if s.reward is None else f"{s.reward:.3g}"
         uid = s.uid if len(s.uid) <= 16 else s.uid[:15] + "…"
-        lines.append(f"{s.session_id:<32}  {s.status:<9} {uid:<16} {s.session_index:>3} {s.turns:>5} "
+        lines.append(f"{s.session_id:<32}  {s.status:<9} {uid:<16} {s.session_index:>3} {s.turns:>11} "
                      f"{len(s.chains):>6} {s.trajectories:>4} {reward:>7}  {_ago(now - s.updated_at):<9} "
                      f"{s.close_reason if s.close_reason not in (None, s.status) else ''}".rstrip())
     return "\n".join(lines)

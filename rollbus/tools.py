@@ -1,17 +1,27 @@
-"""What the read-only tool commands (``replay``, ``sessions``) share: finding and joining the log.
+"""What the command-line tools share: user mistakes as one line, finding and joining the log.
 
-The NATS server is ``--nats URL``, else ``$ROLLBUS_NATS``, else the one a running
-``rollbus up`` announced in ``<data-dir>/edge.json``.
+The NATS server of the read-only tools (``replay``, ``sessions``) is ``--nats URL``, else
+``$ROLLBUS_NATS``, else the one a running ``rollbus up`` announced in ``<data-dir>/edge.json``.
+
+A mistake the user can fix (a busy port, no NATS server where ``--nats`` points, an
+unwritable ``--data-dir``) is a :class:`UserError`: the CLI prints its message as one
+line on stderr and exits with :data:`EXIT_ERROR`, never with a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import errno
 import json
 import os
+import socket
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from nats.js.client import JetStreamContext
 
@@ -24,12 +34,25 @@ ToolMain = Callable[[JetStreamContext, LogConfig, argparse.Namespace], Awaitable
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
 
+LOG_LEVEL_HELP = "logging level on stderr: DEBUG, INFO, WARNING, ERROR [%(default)s]"
+NATS_PROBE_TIMEOUT_S = 2.0
+
+
+class UserError(Exception):
+    """A mistake the user can fix; its message is one line that names the problem."""
+
+
+def one_line(text: str) -> str:
+    """``text`` with its whitespace runs (newlines included) folded to single spaces."""
+    return " ".join(text.split())
+
 
 def add_connection_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats", metavar="URL", default=os.environ.get("ROLLBUS_NATS"),
                         help="the log's NATS server [$ROLLBUS_NATS, else the one in <data-dir>/edge.json]")
-    parser.add_argument("--data-dir", type=Path, default=Path("rollbus-data"))
-    parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--data-dir", type=Path, default=Path("rollbus-data"),
+                        help="where a running `rollbus up` wrote edge.json (only read) [./rollbus-data]")
+    parser.add_argument("--log-level", default="WARNING", metavar="LEVEL", help=LOG_LEVEL_HELP)
 
 
 def nats_url(args: argparse.Namespace) -> str | None:
@@ -38,25 +61,124 @@ def nats_url(args: argparse.Namespace) -> str | None:
     state = Path(args.data_dir) / "edge.json"
     try:
         return str(json.loads(state.read_text())["nats_url"])
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
+def _server_address(server: str) -> tuple[str, int]:
+    """(host, port) of one server of a NATS URL, as nats-py reads it (no scheme: ``nats://``; port 4222)."""
+    parts = urlsplit(server if "://" in server else f"nats://{server}")
+    port = parts.port  # ValueError for a port that is not a number or out of range
+    if not parts.hostname:
+        raise ValueError("no host")
+    return parts.hostname, port or 4222
+
+
+_UNKNOWN_HOST = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
+_NO_ROUTE_HERE = {errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.ENETUNREACH}  # e.g. ::1 without IPv6
+
+
+async def _refusal(server: str, timeout_s: float) -> str | None:
+    """Why ``server`` certainly has no NATS server (refused, unknown host, a bad URL), else None."""
+    try:
+        host, port = _server_address(server)
+    except ValueError as exc:
+        return f"{server!r} is not a NATS URL ({exc})"
+    try:
+        addresses = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return f"unknown host {host!r}" if exc.errno in _UNKNOWN_HOST else None
+    refused = False
+    for *_, address in addresses:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(address[0], address[1]), timeout_s)
+        except ConnectionRefusedError:
+            refused = True
+            continue
+        except TimeoutError:
+            return None  # slow, or unreachable for now: the client's own bounded connect decides
+        except OSError as exc:
+            if exc.errno in _NO_ROUTE_HERE:
+                continue
+            return None  # the same
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return None
+    return "connection refused" if refused else None
+
+
+async def nats_problem(url: str, *, timeout_s: float = NATS_PROBE_TIMEOUT_S) -> str | None:
+    """Why nothing can answer at the NATS ``url`` (a comma-separated list: one answering is enough), else None.
+
+    Only definite answers count (a refused connection, an unknown host, a malformed URL);
+    a host that does not answer in time is left to :func:`rollbus.provision.connect`, which
+    waits for it within its own bound.
+    """
+    servers = [s.strip() for s in url.split(",") if s.strip()]
+    if not servers:
+        return "an empty NATS URL"
+    reasons = [await _refusal(server, timeout_s) for server in servers]
+    if any(reason is None for reason in reasons):
+        return None
+    return "; ".join(sorted(set(r for r in reasons if r)))
+
+
+async def check_nats(url: str, *, where: str = "") -> None:
+    """Raise :class:`UserError` when no NATS server can answer at ``url``; ``where`` says where it came from."""
+    problem = await nats_problem(url)
+    if problem is not None:
+        raise UserError(f"no NATS server at {url}{where}: {problem}")
+
+
+def check_writable_dir(path: Path, *, flag: str, subdirs: tuple[str, ...] = ()) -> None:
+    """Create ``path`` if needed and make sure files can be written there (and in its existing ``subdirs``).
+
+    Raises :class:`UserError` naming ``flag`` when it is a file, lies under one, or cannot be
+    written (permissions, a read-only file system). Root passes permission checks, so the
+    check writes a file rather than asking :func:`os.access`.
+    """
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: cannot create it ({_reason(exc)})") from exc
+    for directory in (path, *(path / sub for sub in subdirs if (path / sub).is_dir())):
+        try:
+            fd, probe = tempfile.mkstemp(dir=directory, prefix=".rollbus-write-check-")
+        except OSError as exc:
+            raise UserError(f"{flag} {path}: cannot write in {directory} ({_reason(exc)})") from exc
+        os.close(fd)
+        os.unlink(probe)
+
+
+def _reason(exc: OSError) -> str:
+    if isinstance(exc, NotADirectoryError):
+        return "a part of the path is a file"
+    return (exc.strerror or str(exc)).lower()
+
+
 async def run_tool(args: argparse.Namespace, main: ToolMain, *, cfg: LogConfig = LogConfig()) -> int:
-    """Connect, run ``main``, close; errors become a message on stderr and exit code 2."""
+    """Connect, run ``main``, close; errors become one line on stderr and exit code 2."""
     url = nats_url(args)
     if url is None:
         print("rollbus: no NATS server: pass --nats URL (or run `rollbus up` in this --data-dir)", file=sys.stderr)
         return EXIT_ERROR
+    where = "" if args.nats else f" (from {Path(args.data_dir) / 'edge.json'})"
     try:
+        await check_nats(url, where=where)
         nc = await connect(url, name=f"rollbus-{args.command}", timeout_s=10)
+    except UserError as exc:
+        print(f"rollbus: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     except RollbusError as exc:
-        print(f"rollbus: {exc.message}", file=sys.stderr)
+        print(f"rollbus: {one_line(exc.message)}", file=sys.stderr)
         return EXIT_ERROR
     try:
         return await main(nc.jetstream(), cfg, args)
     except RollbusError as exc:
-        print(f"rollbus: {exc.message}", file=sys.stderr)
+        print(f"rollbus: {one_line(exc.message)}", file=sys.stderr)
         return EXIT_ERROR
     finally:
         await nc.close()

@@ -19,10 +19,14 @@ For each session it prints:
 - for the longest session, the edge's median CPU per turn around turn 10 (turns 6-15) and
   at turn 300 (its last ten turns), and their ratio.
 
+Then ``--steady`` more 100-turn sessions show the server's RSS growth per stored token once
+its start-up costs are paid (the embedded server runs under a soft memory limit, see
+``rollbus/nats_server.py``).
+
 Targets (issue 13): at most 16 log bytes per token at every length, nats-server RSS growth
 at most 8 bytes per stored token, edge CPU per turn at turn 300 within 1.5x of turn 10.
 
-    python ops/bench/log_growth.py [--turns 10,50,100,300] [--wires openai,anthropic]
+    python ops/bench/log_growth.py [--turns 10,50,100,300] [--wires openai,anthropic] [--steady 24]
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import random
 import statistics
@@ -183,7 +188,25 @@ async def drive(port: int, wire: str, turns: int, edge_pid: int, salt: int) -> t
     return session_id, context, cpu
 
 
-async def run(wires: list[str], lengths: list[int]) -> None:
+async def steady_state(edge: Server, nats_pid: int, sessions: int, salt: int) -> None:
+    """The nats-server's RSS growth per stored token over ``sessions`` more 100-turn sessions: a
+    short run's figures above include the server's start-up costs (each stream's write block, up
+    to 8 MB, fills first); a long run's growth is what these show."""
+    if sessions <= 0:
+        return
+    before, tokens, peak = rss_bytes(nats_pid), 0, 0
+    for index in range(sessions):
+        _, context, _ = await drive(edge.port, "openai" if index % 2 == 0 else "anthropic", 100, edge.proc.pid,
+                                    salt + 1 + index)
+        tokens += context
+        peak = max(peak, rss_bytes(nats_pid))
+    after = rss_bytes(nats_pid)
+    print(f"nats-server steady state: {sessions} more 100-turn sessions, {tokens} tokens: RSS {before / 2**20:.0f} "
+          f"-> {after / 2**20:.0f} MiB (peak {peak / 2**20:.0f}), {(after - before) / tokens:.1f} B per stored token "
+          "(target <= 8)")
+
+
+async def run(wires: list[str], lengths: list[int], steady: int) -> None:
     cfg = LogConfig()
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", name="bench") as server:
         two_cores = len(os.sched_getaffinity(0)) >= 2
@@ -219,17 +242,20 @@ async def run(wires: list[str], lengths: list[int]) -> None:
                     late = statistics.median(longest[-10:]) * 1e3
                     print(f"{wire:>9} edge CPU per turn: {early:.3f} ms at turn 10, {late:.3f} ms at turn "
                           f"{len(longest)}: {late / early:.2f}x (target <= 1.5x)")
+            await steady_state(edge, server.pid, steady, salt)
         finally:
             await nc.close()
             edge.stop()
 
 
 def main() -> None:
+    logging.disable(logging.WARNING)  # the sessions post no reward: the materializer's warning, every time
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", default="10,50,100,300")
     parser.add_argument("--wires", default="openai,anthropic")
+    parser.add_argument("--steady", type=int, default=24, help="100-turn sessions of the steady-state RSS phase")
     args = parser.parse_args()
-    asyncio.run(run(args.wires.split(","), [int(n) for n in args.turns.split(",")]))
+    asyncio.run(run(args.wires.split(","), [int(n) for n in args.turns.split(",")], args.steady))
 
 
 if __name__ == "__main__":

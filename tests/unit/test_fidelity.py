@@ -169,7 +169,9 @@ def test_verdicts_are_cached_per_template_and_parser(monkeypatch: pytest.MonkeyP
 def test_rollbus_up_refuses_a_mismatched_pair_before_starting_anything(tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "data"
-    argv = ["up", "--tokenizer", "builtin:qwen3-coder", "--tool-format", "hermes", "--data-dir", str(data)]
+    # A remote engine (never reached): the local engine's model would refuse this tokenizer first.
+    argv = ["up", "--tokenizer", "builtin:qwen3-coder", "--tool-format", "hermes", "--data-dir", str(data),
+            "--engine", "sglang", "--engine-url", "http://127.0.0.1:1"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("rollbus: cannot start the edge: tokenizer builtin:qwen3-coder with --tool-format hermes")

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 
+from edge.engine_input import InputBuffer
 from edge.idempotency import InFlight
 from edge.ownership import KvLeases, LeaseHandle
 from edge.publisher import EventLog
@@ -86,6 +87,7 @@ class LiveSession:
         self.inflight = InFlight()  # requests in flight, by identity (edge.idempotency)
         self.bodies = StoredBodies()  # latest acknowledged request bodies (what new ones are stored against)
         self.known: dict[str, object] = {}  # by wire: the last request's decoded history (edge.codec.prefix)
+        self.inputs: dict[int, InputBuffer] = {}  # long chains' engine input, grown in place (edge.engine_input)
         self.active = 0  # requests in flight
         self.touched = state.updated_at  # last activity: a request started or an event committed
         self.lost = False

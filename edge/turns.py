@@ -24,6 +24,7 @@ from edge.codec.incremental import TemplateCodec, TemplateNotIncremental
 from edge.codec.reasoning import opens_reasoning
 from edge.codec.reply import ReplyParser, call_ids
 from edge.codec.tool_parsers import ParsedOutput, ToolParser
+from edge.engine_input import MIN_TOKENS, InputBuffer
 from edge.engines.base import Engine, GenerateRequest, GenerateResult, SamplingParams
 from edge.live import LiveSession
 from edge.publisher import EventLog
@@ -269,7 +270,7 @@ class TurnRunner:
 
     def _prepare(self, live: LiveSession, request: TurnRequest, selection: Continue | Rollback | NewChain,
                  digests: Sequence[str], received: RequestReceived, request_no: int) -> PreparedTurn:
-        plan = self._plan(live.state, request.conversation, selection, digests)
+        plan = self._plan(live.state, request.conversation, selection, digests, live.inputs)
         prepared = PreparedTurn(request=request, request_no=request_no, received=received, plan=plan)
         limit = self._settings.max_trajectory_length
         if len(plan.input_ids) >= limit:
@@ -309,7 +310,7 @@ class TurnRunner:
         return self._outcome(live, request_no, plan, result, parsed, full)
 
     def _plan(self, state: SessionState, conversation: Conversation, selection: Continue | Rollback | NewChain,
-              digests: Sequence[str]) -> _Plan:
+              digests: Sequence[str], inputs: dict[int, InputBuffer] | None = None) -> _Plan:
         messages = conversation.messages
         if isinstance(selection, NewChain):
             prompt = self.codec.encode_prompt(messages, conversation.tools)
@@ -323,8 +324,12 @@ class TurnRunner:
         chain = selection.chain
         new = messages[selection.n_history:]
         increment = tokens.pack_ids(self.codec.encode_increment(new, last_token=chain.last_token()))
-        packed = b"".join([chain.prompt_ids, *(s.token_ids for s in chain.segments), increment])  # one copy
-        return _Plan(chain=chain.index, context=increment, input_ids=tokens.unpack_ids(packed),
+        if inputs is not None and chain.length >= MIN_TOKENS:  # a long chain: grown in place (edge.engine_input)
+            input_ids: Sequence[int] = inputs.setdefault(chain.index, InputBuffer()).input_ids(chain, increment)
+        else:
+            input_ids = tokens.unpack_ids(b"".join([chain.prompt_ids, *(s.token_ids for s in chain.segments),
+                                                    increment]))
+        return _Plan(chain=chain.index, context=increment, input_ids=input_ids,
                      n_messages=len(messages), chat_turns=_chat_turns(new), prefix_digest=digests[-1])
 
     def _rollback_plan(self, selection: Rollback, messages: Sequence[Message], digests: Sequence[str]) -> _Plan:

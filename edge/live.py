@@ -12,6 +12,12 @@ per-session sequence check) or a lease that changed hands marks the live session
 the registry forgets it at once, without publishing anything, and the next request
 rebuilds the session from the log (or is refused while another edge holds it).
 
+An append that JetStream did not acknowledge (:class:`LogUnavailable`, answered 503) may
+still have been stored: the live state can no longer be trusted to be the log's, so it is
+dropped the same way (the lease is kept: it is still this edge's) and the next request
+rebuilds the session from the log. A retry of the request then finds its turn there if it
+was stored (:mod:`edge.idempotency`), or runs again if it was not.
+
 The :class:`Registry` finds a session in memory or takes it over: it rebuilds it from the
 log (the same fold) and acquires its lease, so a restarted edge, or another one, picks
 up where the log says. Closed sessions are kept only as summaries; a finalized or aborted
@@ -32,7 +38,7 @@ from edge.idempotency import InFlight
 from edge.ownership import KvLeases, LeaseHandle
 from edge.publisher import EventLog
 from schemas.bodies import literal, parts_against
-from schemas.errors import OwnershipLost, SessionClosed
+from schemas.errors import LogUnavailable, OwnershipLost, SessionClosed
 from schemas.events import BodyPart, Event
 from session_projector.fold import SessionState, apply
 from session_projector.summary import SessionSummary, summarize
@@ -131,8 +137,12 @@ class LiveSession:
             try:
                 if self.lease is not None:
                     await self.lease.ensure()
-                appended = await log.append(state.session_id, events, self.stream_seq)
             except OwnershipLost:
+                self.lose()
+                raise
+            try:
+                appended = await log.append(state.session_id, events, self.stream_seq)
+            except (OwnershipLost, LogUnavailable):  # another writer, or an outcome unknown: reload
                 self.lose()
                 raise
             self.stream_seq = appended.stream_seq

@@ -16,6 +16,13 @@ unix seconds). Every change is a compare-and-set on the entry's revision:
   revision is unchanged and the next renewal succeeds; if somebody did, it fails with
   :class:`OwnershipLost` and the holder drops its live state.
 * **release**: on finalize or abort the holder deletes the entry (CAS).
+* **unknown outcomes**: a write that timed out (NATS or the event loop stalled) may have
+  been applied, leaving the holder with a stale revision. So a write that timed out, or
+  that names a revision that is no longer current, reads the lease back: if it is this
+  edge's (same ``edge_id`` and ``instance``) its revision is adopted (and a refused write
+  is made again over it); only a lease that is someone else's (or gone) is
+  :class:`OwnershipLost`. A timed-out write whose read-back also fails stays
+  :class:`LogUnavailable`, and the next write resolves it the same way.
 
 Time: the holder renews while at least half the TTL is left and a taker waits ``grace``
 past expiry, so clocks may disagree by up to ``grace``. Whatever the clocks, the log's
@@ -151,23 +158,57 @@ class KvLeases:
         return _decoder.decode(entry.value or b""), int(entry.revision or 0)
 
     async def write(self, session_id: str, revision: int) -> tuple[int, float]:
-        """Write this edge's lease over ``revision`` (0: the key must not exist)."""
+        """Write this edge's lease over ``revision`` (0: the key must not exist); returns the new
+        revision and expiry. An outcome that is unknown is resolved by reading the lease back."""
+        try:
+            return await self._update(session_id, revision)
+        except LogUnavailable:  # timed out: it may have been applied all the same
+            held = await self._held(session_id, revision)
+            if held is None:
+                raise
+            log.info("lease of %s: a write that timed out was applied; adopting revision %d", session_id, held[0])
+            return held
+        except KeyWrongLastSequenceError as exc:
+            held = await self._held(session_id, revision)
+            if held is None or held[0] == revision:
+                raise OwnershipLost(f"the lease of session {session_id} changed hands") from exc
+            # our own earlier write, whose answer was lost: write again over it
+            log.info("lease of %s: revision %d is this edge's own earlier write; adopting it", session_id, held[0])
+            try:
+                return await self._update(session_id, held[0])
+            except KeyWrongLastSequenceError as again:
+                raise OwnershipLost(f"the lease of session {session_id} changed hands") from again
+
+    async def _update(self, session_id: str, revision: int) -> tuple[int, float]:
         kv = await self._bucket()
         expires = self.clock() + self.ttl
         value = msgspec.json.encode(Lease(edge_id=self.edge_id, instance=self.instance, url=self.url,
                                           expires=expires))
-        try:
-            new = await self._bounded(kv.update(session_id, value, last=revision))
-        except KeyWrongLastSequenceError as exc:
-            raise OwnershipLost(f"the lease of session {session_id} changed hands") from exc
-        return new, expires
+        return await self._bounded(kv.update(session_id, value, last=revision)), expires
+
+    async def _held(self, session_id: str, revision: int) -> tuple[int, float] | None:
+        """After a write over ``revision`` whose outcome is unknown: the stored lease's revision and
+        expiry when it is this edge's; :class:`OwnershipLost` when it is someone else's (or was
+        deleted since); ``None`` when nothing changed (the write was not applied)."""
+        current, current_revision = await self.read(session_id)
+        if current is not None and current.edge_id == self.edge_id and current.instance == self.instance:
+            return current_revision, current.expires
+        if current_revision == revision:
+            return None
+        raise OwnershipLost(f"the lease of session {session_id} changed hands")
 
     async def delete(self, session_id: str, revision: int) -> None:
         kv = await self._bucket()
         try:
             await self._bounded(kv.delete(session_id, last=revision))
         except KeyWrongLastSequenceError as exc:
-            raise OwnershipLost(f"the lease of session {session_id} changed hands") from exc
+            held = await self._held(session_id, revision)  # a stale revision of our own: delete over the stored one
+            if held is None or held[0] == revision:
+                raise OwnershipLost(f"the lease of session {session_id} changed hands") from exc
+            try:
+                await self._bounded(kv.delete(session_id, last=held[0]))
+            except KeyWrongLastSequenceError as again:
+                raise OwnershipLost(f"the lease of session {session_id} changed hands") from again
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:

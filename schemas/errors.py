@@ -15,6 +15,7 @@
     ├── PayloadTooLarge           413
     ├── CapacityExceeded          429  too many open sessions or requests
     ├── EngineError               502  the engine answered nonsense or failed
+    │   ├── EngineRefused         400  the engine refused the input (its HTTP 400, e.g. too long)
     │   ├── EngineUnavailable     503  refused, unhealthy
     │   └── EngineTimeout         504
     ├── LogUnavailable            503  JetStream did not acknowledge
@@ -99,6 +100,15 @@ class CapacityExceeded(RollbusError):
 class EngineError(RollbusError):
     status = 502
     code = "engine_error"
+
+
+class EngineRefused(EngineError):
+    """The engine refused the request's input (SGLang or vLLM answered 400, e.g. a prompt longer than
+    the model's context): the agent's request cannot succeed as it is, so it is answered 400 (not a
+    5xx, which the SDKs would retry). ``message`` carries the engine's own words, bounded."""
+
+    status = 400
+    code = "invalid_request_error"
 
 
 class EngineUnavailable(EngineError):

@@ -27,7 +27,10 @@ early, a read timed out, the reply failed) is aborted on its server in the backg
 best effort, bounded by ``abort_timeout``, so the server stops generating for nobody.
 
 **Errors** are converted here, once: refused connections and 503 become
-``EngineUnavailable``, timeouts and 504 ``EngineTimeout``, everything else (other
+``EngineUnavailable``, timeouts and 504 ``EngineTimeout``, a 400 (the server refusing the
+input, e.g. longer than the model's context) ``EngineRefused`` carrying the server's own
+message (at most ``REFUSAL_CHARS`` characters; answered 400 to the agent, which the SDKs do
+not retry), everything else (other
 statuses, bodies that do not decode, missing fields, log probs that do not line up with
 the tokens) ``EngineError``.
 """
@@ -45,13 +48,14 @@ import httpx
 
 from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult
 from edge.engines.pool import DEFAULT_MAX_SESSIONS, ServerPool, session_of
-from schemas.errors import EngineError, EngineTimeout, EngineUnavailable
+from schemas.errors import EngineError, EngineRefused, EngineTimeout, EngineUnavailable
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 JSON_HEADERS = {"content-type": "application/json"}
 MIN_HEALTH_INTERVAL, MAX_HEALTH_INTERVAL = 0.05, 60.0
+REFUSAL_CHARS = 1000  # how much of an engine's refusal message reaches the agent
 
 
 class Refused(EngineUnavailable):
@@ -79,7 +83,8 @@ class HttpEngine:
 
     name = "http"
     label = "engine"  # how errors name the server's software
-    _quiet_errors: tuple[type[BaseException], ...] = (Refused,)  # failures that started nothing: no abort
+    # failures that started nothing: no abort
+    _quiet_errors: tuple[type[BaseException], ...] = (Refused, EngineRefused)
 
     def __init__(
         self,
@@ -124,7 +129,7 @@ class HttpEngine:
 
     def _check(self, response: httpx.Response, url: str) -> None:
         """Raise for a status that is not success (the body has been read)."""
-        raise_for_status(response, f"{self.label} at {url}")
+        raise_for_status(response, self.label, url)
 
     # --- the Engine protocol --------------------------------------------------------
 
@@ -279,15 +284,42 @@ class HttpEngine:
         return response.status_code == 200
 
 
-def raise_for_status(response: httpx.Response, where: str) -> None:
+def raise_for_status(response: httpx.Response, label: str, url: str) -> None:
+    """Raise for a status other than 200 (``label``: the server's software, ``url``: the server)."""
     if response.status_code == 200:
         return
-    message = f"{where} answered {response.status_code}: {response.text[:500]}"
+    if response.status_code == 400:  # the agent is told the engine's words, not where the engine is
+        raise EngineRefused(refusal(label, error_message(response)))
+    message = f"{label} at {url} answered {response.status_code}: {response.text[:500]}"
     if response.status_code == 503:
         raise EngineUnavailable(message)
     if response.status_code == 504:
         raise EngineTimeout(message)
     raise EngineError(message)
+
+
+def error_message(response: httpx.Response) -> str:
+    """The message of an error body: ``{"error": {"message"}}`` (SGLang, vLLM), ``{"message"}`` (older
+    vLLM), ``{"detail"}`` (FastAPI); else the body's text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text
+    if isinstance(body, dict):
+        error = body.get("error")
+        for found in (error.get("message") if isinstance(error, dict) else error, body.get("message"),
+                      body.get("detail")):
+            if isinstance(found, str) and found:
+                return found
+    return response.text
+
+
+def refusal(label: str, message: str) -> str:
+    """What the agent is told when ``label`` (the engine) refused its input, bounded."""
+    message = " ".join(message.split()) or "no message"
+    if len(message) > REFUSAL_CHARS:
+        message = message[: REFUSAL_CHARS - 3] + "..."
+    return f"{label} refused the request: {message}"
 
 
 async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -316,7 +348,9 @@ __all__ = [
     "Call",
     "HttpEngine",
     "Refused",
+    "error_message",
     "new_items",
     "raise_for_status",
+    "refusal",
     "sse_data",
 ]

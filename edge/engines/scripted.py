@@ -47,7 +47,9 @@ Fault = Literal[
     "http_503",  # plain-text 503, as servers answer while starting or draining
     "malformed_json",  # a body (or SSE event) that is not JSON
     "missing_fields",  # the protocol's token ids (plain) or metadata (stream) left out
-    "engine_error",  # the protocol's error body: a 400 JSON error, or an SSE error event
+    "engine_error",  # the protocol's error body: a 500 JSON error, or an SSE error event after one event
+    "refused",  # the server refuses the input (e.g. too long): its 400 error body (SGLang streaming: a first
+    # SSE error event, as SGLang answers a ValueError in a stream); the message is ``error_message``
     "truncated_stream",  # the stream ends after one event, with no finish reason and no [DONE]
 ]
 Finish = Literal["stop", "length", "abort"]
@@ -60,6 +62,7 @@ class ScriptedReply(msgspec.Struct, frozen=True):
     differs from ``token_ids`` is sent as is (to test the client's count check).
     ``delay_s`` sleeps before answering (to test timeouts and cancellation);
     ``chunk_delay_s`` sleeps between streamed events (to test closing a stream early).
+    ``error_message``: the message of the ``engine_error`` and ``refused`` faults' error bodies.
     """
 
     token_ids: list[int]
@@ -69,6 +72,7 @@ class ScriptedReply(msgspec.Struct, frozen=True):
     delay_s: float = 0.0
     chunk_delay_s: float = 0.0
     fault: Fault | None = None
+    error_message: str | None = None
 
 
 Responder = Callable[[list[int], dict[str, Any]], ScriptedReply]
@@ -159,9 +163,13 @@ class ScriptedServer:
         """Apply ``missing_fields`` to an event."""
         raise NotImplementedError
 
-    def _error(self) -> dict[str, Any]:
-        """The protocol's error object (``engine_error``)."""
+    def _error(self, message: str | None = None, status: int = 500) -> dict[str, Any]:
+        """The protocol's error object (``engine_error``, ``refused``)."""
         raise NotImplementedError
+
+    def _refusal(self, body: dict[str, Any], message: str) -> Response:
+        """How the protocol refuses an input (``refused``): a 400 error body."""
+        return JSONResponse(self._error(message, 400), 400)
 
     def _stream_end(self, body: dict[str, Any], plan: Plan) -> bytes:
         return b"data: [DONE]\n\n"
@@ -189,14 +197,17 @@ class ScriptedServer:
         if reply.fault in _STATUS_FAULTS:
             status, message = _STATUS_FAULTS[reply.fault]
             return PlainTextResponse(message, status)
+        if reply.fault == "refused":
+            return self._refusal(body, reply.error_message or "scripted: the input is refused")
         plan = make_plan(reply, *self._limits(body))
         if body.get("stream"):
             return StreamingResponse(self._sse(body, plan, reply), media_type="text/event-stream")
-        return self._plain(self._event(body, plan, reply, (0, len(plan.ids)), True), reply.fault)
+        return self._plain(self._event(body, plan, reply, (0, len(plan.ids)), True), reply)
 
-    def _plain(self, event: dict[str, Any], fault: Fault | None) -> Response:
+    def _plain(self, event: dict[str, Any], reply: ScriptedReply) -> Response:
+        fault = reply.fault
         if fault == "engine_error":
-            return JSONResponse(self._error(), 400)
+            return JSONResponse(self._error(reply.error_message), 500)
         if fault == "malformed_json":
             return Response(MALFORMED, media_type="application/json")
         if fault == "missing_fields":
@@ -230,7 +241,7 @@ class ScriptedServer:
         if reply.fault == "malformed_json":
             yield b"data: " + MALFORMED + b"\n\n"
         elif reply.fault == "engine_error":
-            yield b"data: " + msgspec.json.encode(self._error()) + b"\n\ndata: [DONE]\n\n"
+            yield b"data: " + msgspec.json.encode(self._error(reply.error_message)) + b"\n\ndata: [DONE]\n\n"
         elif reply.fault is None:
             yield self._stream_end(body, plan)
 
@@ -329,8 +340,18 @@ class ScriptedEngineServer(ScriptedServer):
     def _strip(self, event: dict[str, Any], *, streamed: bool) -> None:
         del event["meta_info" if streamed else "output_ids"]
 
-    def _error(self) -> dict[str, Any]:
-        return {"error": {"message": "scripted engine error"}}  # SGLang answers a ValueError this way
+    def _error(self, message: str | None = None, status: int = 500) -> dict[str, Any]:
+        return {"error": {"message": message or "scripted engine error"}}  # SGLang answers a ValueError this way
+
+    def _refusal(self, body: dict[str, Any], message: str) -> Response:
+        if not body.get("stream"):
+            return super()._refusal(body, message)
+        error = b"data: " + msgspec.json.encode(self._error(message, 400)) + b"\n\ndata: [DONE]\n\n"
+
+        async def events() -> AsyncIterator[bytes]:
+            yield error
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     async def _abort(self, request: Request) -> Response:
         body = await request.json()

@@ -76,8 +76,9 @@ class ScriptedVLLMServer(ScriptedServer):
     def _strip(self, event: dict[str, Any], *, streamed: bool) -> None:
         del event["choices"][0]["token_ids"]
 
-    def _error(self) -> dict[str, Any]:
-        return {"error": {"message": "scripted engine error", "type": "BadRequestError", "param": None, "code": 400}}
+    def _error(self, message: str | None = None, status: int = 500) -> dict[str, Any]:
+        kind = "BadRequestError" if status == 400 else "InternalServerError"
+        return {"error": {"message": message or "scripted engine error", "type": kind, "param": None, "code": status}}
 
     def _stream_end(self, body: dict[str, Any], plan: Plan) -> bytes:
         end = b"data: [DONE]\n\n"

@@ -17,7 +17,10 @@ Response (``TokenizerManager._handle_batch_output``)::
 on the turn's ``turn_completed`` event.
 
 Streaming is SSE: ``data: {<same shape>}`` events, then ``data: [DONE]``; a failure
-mid-stream arrives as ``data: {"error": {"message": ...}}``. By default ``output_ids``
+mid-stream arrives as ``data: {"error": {"message": ...}}``. SGLang refuses an input it
+cannot take (longer than the context, bad sampling parameters: its ``ValueError``) with a
+400 ``{"error": {"message"}}``, or, streaming, with that error as the first event: both
+are :class:`~schemas.errors.EngineRefused` (answered 400 to the agent). By default ``output_ids``
 and ``output_token_logprobs`` are cumulative; with the server's
 ``--incremental-streaming-output`` they are deltas. ``completion_tokens`` is cumulative
 either way, so :class:`_Assembler` tells the two apart per event and needs no setting.
@@ -30,9 +33,9 @@ from __future__ import annotations
 import msgspec
 
 from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, id_list
-from edge.engines.http import Call, HttpEngine, new_items
+from edge.engines.http import Call, HttpEngine, new_items, refusal
 from edge.engines.pool import session_of
-from schemas.errors import EngineError
+from schemas.errors import EngineError, EngineRefused
 
 _FINISH_TYPES: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 LABEL = "SGLang"
@@ -105,11 +108,14 @@ def payload(request: GenerateRequest, *, stream: bool) -> bytes:
     )
 
 
-def _decode(data: bytes | str) -> _Output:
+def _decode(data: bytes | str, *, first: bool = False) -> _Output:
+    """``first``: nothing was received before (an error then is SGLang refusing the input)."""
     try:
         output = _decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise EngineError(f"{LABEL} sent a body that does not decode: {exc}") from exc
+    if output.error is not None and first:
+        raise EngineRefused(refusal(LABEL, output.error.message))
     if output.error is not None:
         raise EngineError(f"{LABEL} reported an error: {output.error.message}")
     return output
@@ -124,9 +130,11 @@ class _Assembler:
         self._logprobs: list[float] = []
         self._finish: FinishReason | None = None
         self._weight_version: str | None = None
+        self._fed = False
 
     def feed(self, data: bytes | str) -> GenerateChunk | None:
-        output = _decode(data)
+        output = _decode(data, first=not self._fed)
+        self._fed = True
         meta = output.meta_info
         if output.output_ids is None or meta is None:
             raise EngineError(f"{LABEL} response lacks output_ids or meta_info")

@@ -41,7 +41,7 @@ import msgspec
 
 from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, id_list
 from edge.engines.http import Call, HttpEngine, Refused, raise_for_status
-from schemas.errors import EngineError
+from schemas.errors import EngineError, EngineRefused
 
 Api = Literal["generate", "completions"]
 LABEL = "vLLM"
@@ -91,7 +91,7 @@ class VLLMEngine(HttpEngine):
 
     name = "vllm"
     label = LABEL
-    _quiet_errors = (Refused, RouteMissing)
+    _quiet_errors = (Refused, RouteMissing, EngineRefused)
 
     def __init__(self, urls: Sequence[str], *, api: Literal["auto", "generate", "completions"] = "auto",
                  model: str | None = None, **options: Any) -> None:
@@ -119,7 +119,7 @@ class VLLMEngine(HttpEngine):
         if response.status_code == 404 and self._auto and self.api[url] == "generate":
             self.api[url] = "completions"
             raise RouteMissing(f"{LABEL} at {url} has no /inference/v1/generate; switching to /v1/completions")
-        raise_for_status(response, f"{LABEL} at {url}")
+        raise_for_status(response, LABEL, url)
 
     async def _generate_on(self, url: str, request: GenerateRequest) -> GenerateResult:
         try:

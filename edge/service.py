@@ -4,19 +4,34 @@ Routes call these methods with decoded, wire-neutral arguments; the methods rais
 :mod:`schemas.errors` family and never know about HTTP. A new session is created with its
 lease (:mod:`edge.ownership`); a model request that repeats a recorded one is answered
 from the log (:mod:`edge.idempotency`); a finalized or aborted session is released.
+
+One session per ``(uid, session_index)``: the materializer keys trajectories
+``{uid}_{session_index}_{trajectory_index}``, so a second session with the pair would have its
+records dropped. Opening a session with a client-chosen uid claims the pair in the session
+index (:class:`KvSessionIndex`): refused with 409 while another session of the same or a newer
+``metadata.attempt`` holds it; a newer attempt (verl re-issuing a prompt) takes it over. When
+the session's own open fails after the claim (its lease or its first append), the claim is
+undone (deleted, or the previous holder written back), so the pair is not held by a session
+that does not exist; should undoing fail too (the log unreachable), the pair stays held until
+a newer attempt takes it over or an operator deletes the key.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import msgspec
+from nats.js.client import JetStreamContext
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
 
 from edge.codec.strict import INT32_MAX, INT64_MAX, INT64_MIN, check_free_form, check_sampling, is_int
 from edge.idempotency import RequestIdentity, identify, recorded_outcome, repeated_request
@@ -30,15 +45,21 @@ from reward.intake import parse_reward_info
 from schemas.errors import (
     CapacityExceeded,
     Conflict,
+    LogUnavailable,
     MalformedRequest,
     OwnershipLost,
     SessionClosed,
     Unauthorized,
 )
 from schemas.events import RewardReported, SamplingDefaults, SessionAborted, SessionFinalized, SessionOpened
-from schemas.log import check_session_id
+from schemas.log import LogConfig, check_session_id
 from session_projector.fold import apply
+from session_projector.projections import UNAVAILABLE
 from session_projector.summary import SessionSummary, summarize
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class OpenSession(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,15 +125,129 @@ def _check_open_request(spec: OpenSession) -> str:
     return uid
 
 
+class IndexHolder(msgspec.Struct, frozen=True, kw_only=True):
+    """The value of a session index entry: the session that holds a (uid, session_index)."""
+
+    session_id: str
+    attempt: int = 0
+
+
+_holder_decoder = msgspec.json.Decoder(IndexHolder)
+
+
+def index_key(uid: str, session_index: int) -> str:
+    """The session index key of ``(uid, session_index)``: a digest, safe as a KV key whatever the uid."""
+    return hashlib.sha256(msgspec.json.encode([uid, session_index])).hexdigest()
+
+
+def attempt_of(metadata: dict[str, Any]) -> int:
+    """The session's dispatch attempt (``metadata.attempt``, checked to be an int; 0 without it)."""
+    attempt = metadata.get("attempt", 0)
+    return attempt if is_int(attempt) else 0
+
+
+class IndexClaim(Protocol):
+    async def release(self) -> None:
+        """Undo the claim (best effort): the session it was for was not opened."""
+
+
+class SessionIndex(Protocol):
+    async def claim(self, uid: str, session_index: int, attempt: int, session_id: str) -> IndexClaim:
+        """Make ``session_id`` the holder of ``(uid, session_index)``, or raise :class:`Conflict`."""
+
+
+class _KvClaim:
+    def __init__(self, kv: KeyValue, key: str, revision: int, previous: bytes | None, timeout: float) -> None:
+        self._kv = kv
+        self._key = key
+        self._revision = revision
+        self._previous = previous
+        self._timeout = timeout
+
+    async def release(self) -> None:
+        try:
+            if self._previous is None:
+                await asyncio.wait_for(self._kv.delete(self._key, last=self._revision), self._timeout)
+            else:
+                await asyncio.wait_for(self._kv.update(self._key, self._previous, last=self._revision), self._timeout)
+        except (KeyWrongLastSequenceError, *UNAVAILABLE) as exc:
+            log.warning("session index key %s not released: %r", self._key, exc)
+
+
+class KvSessionIndex:
+    """``cfg.session_index_bucket``: ``index_key(uid, session_index)`` -> :class:`IndexHolder`, written
+    by compare-and-set (revision 0 to create). Read and written only when a session opens."""
+
+    def __init__(self, js: JetStreamContext, cfg: LogConfig, *, timeout: float = 5.0, tries: int = 4) -> None:
+        self._js = js
+        self._cfg = cfg
+        self._timeout = timeout
+        self._tries = tries
+        self._kv: KeyValue | None = None
+
+    async def claim(self, uid: str, session_index: int, attempt: int, session_id: str) -> IndexClaim:
+        kv = await self._bucket()
+        key = index_key(uid, session_index)
+        value = msgspec.json.encode(IndexHolder(session_id=session_id, attempt=attempt))
+        for _ in range(self._tries):
+            try:
+                entry = await self._bounded(kv.get(key))
+            except KeyNotFoundError as exc:  # never held, or a released claim (its marker's revision)
+                previous, revision = None, int(exc.entry.revision or 0) if exc.entry is not None else 0
+            else:
+                previous, revision = entry.value or b"", int(entry.revision or 0)
+                holder = _holder_decoder.decode(previous)
+                if attempt <= holder.attempt:
+                    raise Conflict(
+                        f"uid {uid!r} session_index {session_index} is already taken by session "
+                        f"{holder.session_id} (attempt {holder.attempt}); only a newer metadata.attempt "
+                        f"than {holder.attempt} may open it again", param="session_index")
+            try:
+                new_revision = await self._bounded(kv.update(key, value, last=revision))
+            except KeyWrongLastSequenceError:  # another open of the pair came first: look again
+                continue
+            if previous is not None:
+                log.info("uid %r session_index %d: attempt %d takes over from session %s", uid, session_index,
+                         attempt, _holder_decoder.decode(previous).session_id)
+            return _KvClaim(kv, key, new_revision, previous, self._timeout)
+        raise Conflict(f"uid {uid!r} session_index {session_index} is being opened concurrently",
+                       param="session_index")
+
+    async def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            try:
+                self._kv = await self._bounded(self._js.key_value(self._cfg.session_index_bucket))
+            except NotFoundError as exc:
+                raise LogUnavailable(f"KV bucket {self._cfg.session_index_bucket} does not exist") from exc
+        return self._kv
+
+    async def _bounded(self, call: Awaitable[T]) -> T:
+        try:
+            return await asyncio.wait_for(call, self._timeout)
+        except UNAVAILABLE as exc:
+            raise LogUnavailable("JetStream did not answer a session index operation") from exc
+
+
+class _NoClaim:
+    async def release(self) -> None:
+        return None
+
+
+_NO_CLAIM = _NoClaim()
+
+
 class EdgeService:
     def __init__(self, *, settings: EdgeSettings, registry: Registry, log: EventLog, turns: TurnRunner,
-                 clock: Clock = time.time, leases: KvLeases | None = None) -> None:
+                 clock: Clock = time.time, leases: KvLeases | None = None, index: SessionIndex | None = None) -> None:
+        """``index``: the one-session-per-(uid, session_index) index (:class:`KvSessionIndex`; none in
+        in-memory unit tests, which then do not check the pair)."""
         self.settings = settings
         self._registry = registry
         self._log = log
         self._turns = turns
         self._clock = clock
         self._leases = leases
+        self._index = index
 
     @property
     def registry(self) -> Registry:
@@ -136,14 +271,25 @@ class EdgeService:
         for _ in range(3):
             session_id = uuid.uuid4().hex
             opened = self._opened(session_id, uid, spec, api_key)
+            claim = await self._claim(uid, spec, session_id)  # Conflict: the pair is another session's
             try:
                 lease = await self._leases.create(session_id) if self._leases is not None else None
                 appended = await self._log.append(session_id, [opened], 0)
             except OwnershipLost:  # the id is taken: draw another
+                await claim.release()
                 continue
+            except BaseException:
+                await claim.release()
+                raise
             self._registry.add(LiveSession(apply(None, opened), appended.stream_seq, lease, clock=self._clock))
             return OpenedSession(session_id=session_id, api_key=api_key)
         raise Conflict("could not allocate a session id")
+
+    async def _claim(self, uid: str, spec: OpenSession, session_id: str) -> IndexClaim:
+        """Claim ``(uid, session_index)`` for the new session; a uid drawn here is unique already."""
+        if self._index is None or spec.uid is None:
+            return _NO_CLAIM
+        return await self._index.claim(uid, spec.session_index, attempt_of(spec.metadata), session_id)
 
     def _opened(self, session_id: str, uid: str, spec: OpenSession, api_key: str) -> SessionOpened:
         agent_name = spec.metadata.get("agent_name", "")

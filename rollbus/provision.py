@@ -14,8 +14,9 @@ at once. It creates what is missing and reconciles what exists:
   consumer (an auditor, a dashboard) or a rebuilt materializer can read them again;
   consumers are idempotent by key (the markers bucket) anyway.
 - KV buckets ``cfg.projections_bucket``, ``cfg.markers_bucket``, ``cfg.leases_bucket``
-  (which edge writes which open session) and ``cfg.prompts_bucket`` (the materializer's
-  per-prompt progress): file storage, history 1.
+  (which edge writes which open session), ``cfg.prompts_bucket`` (the materializer's
+  per-prompt progress) and ``cfg.session_index_bucket`` (which session holds a
+  ``(uid, session_index)``): file storage, history 1.
 
 An existing stream whose managed settings differ is updated when that is safe (adding
 our subjects, the duplicate window, direct gets, the message size, KV history); storage
@@ -132,7 +133,8 @@ async def provision(js: JetStreamContext, cfg: LogConfig, *, timeout_s: float = 
     """Create or reconcile the log stream, the ready stream and the KV buckets."""
     for want in (_log_stream(cfg), _ready_stream(cfg)):
         await _ensure_stream(js, want, timeout_s)
-    for bucket in (cfg.projections_bucket, cfg.markers_bucket, cfg.leases_bucket, cfg.prompts_bucket):
+    for bucket in (cfg.projections_bucket, cfg.markers_bucket, cfg.leases_bucket, cfg.prompts_bucket,
+                   cfg.session_index_bucket):
         await _ensure_bucket(js, bucket, timeout_s)
     await _ensure_object_store(js, cfg.pieces_bucket, timeout_s)
 

@@ -32,7 +32,7 @@ from edge.keeper import SessionKeeper
 from edge.live import Registry
 from edge.ownership import KvLeases
 from edge.publisher import JetStreamLog
-from edge.service import EdgeService
+from edge.service import EdgeService, KvSessionIndex
 from edge.settings import EdgeSettings
 from edge.turns import Clock, TurnRunner
 from materializer.parquet import ParquetSink
@@ -160,7 +160,8 @@ def build_edge_service(settings: EdgeSettings, js: JetStreamContext, engine: Eng
                         position=lambda session_id: last_stream_seq(js, cfg, cfg.session_filter(session_id)),
                         summaries=lambda session_id: current_summary(js, cfg, session_id), clock=clock)
     turns = TurnRunner(settings=settings, codec=codec, engine=engine, log=event_log, parser=parser, clock=clock)
-    return EdgeService(settings=settings, registry=registry, log=event_log, turns=turns, leases=leases, clock=clock)
+    return EdgeService(settings=settings, registry=registry, log=event_log, turns=turns, leases=leases, clock=clock,
+                       index=KvSessionIndex(js, cfg))
 
 
 def build_keeper(service: EdgeService, js: JetStreamContext, *, clock: Clock = time.time) -> SessionKeeper:

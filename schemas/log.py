@@ -38,6 +38,7 @@ class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
     markers_bucket: str = "rollbus_materialized"
     leases_bucket: str = "rollbus_leases"  # which edge writes which open session (edge.ownership)
     prompts_bucket: str = "rollbus_prompts"  # the materializer's per-prompt progress (verl prompt status)
+    session_index_bucket: str = "rollbus_session_index"  # which session holds a (uid, session_index) (edge.service)
     pieces_bucket: str = "rollbus_pieces"  # object store: values too large for one message (schemas/blobs.py)
     duplicate_window_s: float = 600.0
     max_event_bytes: int = 900 * 1024  # an envelope stays under NATS's payload limit
@@ -50,7 +51,7 @@ class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
         return cls(stream=name.upper(), prefix=name, ready_stream=f"{name.upper()}_READY",
                    projections_bucket=f"{name}_sessions", markers_bucket=f"{name}_materialized",
                    leases_bucket=f"{name}_leases", prompts_bucket=f"{name}_prompts",
-                   pieces_bucket=f"{name}_pieces")
+                   session_index_bucket=f"{name}_session_index", pieces_bucket=f"{name}_pieces")
 
     @property
     def subjects(self) -> str:

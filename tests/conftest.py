@@ -41,6 +41,8 @@ async def log_config(request: pytest.FixtureRequest) -> AsyncIterator[LogConfig]
         markers_bucket=f"t{tag}_materialized",
         leases_bucket=f"t{tag}_leases",
         prompts_bucket=f"t{tag}_prompts",
+        session_index_bucket=f"t{tag}_session_index",
+        pieces_bucket=f"t{tag}_pieces",
     )
     server = request.getfixturevalue("nats_server") if "nats_server" in request.fixturenames else None
     yield cfg
@@ -56,7 +58,8 @@ async def _drop(url: str, cfg: LogConfig) -> None:
         return
     js = client.jetstream()
     names = [cfg.stream, cfg.ready_stream, f"KV_{cfg.projections_bucket}", f"KV_{cfg.markers_bucket}",
-             f"KV_{cfg.leases_bucket}", f"KV_{cfg.prompts_bucket}"]
+             f"KV_{cfg.leases_bucket}", f"KV_{cfg.prompts_bucket}", f"KV_{cfg.session_index_bucket}",
+             f"OBJ_{cfg.pieces_bucket}"]
     for name in names:
         with contextlib.suppress(TimeoutError, NatsError):  # already gone, or never made
             await asyncio.wait_for(js.delete_stream(name), 2)

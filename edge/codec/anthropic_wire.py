@@ -3,7 +3,10 @@
 Decoding, into the same neutral messages as OpenAI's (so the same conversation renders
 the same tokens on either wire):
 
-- ``system`` (a string or text blocks) becomes a leading system message;
+- ``system`` (a string or text blocks) becomes a leading system message, without Claude Code's
+  request-scoped first line ``x-anthropic-billing-header: ...`` (of the string, or of its first
+  text block), which changes on every request: kept, it would start a new chain every turn and
+  be trained as prompt (the raw request event still holds the body byte for byte);
 - a user message's blocks become, in order, a user message per run of text blocks
   (empty text blocks are dropped) and a tool message per ``tool_result`` (its text, or
   its text blocks joined; ``is_error`` is accepted but the chat template has no slot
@@ -130,9 +133,31 @@ def _tool_use(block: w.ContentBlock, where: str) -> ToolCall:
     return ToolCall(id=block.id, name=block.name, arguments=json.dumps(block.input or {}, ensure_ascii=False))
 
 
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _without_first_line(text: str) -> str:
+    newline = text.find("\n")
+    return "" if newline < 0 else text[newline + 1:]
+
+
+def _without_billing_header(system: str | list[w.ContentBlock] | None) -> str | list[w.ContentBlock] | None:
+    """``system`` without Claude Code's billing header line: the first line of the string, or of the
+    first block when that is a text block, if it starts with ``x-anthropic-billing-header:``."""
+    if isinstance(system, str):
+        return _without_first_line(system) if system.startswith(BILLING_HEADER) else system
+    if not system:
+        return system
+    first = system[0]
+    if first.type != "text" or first.text is None or not first.text.startswith(BILLING_HEADER):
+        return system
+    return [msgspec.structs.replace(first, text=_without_first_line(first.text)), *system[1:]]
+
+
 def _system(system: str | list[w.ContentBlock] | None) -> tuple[Message, ...]:
-    """The system prompt as a leading system message; none when it is absent or empty."""
-    text = _text_of(system, "system")
+    """The system prompt (without a billing header line) as a leading system message; none when it
+    is absent or empty."""
+    text = _text_of(_without_billing_header(system), "system")
     return (Message(role="system", content=text),) if text else ()
 
 
@@ -229,6 +254,18 @@ def _cached_tools(raw: msgspec.Raw) -> tuple[ToolSpec, ...]:
     return tools
 
 
+def _system_key(raw: bytes) -> bytes:
+    """What the history depends on in the raw system prompt: the raw JSON itself, or, when it may
+    hold a billing header line (which changes every request), the system message it becomes (so a
+    new header does not make the session's known prefix stale)."""
+    if BILLING_HEADER.encode() not in raw:
+        return raw
+    try:
+        return b"\0" + _encoder.encode(_decoded(_SYSTEM, raw))
+    except Exception:  # refused: the full decoding words it
+        return raw
+
+
 def _decode_incrementally(body: bytes, known: KnownPrefix | None = None) -> Conversation:
     """The request with its history decoded, converted and hashed once per (previous history
     digest, index, raw JSON) of each message (:func:`decode_expanding_history`): a resent history
@@ -240,7 +277,7 @@ def _decode_incrementally(body: bytes, known: KnownPrefix | None = None) -> Conv
         return _decode_incrementally(body)
     tools = _cached_tools(req.tools)
     root = tools_digest(tools)
-    system = bytes(req.system) if req.system else b""
+    system = _system_key(bytes(req.system)) if req.system else b""
     if known is not None and (known.root != root or known.extra != system):  # the history's root moved
         return _decode_incrementally(body)
     if known is None:

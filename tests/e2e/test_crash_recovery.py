@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,9 +117,11 @@ def free_port() -> int:
 
 
 class Conversation:
-    def __init__(self, edge_url: str) -> None:
+    def __init__(self, edge_url: str, uid: str | None = None) -> None:
         admin = {"Authorization": f"Bearer {TOKEN}"}
-        created = httpx.post(f"{edge_url}/sessions", json={"uid": "calc"}, headers=admin).json()
+        # A uid of its own: one session per (uid, session_index), and the module's tests share one log.
+        uid = uid or f"calc-{uuid.uuid4().hex[:12]}"
+        created = httpx.post(f"{edge_url}/sessions", json={"uid": uid}, headers=admin).json()
         self.session_id = created["session_id"]
         self.api_key = created["api_key"]
         self.client = OpenAI(base_url=created["base_url"], api_key=created["api_key"], max_retries=12, timeout=120)
@@ -204,7 +207,7 @@ def test_replay_runs_as_a_command_against_the_log(nats, engine, tmp_path):
     port = free_port()
     edge = Edge(nats.url, engine.server.url, port, tmp_path / "edge.log")
     try:
-        talk = Conversation(edge.url)
+        talk = Conversation(edge.url, uid="calc")
         for _ in range(3):
             talk.turn()
         talk.finish(edge.url)

@@ -5,6 +5,7 @@ request, the task scores and the reward lands on the session. The evaluation pat
 from __future__ import annotations
 
 import json
+import uuid
 
 import httpx
 import pytest
@@ -36,7 +37,9 @@ def calls(tokenizer, name: str, arguments: dict, text: str = "") -> ScriptedRepl
 
 async def open_handle(stack) -> SessionHandle:
     async with httpx.AsyncClient() as client:
-        response = await client.post(f"{stack.url}/sessions", json={"uid": "task"}, headers=stack.admin)
+        # A uid of its own per session: one session per (uid, session_index), and a test may open several.
+        response = await client.post(f"{stack.url}/sessions", json={"uid": f"task-{uuid.uuid4().hex[:12]}"},
+                                     headers=stack.admin)
     assert response.status_code == 201, response.text
     body = response.json()
     return SessionHandle(session_id=body["session_id"], base_url=body["base_url"],

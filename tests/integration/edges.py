@@ -69,7 +69,8 @@ class Agent:
         self.messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
 
     @classmethod
-    async def open(cls, edge: EdgeService, uid: str = "u1") -> Agent:
+    async def open(cls, edge: EdgeService, uid: str | None = None) -> Agent:
+        """``uid`` None: a fresh one (one session per (uid, session_index): several agents may open)."""
         opened = await edge.open_session(OpenSession(uid=uid))
         return cls(opened.session_id, opened.api_key)
 

@@ -3,6 +3,7 @@ once), the local engine by default, and how ``--model`` picks the tokenizer and 
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import httpx
@@ -20,7 +21,8 @@ IM_END = 151645
 
 
 def chat(up: Up, text: str = "hi", **extra: object) -> str:
-    session = httpx.post(f"{up.url}/sessions", json={"uid": "cli"}, headers=HEADERS).json()
+    # A uid of its own each time: one session holds a (uid, session_index).
+    session = httpx.post(f"{up.url}/sessions", json={"uid": f"cli{uuid.uuid4().hex[:12]}"}, headers=HEADERS).json()
     client = OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
     reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": text}], **extra)
     return reply.choices[0].message.content or ""

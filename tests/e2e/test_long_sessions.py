@@ -50,33 +50,21 @@ def tool_result(turn: int, size: int = 4096) -> str:
 
 
 @pytest.fixture
-def long_engine() -> Iterator[ScriptedEngineServer]:
-    with ScriptedEngineServer(keep_requests=1) as server:  # each request carries the whole context
+def engine() -> Iterator[ScriptedEngineServer]:
+    """This module's engine (what ``make_stack`` starts in front of) keeps only its last request:
+    each request of a long session carries the whole context."""
+    with ScriptedEngineServer(keep_requests=1) as server:
         yield server
 
 
 @pytest.fixture
-def long_stack(make_stack_with: Callable[..., StackThread], long_engine: ScriptedEngineServer) -> StackThread:
-    return make_stack_with(long_engine, max_trajectory_length=1_000_000)
+def long_engine(engine: ScriptedEngineServer) -> ScriptedEngineServer:
+    return engine
 
 
 @pytest.fixture
-def make_stack_with(nats_server, log_config, tmp_path) -> Iterator[Callable[..., StackThread]]:
-    from rollbus.runtime import StackOptions
-    from tests.e2e.conftest import ADMIN_TOKEN
-
-    started: list[StackThread] = []
-
-    def start(engine: ScriptedEngineServer, **overrides: Any) -> StackThread:
-        options = StackOptions(port=0, data_dir=tmp_path / f"data{len(started)}", nats_url=nats_server.url,
-                               engine="sglang", engine_urls=(engine.url,), admin_token=ADMIN_TOKEN, log=log_config,
-                               **overrides)
-        started.append(StackThread(options).start())
-        return started[-1]
-
-    yield start
-    for running in started:
-        running.stop()
+def long_stack(make_stack: Callable[..., StackThread]) -> StackThread:
+    return make_stack(max_trajectory_length=1_000_000)
 
 
 class Recorder:

@@ -48,13 +48,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="prompts per generate_sequences call [64]")
     parser.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     parser.add_argument("--validate", action="store_true", help="a validation batch (val_kwargs, partition val)")
-    parser.add_argument("--global-steps", type=int, default=0)
+    parser.add_argument("--global-steps", type=int, default=0, metavar="S",
+                        help="the trainer step recorded in each session's metadata [0]")
     parser.add_argument("--ray-address", default=None, help="join this Ray cluster's TransferQueue [host one]")
     parser.add_argument("--eval-url", default=None, metavar="URL",
                         help="run the runner against this OpenAI-compatible URL instead of sessions (no records)")
-    parser.add_argument("--eval-api-key", default="EMPTY")
+    parser.add_argument("--eval-api-key", default="EMPTY", metavar="KEY",
+                        help="the API key sent to --eval-url [EMPTY]")
     parser.add_argument("--timeout", type=float, default=None, help="seconds a batch may take [no limit]")
-    parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--log-level", default="WARNING", metavar="LEVEL",
+                        help="Python logging level: DEBUG, INFO, WARNING, ERROR [WARNING]")
     parser.set_defaults(run=run)
 
 

@@ -20,7 +20,7 @@ import msgspec
 from edge.chains import Continue, Exhausted, NewChain, Rollback, select_chain
 from edge.codec.conversation import Conversation, Message, TurnOutcome
 from edge.codec.digest import extend, prefix_digests, tools_digest
-from edge.codec.incremental import TemplateCodec, TemplateNotIncremental
+from edge.codec.incremental import NoRoom, TemplateCodec, TemplateNotIncremental
 from edge.codec.reasoning import opens_reasoning
 from edge.codec.reply import ReplyParser, call_ids
 from edge.codec.tool_parsers import ParsedOutput, ToolParser
@@ -126,7 +126,7 @@ class Begun:
         self._busy: int | None = None
 
     async def __aenter__(self) -> PreparedTurn:
-        turn, self._busy = self._runner._begin(self._live, self._request)
+        turn, self._busy = await self._runner._begin(self._live, self._request)
         return turn
 
     async def __aexit__(self, *exc: object) -> None:
@@ -194,6 +194,18 @@ class _Roles(Sequence[str]):
         return self._messages[index].role
 
 
+OFFLOAD_CHARS = 64 * 1024
+"""New text from which a turn is planned off the event loop (~0.1 s of tokenizing here)."""
+OFFLOADED = 2
+"""Turns planned on worker threads at once; more wait their turn (each holds its request)."""
+
+
+def _text_size(messages: Sequence[Message]) -> int:
+    """Characters to tokenize in ``messages``, roughly (what the template adds is left out)."""
+    return sum(len(m.content) + len(m.reasoning or "") + sum(len(c.arguments) for c in m.tool_calls)
+               for m in messages)
+
+
 def _chat_turns(messages: Sequence[Message]) -> int:
     return sum(1 for m in messages if m.role in ("user", "assistant"))
 
@@ -207,6 +219,7 @@ class TurnRunner:
         self._log = log
         self._clock = clock
         self.replies = ReplyParser(parser, starts_in_reasoning=opens_reasoning(codec.generation_prompt))
+        self._offloaded = asyncio.Semaphore(OFFLOADED)
 
     @property
     def engine(self) -> Engine:
@@ -216,7 +229,7 @@ class TurnRunner:
         return self._clock()
 
     async def run(self, live: LiveSession, request: TurnRequest) -> TurnOutcome:
-        turn, busy = self._begin(live, request)  # as ``begin`` does, without its context manager
+        turn, busy = await self._begin(live, request)  # as ``begin`` does, without its context manager
         try:
             if turn.generate is None:
                 return await self.refuse(live, turn)
@@ -246,8 +259,13 @@ class TurnRunner:
         a continued chain stays busy until the block ends."""
         return Begun(self, live, request)
 
-    def _begin(self, live: LiveSession, request: TurnRequest) -> tuple[PreparedTurn, int | None]:
-        """The prepared turn, and the chain it keeps busy (marked busy here) if any."""
+    async def _begin(self, live: LiveSession, request: TurnRequest) -> tuple[PreparedTurn, int | None]:
+        """The prepared turn, and the chain it keeps busy (marked busy here) if any.
+
+        A turn with much new text to tokenize (:data:`OFFLOAD_CHARS`) is planned on a worker
+        thread, at most :data:`OFFLOADED` at a time, so that the event loop keeps serving every
+        other session (tokenizing megabytes takes seconds; the tokenizer releases the GIL).
+        The codec's caches are only ever missed, never corrupted, by a planning thread."""
         conversation = request.conversation
         request_no = live.take_request_no()
         digests = conversation.history_digests or tuple(
@@ -262,7 +280,13 @@ class TurnRunner:
         if busy is not None:
             live.busy.add(busy)
         try:
-            return self._prepare(live, request, selection, digests, received, request_no), busy
+            new = conversation.messages if isinstance(selection, NewChain) else \
+                conversation.messages[selection.n_history:]
+            if _text_size(new) < OFFLOAD_CHARS:
+                return self._prepare(live, request, selection, digests, received, request_no), busy
+            async with self._offloaded:
+                return await asyncio.to_thread(self._prepare, live, request, selection, digests, received,
+                                               request_no), busy
         except BaseException:
             if busy is not None:
                 live.busy.discard(busy)
@@ -270,9 +294,15 @@ class TurnRunner:
 
     def _prepare(self, live: LiveSession, request: TurnRequest, selection: Continue | Rollback | NewChain,
                  digests: Sequence[str], received: RequestReceived, request_no: int) -> PreparedTurn:
-        plan = self._plan(live.state, request.conversation, selection, digests, live.inputs)
-        prepared = PreparedTurn(request=request, request_no=request_no, received=received, plan=plan)
         limit = self._settings.max_trajectory_length
+        try:
+            plan = self._plan(live.state, request.conversation, selection, digests, live.inputs)
+        except NoRoom:  # known to be too long before it was tokenized
+            chain = None if isinstance(selection, NewChain) else selection.chain.index
+            closing = () if chain is None else (self._closed(live, chain, request_no),)
+            return PreparedTurn(request=request, request_no=request_no, received=received,
+                                refusal=(received, *closing))
+        prepared = PreparedTurn(request=request, request_no=request_no, received=received, plan=plan)
         if len(plan.input_ids) >= limit:
             closing = () if plan.chain is None else (self._closed(live, plan.chain, request_no),)
             return msgspec.structs.replace(prepared, refusal=(received, *closing))
@@ -312,8 +342,9 @@ class TurnRunner:
     def _plan(self, state: SessionState, conversation: Conversation, selection: Continue | Rollback | NewChain,
               digests: Sequence[str], inputs: dict[int, InputBuffer] | None = None) -> _Plan:
         messages = conversation.messages
+        limit = self._settings.max_trajectory_length
         if isinstance(selection, NewChain):
-            prompt = self.codec.encode_prompt(messages, conversation.tools)
+            prompt = self.codec.encode_prompt(messages, conversation.tools, room=limit)
             return _Plan(chain=None, context=tokens.pack_ids(prompt), input_ids=prompt, n_messages=len(messages),
                          chat_turns=_chat_turns(messages), prefix_digest=digests[-1])
         if isinstance(selection, Rollback):
@@ -323,7 +354,8 @@ class TurnRunner:
                 return self._plan(state, conversation, NewChain(), digests)
         chain = selection.chain
         new = messages[selection.n_history:]
-        increment = tokens.pack_ids(self.codec.encode_increment(new, last_token=chain.last_token()))
+        increment = tokens.pack_ids(self.codec.encode_increment(new, last_token=chain.last_token(),
+                                                                room=limit - chain.length))
         if inputs is not None and chain.length >= MIN_TOKENS:  # a long chain: grown in place (edge.engine_input)
             input_ids: Sequence[int] = inputs.setdefault(chain.index, InputBuffer()).input_ids(chain, increment)
         else:
@@ -340,7 +372,7 @@ class TurnRunner:
         kept = [s for s in chain.segments[turn.first_segment: turn.end_segment] if not s.generated]
         base = b"".join([chain.prompt_ids, *(s.token_ids for s in chain.segments[: turn.first_segment]),
                          *(s.token_ids for s in kept)])
-        increment = tokens.pack_ids(self.codec.encode_rewrite(new))
+        increment = tokens.pack_ids(self.codec.encode_rewrite(new, room=self._settings.max_trajectory_length))
         dropped = sum(s.length for s in chain.segments[turn.first_segment: turn.end_segment] if s.generated)
         return _Plan(chain=chain.index, context=increment, input_ids=tokens.unpack_ids(base + increment),
                      n_messages=len(messages), chat_turns=_chat_turns(new), prefix_digest=digests[-1],

@@ -54,6 +54,11 @@ class TemplateNotIncremental(MalformedRequest):
     code = "template_not_incremental"
 
 
+class NoRoom(Exception):
+    """The text needs more tokens than the room left: known from its lower bound
+    (:meth:`Tokenizer.min_tokens`), before it is encoded."""
+
+
 class TemplateCodec:
     """Prompts and increments for one tokenizer and its chat template."""
 
@@ -91,16 +96,24 @@ class TemplateCodec:
             add_generation_prompt=add_generation_prompt,
         )
 
-    def encode_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> list[int]:
+    def _encode(self, text: str, room: int | None) -> list[int]:
+        """``room``: the most tokens that can follow; :class:`NoRoom` when ``text`` cannot fit."""
+        if room is not None and self.tokenizer.min_tokens(text) >= room:
+            raise NoRoom(f"{len(text)} characters need at least {self.tokenizer.min_tokens(text)} tokens; "
+                         f"{room} fit")
+        return self.tokenizer.encode(text)
+
+    def encode_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSpec], *,
+                      room: int | None = None) -> list[int]:
         """The tokens of a new chain's prompt. Cached by the exact messages and tools: RL rollouts
         start several sessions (GRPO's samples of one prompt) with the same first request, and
         sub-agents restart from the same instructions."""
         if self._prompts is None:
-            return self.tokenizer.encode(self.prompt_text(messages, tools))
+            return self._encode(self.prompt_text(messages, tools), room)
         key = (_exact_tools.encode(tools) if tools else b"", tuple(messages))
         ids = self._prompts.get(key)
         if ids is None:
-            ids = tuple(self.tokenizer.encode(self.prompt_text(messages, tools)))
+            ids = tuple(self._encode(self.prompt_text(messages, tools), room))
             self._prompts.put(key, ids, 8 * len(ids) + sum(len(m.content) for m in messages) + len(key[0]))
         return list(ids)
 
@@ -161,12 +174,13 @@ class TemplateCodec:
             raise TemplateNotIncremental("a rewritten reply must start with the template's generation prompt")
         return tail[len(self.generation_prompt):]
 
-    def encode_rewrite(self, new_messages: Sequence[Message]) -> list[int]:
-        return self.tokenizer.encode(self.rewrite_text(new_messages))
+    def encode_rewrite(self, new_messages: Sequence[Message], *, room: int | None = None) -> list[int]:
+        return self._encode(self.rewrite_text(new_messages), room)
 
-    def encode_increment(self, new_messages: Sequence[Message], *, last_token: int) -> list[int]:
+    def encode_increment(self, new_messages: Sequence[Message], *, last_token: int,
+                         room: int | None = None) -> list[int]:
         ended = last_token == self.tokenizer.eos_token_id
-        return self.tokenizer.encode(self.increment_text(new_messages, ended_with_eos=ended))
+        return self._encode(self.increment_text(new_messages, ended_with_eos=ended), room)
 
     def reply_text(self, token_ids: Sequence[int]) -> str:
         """The sampled text without its end-of-turn token (what the agent sees)."""

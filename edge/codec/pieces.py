@@ -64,6 +64,7 @@ class ByteLevelDecoder:
 
     def __init__(self, table: list[bytes]) -> None:
         self._table = table
+        self.longest = max(map(len, table), default=0)  # the most bytes one id stands for
 
     @classmethod
     def build(cls, backend: tokenizers.Tokenizer, byte_of: dict[str, int]) -> ByteLevelDecoder | None:

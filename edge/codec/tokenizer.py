@@ -142,6 +142,7 @@ class Tokenizer:
         stops = (self.eos_token_id, *(self._require_id(t) for t in stop_tokens))
         self.stop_token_ids: tuple[int, ...] = tuple(dict.fromkeys(stops))
         self.chat_template = chat_template
+        self._max_token_chars = _max_token_chars(backend, self._bytes)
 
     def _require_id(self, token: str) -> int:
         token_id = self._backend.token_to_id(token)
@@ -152,6 +153,17 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; nothing is added, added tokens in the text are recognized."""
         return self._pieces.encode(text)
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on ``len(self.encode(text))``, found without encoding (0 when none is known).
+
+        Exact for ASCII text and a byte-level BPE tokenizer whose normalizer leaves ASCII as it
+        is: each token covers at most ``max_token_chars`` bytes, one per character. The edge
+        refuses a request that cannot fit its chain before spending seconds tokenizing it."""
+        limit = self._max_token_chars
+        if limit is None or not text.isascii():
+            return 0
+        return -(-len(text) // limit)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         if self._bytes is not None and not skip_special_tokens:
@@ -191,6 +203,19 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size})"
+
+
+_ASCII_PRESERVING = (normalizers.NFC, normalizers.NFD, normalizers.NFKC, normalizers.NFKD)
+
+
+def _max_token_chars(backend: tokenizers.Tokenizer, table: ByteLevelDecoder | None) -> int | None:
+    """The most bytes one token stands for, when that bounds the tokens of ASCII text: a
+    byte-level BPE (every id has its bytes in ``table``) behind a normalizer that keeps ASCII."""
+    if table is None or not isinstance(backend.model, models.BPE):
+        return None
+    if backend.normalizer is not None and not isinstance(backend.normalizer, _ASCII_PRESERVING):
+        return None
+    return max(1, table.longest)
 
 
 @functools.cache

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, SamplingParams, id_list
 from edge.engines.models import build_tiny_qwen2, load_model
 from edge.engines.models import weight_version as model_version
-from schemas.errors import EngineError
+from schemas.errors import EngineError, EngineRefused
 
 if TYPE_CHECKING:
     import torch
@@ -205,6 +205,11 @@ class LocalEngine:
     def vocab_size(self) -> int:
         return self._model.vocab_size
 
+    @property
+    def context_length(self) -> int:
+        """The most tokens the model takes (prompt and reply together)."""
+        return self._model.context_length
+
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         async for item in self.stream(request):
             if isinstance(item, GenerateResult):
@@ -229,12 +234,15 @@ class LocalEngine:
         )
 
     def _check(self, request: GenerateRequest) -> None:
+        """What this engine cannot serve is refused (a 400 to the agent, as an HTTP engine's 400)."""
         if not 0 < len(request.input_ids) < self._model.context_length:
-            raise EngineError(f"local engine: prompt of {len(request.input_ids)} tokens does not fit the context")
+            raise EngineRefused(f"local engine refused the request: a prompt of {len(request.input_ids)} tokens "
+                                f"does not fit the model's context of {self._model.context_length}")
         if request.sampling.stop and self._decode is None:
-            raise EngineError("local engine: stop strings need the engine's decode option")
+            raise EngineRefused("local engine refused the request: stop strings need the engine's decode option")
         if not all(0 <= token < self._model.vocab_size for token in request.input_ids):
-            raise EngineError(f"local engine: prompt token outside the vocabulary (0..{self.vocab_size - 1})")
+            raise EngineRefused("local engine refused the request: a prompt token is outside the vocabulary "
+                                f"(0..{self.vocab_size - 1})")
 
     async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)

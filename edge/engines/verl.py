@@ -43,13 +43,15 @@ There is no streaming either: :meth:`VerlEngine.stream` yields the whole generat
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Sequence
 from numbers import Integral
 from typing import Any, Protocol
 
 from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, id_list
+from edge.engines.http import refusal
 from edge.engines.pool import session_of
-from schemas.errors import EngineError, EngineTimeout, EngineUnavailable
+from schemas.errors import EngineError, EngineRefused, EngineTimeout, EngineUnavailable
 
 _UNAVAILABLE_CLASSES = {"RayActorError", "ActorDiedError", "ActorUnavailableError", "ActorUnschedulableError",
                         "NodeDiedError", "RaySystemError"}
@@ -153,8 +155,15 @@ def finish_reason(stop_reason: str | None, token_ids: Sequence[int], request: Ge
     return "length" if len(token_ids) >= sampling.max_new_tokens and not ended_on_stop else "stop"
 
 
+_TOO_LONG = re.compile(r"Prompt length \(\d+\)[^\n]*")
+"""verl's SGLang and vLLM servers' ``ValueError`` for a prompt that leaves no room in the context."""
+
+
 def _converted(exc: Exception) -> EngineError:
     names = {cls.__name__ for cls in type(exc).__mro__}
+    too_long = _TOO_LONG.search(str(exc)) if "ValueError" in names else None
+    if too_long is not None:  # the input cannot succeed as it is: a 400, which the SDKs do not retry
+        return EngineRefused(refusal("verl rollout server", too_long.group(0)))
     if names & _UNAVAILABLE_CLASSES or isinstance(exc, ConnectionError) or "No available servers" in str(exc):
         return EngineUnavailable(f"verl rollout server unavailable: {exc!r}")
     return EngineError(f"verl rollout server failed: {exc!r}")

@@ -11,7 +11,7 @@ import pytest
 
 from edge.engines import Engine, GenerateChunk, GenerateRequest, GenerateResult, SamplingParams
 from edge.engines.local import LocalEngine, build_tiny_qwen2, candidates
-from schemas.errors import EngineError
+from schemas.errors import EngineRefused
 
 torch = pytest.importorskip("torch")
 
@@ -157,10 +157,14 @@ async def test_no_logprobs_when_not_asked(engine: LocalEngine) -> None:
 
 async def test_rejects_what_it_cannot_honour(engine: LocalEngine) -> None:
     bad = GenerateRequest(request_id="00ff:0", input_ids=[engine.vocab_size], sampling=SamplingParams(max_new_tokens=2))
-    with pytest.raises(EngineError, match="vocabulary"):
+    with pytest.raises(EngineRefused, match="vocabulary"):
         await engine.generate(bad)
-    with pytest.raises(EngineError, match="decode"):
+    with pytest.raises(EngineRefused, match="decode"):
         await engine.generate(request(4, stop=("</tool_call>",)))
+    too_long = GenerateRequest(request_id="00ff:0", input_ids=[1] * engine.context_length,
+                               sampling=SamplingParams(max_new_tokens=2))
+    with pytest.raises(EngineRefused, match=f"does not fit the model's context of {engine.context_length}"):
+        await engine.generate(too_long)
 
 
 async def test_stop_strings_with_a_decoder() -> None:

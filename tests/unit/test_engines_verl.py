@@ -11,7 +11,7 @@ import pytest
 
 from edge.engines import Engine, GenerateChunk, GenerateRequest, GenerateResult, SamplingParams
 from edge.engines.verl import VerlEngine
-from schemas.errors import EngineError, EngineTimeout, EngineUnavailable
+from schemas.errors import EngineError, EngineRefused, EngineTimeout, EngineUnavailable
 
 IM_END = 151645
 
@@ -152,13 +152,26 @@ async def test_bad_outputs_are_engine_errors(output, message) -> None:
     (ActorDiedError("replica gone"), EngineUnavailable),
     (RuntimeError("No available servers in load balancer"), EngineUnavailable),
     (ConnectionResetError("reset"), EngineUnavailable),
-    (ValueError("Prompt length (9000) exceeds the model's maximum context length"), EngineError),
+    (ValueError("Prompt length (9000) exceeds the model's maximum context length (8192)."), EngineRefused),
+    (ValueError("Prompt length (8192) leaves no room to generate within the model's maximum context length "
+                "(8192); need at least 1 token of headroom."), EngineRefused),
+    (ValueError("bad sampling params"), EngineError),
     (TimeoutError("ray get timed out"), EngineTimeout),
 ])
 async def test_client_errors_are_converted_once(error: Exception, expected: type[EngineError]) -> None:
     with pytest.raises(EngineError) as caught:
         await VerlEngine(FakeLLMServerClient(error=error)).generate(request())
     assert type(caught.value) is expected and caught.value.__cause__ is error
+
+
+async def test_a_prompt_too_long_for_verls_server_is_refused_with_its_words() -> None:
+    """verl's SGLang server raises this ValueError (through Ray, as a subclass of it)."""
+    error = ValueError("Prompt length (40000) exceeds the model's maximum context length (32768).")
+    with pytest.raises(EngineRefused) as caught:
+        await VerlEngine(FakeLLMServerClient(error=error)).generate(request())
+    assert caught.value.status == 400
+    assert str(caught.value) == ("verl rollout server refused the request: Prompt length (40000) exceeds the "
+                                 "model's maximum context length (32768).")
 
 
 async def test_no_answer_in_time_is_a_timeout() -> None:

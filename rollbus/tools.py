@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import errno
 import json
+import math
 import os
 import socket
 import sys
@@ -45,6 +46,30 @@ class UserError(Exception):
 def one_line(text: str) -> str:
     """``text`` with its whitespace runs (newlines included) folded to single spaces."""
     return " ".join(text.split())
+
+
+def number(kind: type[int] | type[float], *, at_least: float | None = None, above: float | None = None,
+           at_most: float | None = None) -> Callable[[str], int | float]:
+    """An argparse ``type`` for a number within bounds: a nonsensical setting (a trajectory length of
+    0, a negative timeout) is refused before anything starts, in argparse's one line."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
+        if kind is float and not math.isfinite(value):  # NaN would pass every bound
+            raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+        if at_least is not None and value < at_least:
+            raise argparse.ArgumentTypeError(f"must be at least {at_least:g}, not {text}")
+        if above is not None and value <= above:
+            raise argparse.ArgumentTypeError(f"must be more than {above:g}, not {text}")
+        if at_most is not None and value > at_most:
+            raise argparse.ArgumentTypeError(f"must be at most {at_most:g}, not {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its own messages
+    return parse
 
 
 def add_connection_args(parser: argparse.ArgumentParser) -> None:

@@ -275,6 +275,26 @@ def test_demo_help_describes_every_flag():
 # and the rest of the rule: bad flag values
 
 def test_a_bad_flag_value_is_one_line():
-    refused(rollbus("up", "--port", "eighty"), "--port", "invalid int value", "--help")
+    refused(rollbus("up", "--port", "eighty"), "--port", "not an integer: 'eighty'", "--help")
     refused(rollbus("sessions", "--log-level", "loud"), "--log-level loud")
     refused(rollbus("demo", "--sessions", "0"), "--sessions", "at least 1")
+
+
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    ("--max-trajectory-length", "0", "must be at least 2, not 0"),
+    ("--port", "70000", "must be at most 65535"),
+    ("--lease-ttl", "0", "must be more than 0"),
+    ("--engine-timeout", "-5", "must be more than 0"),
+    ("--health-interval", "nan", "not a finite number"),
+    ("--idle-timeout", "-1", "must be at least 0"),
+    ("--batch-size", "0", "must be at least 1"),
+    ("--rollout-n", "-2", "must be at least 1"),
+    ("--batch-delay", "inf", "not a finite number"),
+    ("--ack-wait", "0", "must be more than 0"),
+])
+def test_a_nonsensical_setting_is_refused_before_anything_starts(tmp_path: Path, flag: str, value: str,
+                                                                 says: str):
+    data_dir = tmp_path / "data"
+    refused(rollbus("up", flag, value, "--data-dir", data_dir, "--port", "0") if flag != "--port"
+            else rollbus("up", flag, value, "--data-dir", data_dir), flag, says)
+    assert not data_dir.exists()  # nothing was started, not even the log's store

@@ -2,9 +2,13 @@
 
 1. **Markers first, as a filter.** A session with a marker is done; only its prompt's
    bookkeeping (step 6) is repeated, idempotently.
-2. **Read and derive** the others from the log (the same fold, the same derivation, the
-   session's own metadata keys: :mod:`materializer.metadata`; so a redelivered session
-   yields byte-identical records).
+2. **Read, derive and check** the others from the log, each on its own (the same fold, the
+   same derivation, the session's own metadata keys: :mod:`materializer.metadata`; so a
+   redelivered session yields byte-identical records; :mod:`materializer.reading`). A session
+   that cannot be materialized (its log does not fold, its records cannot be derived, the sinks
+   cannot hold them: :mod:`materializer.validation`) is quarantined instead: it goes on through
+   the steps below with no records, so it counts as a failed session of its prompt
+   (:mod:`materializer.quarantine`).
 3. **Register prompts** at the newest attempt the batch holds for them. A prompt seen for
    the first time gets its progress record (KV, created with revision 0); one whose stored
    progress is of an older attempt starts again (compare-and-set; the older attempt's
@@ -19,10 +23,14 @@
    (one put per partition and field set), under deterministic keys; a redelivered batch
    overwrites the same keys with the same values. The prompt is not terminal yet (its
    sessions count only at step 6), so no trainer has taken the group.
-5. **Parquet, markers, commit**: stage the file (every session's records but a duplicate's:
-   late and stale sessions are kept in the dataset), write the markers (the commit record,
-   naming the session's attempt and the options its records were derived with), move the
-   file into the dataset (see :mod:`materializer.parquet` for the crash cases).
+5. **Parquet, markers, commit**: the Arrow table of every session's records but a duplicate's
+   (late and stale sessions are kept in the dataset) is built *before* step 4's puts, so a
+   session whose records the schema refuses is quarantined before any sink has them
+   (:meth:`ParquetSink.fit` finds which). Then the quarantined sessions' events are appended to
+   their logs, the file is staged, the markers written (the commit record, naming the session's
+   attempt and the options its records were derived with; ``quarantined`` and no records for a
+   quarantined session), and the file moved into the dataset (see :mod:`materializer.parquet`
+   for the crash cases).
 6. **Count the sessions** of the prompt's attempt into it (compare-and-set) and publish a
    status that moved forward, in the prompt's partition: ``publishing`` is recorded before
    the TransferQueue write and ``published`` after it. A retry that finds ``publishing``
@@ -37,51 +45,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import msgspec
+import pyarrow as pa
 
 from materializer.ledger import Markers, PromptLedger
-from materializer.metadata import SessionKeys, read_keys
 from materializer.parquet import ParquetSink
 from materializer.prompts import TERMINAL, PromptProgress, SessionOutcome
-from materializer.records import RecordOptions, derive_scored
-from reward.precedence import RewardDecision
+from materializer.quarantine import METRIC, METRIC_HELP, Counters, Quarantine, QuarantineLog
+from materializer.reading import Ended, NotEnded, Orphan, SessionReader, StateLoader
+from materializer.records import RecordOptions
 from reward.scorer import RewardScorer
-from schemas.errors import FoldError, RollbusError
+from schemas.errors import FoldError
 from schemas.records import MaterializedMarker, TrajectoryRecord, record_digest
-from session_projector.fold import SessionState
 
 if TYPE_CHECKING:  # importing it loads torch, Ray and TransferQueue
     from materializer.transfer_queue import TransferQueueSink
 
+__all__ = ["BatchWriter", "Ended", "NotEnded", "StateLoader"]
+
 log = logging.getLogger(__name__)
 
-StateLoader = Callable[[str], Awaitable[tuple[SessionState, int]]]
 _TO_TRANSFER_QUEUE = ("new", "known")  # the verdicts whose records go to TransferQueue
-
-
-class NotEnded(FoldError):
-    """A ready signal for a session the log does not show ended (yet)."""
-
-
-class Ended(msgspec.Struct, frozen=True, kw_only=True):
-    """A session that ended, read from the log, with its records."""
-
-    state: SessionState
-    stream_seq: int
-    records: list[TrajectoryRecord]
-    reward: RewardDecision | None
-    keys: SessionKeys  # what its metadata decides
-
-    @property
-    def session_id(self) -> str:
-        return self.state.session_id
-
-    @property
-    def attempt(self) -> int:
-        return self.keys.attempt
+Plan = list[tuple[Ended, str]]  # each session of the batch with its verdict
+QUARANTINED = "quarantined"  # the marker status of a quarantined session (no records, a failed session)
 
 
 class _Entry(msgspec.Struct, kw_only=True):
@@ -92,18 +82,23 @@ class _Entry(msgspec.Struct, kw_only=True):
 class BatchWriter:
     def __init__(self, *, load: StateLoader, markers: Markers, ledger: PromptLedger, parquet: ParquetSink,
                  tq: TransferQueueSink | None = None, options: RecordOptions = RecordOptions(),
-                 rollout_n: int = 1, scorer: RewardScorer | None = None) -> None:
-        self._load = load
+                 rollout_n: int = 1, scorer: RewardScorer | None = None, quarantine: QuarantineLog | None = None,
+                 metrics: Counters | None = None) -> None:
+        """``quarantine``: the log a quarantined session's event goes to (None: its marker alone says it);
+        ``metrics``: where the quarantined sessions are counted (besides :attr:`quarantined`)."""
         self.markers = markers
         self._ledger = ledger
         self._parquet = parquet
         self._tq = tq
-        self._options = options
         self._rollout_n = rollout_n
-        self._scorer = scorer
-        self._reads = asyncio.Semaphore(16)
+        self._quarantine_log = quarantine
+        self._metrics = metrics
+        self._reader = SessionReader(load=load, quarantine=quarantine, options=options, rollout_n=rollout_n,
+                                     partition=tq.partition if tq is not None else "", padding=parquet.padding,
+                                     scorer=scorer)
         self.sessions = 0  # sessions this writer ended (markers written)
         self.records = 0
+        self.quarantined: Counter[str] = Counter()  # sessions this writer quarantined, by stage
 
     @property
     def sinks(self) -> tuple[str, ...]:
@@ -113,16 +108,19 @@ class BatchWriter:
         """The TransferQueue partition of a prompt's key and trajectories."""
         return progress.partition or (self._tq.partition if self._tq is not None else "")
 
-    async def write(self, session_ids: list[str]) -> list[str]:
-        """Materialize the sessions; returns those that could not be read now (to retry later)."""
+    async def write(self, session_ids: list[str], *, reject: Mapping[str, str] | None = None) -> list[str]:
+        """Materialize the sessions; returns those that could not be read now (to retry later).
+        ``reject``: sessions to quarantine instead, with the reason (their write failed alone)."""
         await self.recover()  # a batch that failed part-way (in this process or a previous one)
         session_ids = list(dict.fromkeys(session_ids))
         known = await self.markers.get_many(session_ids)
-        ended, failed = await self._read_all([s for s in session_ids if s not in known])
+        ended, orphans, failed = await self._reader.read_all([s for s in session_ids if s not in known], reject or {})
         entries = await self._register(ended, known)
         plan = _admit(entries, ended, partition=self._partition if self._tq is not None else None)
+        plan, table = await self._fit(plan)
         await self._put_records(entries, plan)
-        await self._commit(plan)
+        await self._quarantine([e for e, _ in plan], orphans)
+        await self._commit(plan, table, orphans)
         await self._count(entries, plan, known)
         return failed
 
@@ -140,35 +138,10 @@ class BatchWriter:
             await asyncio.to_thread(self._parquet.commit, staged.name)
             log.warning("committed batch %s left staged by an interrupted write", staged.name)
 
-    async def _read_all(self, session_ids: list[str]) -> tuple[list[Ended], list[str]]:
-        results = await asyncio.gather(*(self._read(s) for s in session_ids), return_exceptions=True)
-        ended, failed = [], []
-        for session_id, result in zip(session_ids, results, strict=True):
-            if isinstance(result, Ended):
-                ended.append(result)
-            elif isinstance(result, RollbusError):
-                log.warning("session %s: %s; will retry", session_id, result)
-                failed.append(session_id)
-            else:
-                raise result  # a bug, not a bad session: fail the batch loudly
-        return ended, failed
-
-    async def _read(self, session_id: str) -> Ended:
-        async with self._reads:
-            state, stream_seq = await self._load(session_id)
-        if state.status == "open":
-            raise NotEnded(f"session {session_id} has not ended")
-        default_partition = self._tq.partition if self._tq is not None else ""
-        keys = read_keys(state, rollout_n=self._rollout_n, partition=default_partition, options=self._options)
-        if state.status != "finalized":
-            return Ended(state=state, stream_seq=stream_seq, records=[], reward=None, keys=keys)
-        records, reward = await derive_scored(state, keys.options, self._scorer)
-        return Ended(state=state, stream_seq=stream_seq, records=records, reward=reward, keys=keys)
-
     async def _register(self, ended: list[Ended], known: dict[str, MaterializedMarker]) -> dict[str, _Entry]:
         """Every prompt of the batch with its progress, at the newest attempt the batch has for it;
         new and restarted prompts stored (and tagged running)."""
-        uids = [e.state.uid for e in ended] + [m.uid for m in known.values()]
+        uids = [e.state.uid for e in ended] + [m.uid for m in known.values() if _of_a_prompt(m)]
         entries = {uid: _Entry(progress=p, revision=rev) for uid, (p, rev) in (await self._ledger.load(uids)).items()}
         restarted = []
         for uid, e in _newest(ended).items():
@@ -203,7 +176,7 @@ class BatchWriter:
         for partition, tags in by_partition.items():
             await self._tq.put_prompt_statuses(tags, partition)
 
-    async def _put_records(self, entries: dict[str, _Entry], plan: list[tuple[Ended, str]]) -> None:
+    async def _put_records(self, entries: dict[str, _Entry], plan: Plan) -> None:
         """The records of the sessions TransferQueue takes, in their prompts' partitions."""
         if self._tq is None:
             return
@@ -214,34 +187,74 @@ class BatchWriter:
         for partition, records in by_partition.items():
             await self._tq.put_records(records, partition)
 
+    async def _fit(self, plan: Plan) -> tuple[Plan, pa.Table | None]:
+        """The Arrow table of what Parquet gets (every session's records but a duplicate's), built before any
+        sink is written; a session whose records the schema refuses is quarantined instead."""
+        written = [i for i, (e, v) in enumerate(plan) if e.records and v != "duplicate"]
+        if not written:
+            return plan, None
+        table, refused = await asyncio.to_thread(self._parquet.fit, [plan[i][0].records for i in written])
+        plan = list(plan)
+        for j, reason in refused.items():
+            e, verdict = plan[written[j]]
+            plan[written[j]] = (e.quarantined(Quarantine("parquet", f"the Parquet schema refused it: {reason}")),
+                                verdict)
+        return plan, table
+
+    async def _quarantine(self, ended: list[Ended], orphans: list[Orphan]) -> None:
+        """The newly quarantined sessions' events on their logs (before their markers): one log line each."""
+        pending = [(e.session_id, e.quarantine) for e in ended if e.quarantine is not None and not e.quarantine.logged]
+        pending += [(o.session_id, o.quarantine) for o in orphans]
+        await asyncio.gather(*(self._set_aside(session_id, quarantine) for session_id, quarantine in pending))
+
+    async def _set_aside(self, session_id: str, quarantine: Quarantine) -> None:
+        outcome = "no log"
+        if self._quarantine_log is not None:
+            try:
+                outcome = await self._quarantine_log.record(session_id, quarantine)
+            except FoldError as exc:  # the log cannot say where it ends: the marker alone will say it
+                log.warning("session %s: no session_quarantined event (%s)", session_id, exc)
+        if outcome == "found":  # appended before a crash: counted then
+            log.info("session %s: quarantined already (%s)", session_id, quarantine.reason)
+            return
+        log.error("session %s quarantined (%s): %s; not materialized, counted as a failed session of its prompt",
+                  session_id, quarantine.stage, quarantine.reason)
+        self.quarantined[quarantine.stage] += 1
+        if self._metrics is not None:
+            self._metrics.inc(METRIC, 1.0, METRIC_HELP, stage=quarantine.stage)
+
     def _marker(self, e: Ended, verdict: str) -> MaterializedMarker:
         written = verdict != "duplicate"
+        status = "duplicate" if not written else QUARANTINED if e.quarantine is not None else e.state.status
         return MaterializedMarker(
             session_id=e.session_id, stream_seq=e.stream_seq,
             digests={r.key: record_digest(r) for r in e.records} if written else {},
             sinks=(self.sinks if verdict in _TO_TRANSFER_QUEUE else (self._parquet.name,)) if e.records else (),
-            status="duplicate" if not written else e.state.status, uid=e.state.uid,
+            status=status, uid=e.state.uid,
             session_index=e.state.session_index, attempt=e.attempt, reward=e.reward.reward if e.reward else None,
             reward_source=e.reward.source if e.reward else None,
             reward_extra_info=dict(e.reward.extra) if e.reward else {}, options=msgspec.structs.asdict(e.keys.options))
 
-    async def _commit(self, plan: list[tuple[Ended, str]]) -> None:
-        """Stage the batch's records, write every marker (the commit record), move the file into the dataset."""
+    async def _commit(self, plan: Plan, table: pa.Table | None, orphans: list[Orphan]) -> None:
+        """Stage the batch's records (``table``: see :meth:`_fit`), write every marker (the commit record),
+        move the file into the dataset."""
         with_records = [(e, v) for e, v in plan if e.records and v != "duplicate"]
         markers = [self._marker(e, v) for e, v in plan if not e.records or v == "duplicate"]
+        markers += [MaterializedMarker(session_id=o.session_id, stream_seq=0, digests={}, status=QUARANTINED)
+                    for o in orphans]
         staged = None
         if with_records:
             records = [r for e, _ in with_records for r in e.records]
             staged = await asyncio.to_thread(self._parquet.stage, records,
-                                             [self._marker(e, v) for e, v in with_records])
+                                             [self._marker(e, v) for e, v in with_records], table=table)
             markers += staged.markers  # now naming the staged file
             self.records += len(records)
         await asyncio.gather(*(self.markers.create_marker(m) for m in markers))
         if staged is not None:
             await asyncio.to_thread(self._parquet.commit, staged.name)
-        self.sessions += len(plan)
+        self.sessions += len(plan) + len(orphans)
 
-    async def _count(self, entries: dict[str, _Entry], plan: list[tuple[Ended, str]],
+    async def _count(self, entries: dict[str, _Entry], plan: Plan,
                      known: dict[str, MaterializedMarker]) -> None:
         """Add the batch's sessions to their prompts (those of the prompt's attempt) and publish the statuses
         that moved forward."""
@@ -251,7 +264,7 @@ class BatchWriter:
                 by_uid.setdefault(e.state.uid, []).append(
                     (e.state.session_index, SessionOutcome(e.session_id, bool(e.records)), e.attempt))
         for m in known.values():
-            if m.status != "duplicate":
+            if m.status != "duplicate" and _of_a_prompt(m):
                 by_uid.setdefault(m.uid, []).append(
                     (m.session_index, SessionOutcome(m.session_id, m.succeeded), m.attempt))
         retries: set[str] = set()
@@ -294,6 +307,11 @@ class BatchWriter:
         return gone
 
 
+def _of_a_prompt(marker: MaterializedMarker) -> bool:
+    """Not the marker of a quarantined session whose log never said which prompt it was of."""
+    return bool(marker.uid) or marker.status != QUARANTINED
+
+
 def _newest(ended: list[Ended]) -> dict[str, Ended]:
     """Per prompt, the first session (in batch order) of the newest attempt the batch holds."""
     newest: dict[str, Ended] = {}
@@ -305,7 +323,7 @@ def _newest(ended: list[Ended]) -> dict[str, Ended]:
 
 
 def _admit(entries: dict[str, _Entry], ended: list[Ended], *,
-           partition: Callable[[PromptProgress], str] | None) -> list[tuple[Ended, str]]:
+           partition: Callable[[PromptProgress], str] | None) -> Plan:
     """Each session's verdict, in batch order: a second session with one index, or one past the
     prompt's expected count, is seen against the sessions admitted before it in the same batch;
     a session of an older attempt than its prompt's (registered at the batch's newest) is stale.

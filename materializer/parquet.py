@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -31,11 +31,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from materializer.dataset import read_dataset
-from materializer.padding import Padding, pad_records
+from materializer.padding import Padding, RecordTooLong, pad_records
+from materializer.validation import bounded
 from schemas.records import MaterializedMarker, TrajectoryRecord, records_to_table
 
 MARKERS_METADATA = b"rollbus.markers"
 _markers = msgspec.json.Decoder(list[MaterializedMarker])
+# What records the schema cannot hold make building their table raise.
+_DATA_ERRORS = (pa.ArrowException, ValueError, TypeError, OverflowError, UnicodeError, msgspec.EncodeError,
+                RecordTooLong)
 
 
 class StagedBatch(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,11 +81,29 @@ class ParquetSink:
             return records_to_table(records)
         return records_to_table(records, pad_records(records, self.padding), msgspec.structs.asdict(self.padding))
 
-    def stage(self, records: list[TrajectoryRecord], markers: list[MaterializedMarker]) -> StagedBatch:
-        """Write a batch into staging; ``markers`` (one per session in ``records``) get the file's name."""
+    def fit(self, groups: Sequence[Sequence[TrajectoryRecord]]) -> tuple[pa.Table | None, dict[int, str]]:
+        """One table of the groups' records (a group: one session's), and the groups it cannot hold, by
+        index, with why: built at once, and only when that fails, group by group (None: no group fits)."""
+        try:
+            return self.table([r for group in groups for r in group]), {}
+        except _DATA_ERRORS:
+            pass
+        tables: list[pa.Table] = []
+        refused: dict[int, str] = {}
+        for index, group in enumerate(groups):
+            try:
+                tables.append(self.table(list(group)))
+            except _DATA_ERRORS as exc:
+                refused[index] = bounded(f"{type(exc).__name__}: {exc}")
+        return (pa.concat_tables(tables) if tables else None), refused
+
+    def stage(self, records: list[TrajectoryRecord], markers: list[MaterializedMarker], *,
+              table: pa.Table | None = None) -> StagedBatch:
+        """Write a batch into staging; ``markers`` (one per session in ``records``) get the file's name.
+        ``table``: the records' table already built (:meth:`fit`)."""
         name = batch_name(m.session_id for m in markers)
         markers = [msgspec.structs.replace(m, parquet_file=name) for m in markers]
-        table = self.table(records)
+        table = table if table is not None else self.table(records)
         meta = {**(table.schema.metadata or {}), MARKERS_METADATA: msgspec.json.encode(markers)}
         table = table.replace_schema_metadata(meta)
         tmp = self.staging / f".{name}.tmp"

@@ -8,6 +8,12 @@ the live materializer: :func:`materializer.metadata.record_options`) and scorer,
 ended (a late reward, kept for audit) change nothing, as in the live materializer. Aborted
 sessions have no records; sessions still open when the pass ends are counted, not written.
 Nothing is written to the markers or to TransferQueue: the live bookkeeping is untouched.
+
+Quarantined sessions (:mod:`materializer.quarantine`) are read again like the others (their
+``session_quarantined`` event comes after their end): this is the explicit retry. One that
+still cannot be materialized (its log does not fold, its records cannot be derived, the sinks
+cannot hold them: :mod:`materializer.validation`) is logged, counted in ``errors`` and left
+out, and the rest of its file is written.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from nats.js.client import JetStreamContext
 
 from materializer.metadata import record_options
 from materializer.parquet import ParquetSink
+from materializer.reading import DATA_ERRORS
 from materializer.records import RecordOptions, derive_scored
+from materializer.validation import bounded, session_problem
 from reward.scorer import RewardScorer
 from schemas.errors import FoldError
 from schemas.events import AnyEvent
@@ -39,7 +47,7 @@ class Progress(msgspec.Struct, kw_only=True):
     last: int = 0  # stream sequence the pass ends at
     sessions: int = 0  # finalized sessions written
     aborted: int = 0
-    errors: int = 0  # sessions whose log does not fold
+    errors: int = 0  # sessions whose log does not fold, or whose records cannot be derived or held
     records: int = 0
     files: int = 0
     open: int = 0  # sessions still open when the pass ended
@@ -89,9 +97,8 @@ class Rematerializer:
         try:
             state = fold(events, self._states.get(session_id))
         except FoldError as exc:
-            log.error("session %s does not fold (%s); skipped", session_id, exc)
             self._end(session_id)
-            self.progress.errors += 1
+            self._skip(session_id, f"its log does not fold: {exc}")
             return
         if state is None or state.status == "open":
             if state is not None:
@@ -102,7 +109,15 @@ class Rematerializer:
             self.progress.aborted += 1
             return
         options = record_options(state, self._options)
-        records, reward = await derive_scored(state, options, self._scorer)
+        try:
+            records, reward = await derive_scored(state, options, self._scorer)
+        except (FoldError, *DATA_ERRORS) as exc:
+            self._skip(session_id, f"its records cannot be derived: {exc!r}")
+            return
+        problem = session_problem(records, self._sink.padding)
+        if problem is not None:
+            self._skip(session_id, f"the sinks cannot hold it: {problem}")
+            return
         self.progress.sessions += 1
         if records:
             self._records += records
@@ -111,6 +126,10 @@ class Rematerializer:
                 session_index=state.session_index, digests={r.key: record_digest(r) for r in records},
                 sinks=(self._sink.name,), reward=reward.reward, reward_source=reward.source,
                 reward_extra_info=dict(reward.extra), options=msgspec.structs.asdict(options)))
+
+    def _skip(self, session_id: str, reason: str) -> None:
+        log.error("session %s cannot be materialized (%s); skipped", session_id, bounded(reason))
+        self.progress.errors += 1
 
     def _end(self, session_id: str) -> None:
         self._states.pop(session_id, None)
@@ -121,7 +140,19 @@ class Rematerializer:
             return
         records, markers = self._records, self._markers
         self._records, self._markers = [], []
-        staged = await asyncio.to_thread(self._sink.stage, records, markers)
+        by_session: dict[str, list[TrajectoryRecord]] = {}
+        for record in records:
+            by_session.setdefault(record.session_id, []).append(record)
+        table, refused = await asyncio.to_thread(self._sink.fit, [by_session[m.session_id] for m in markers])
+        for index, reason in refused.items():
+            self._skip(markers[index].session_id, f"the Parquet schema refused it: {reason}")
+            self.progress.sessions -= 1
+        if refused:
+            markers = [m for i, m in enumerate(markers) if i not in refused]
+            records = [r for m in markers for r in by_session[m.session_id]]
+        if not markers:
+            return
+        staged = await asyncio.to_thread(self._sink.stage, records, markers, table=table)
         await asyncio.to_thread(self._sink.commit, staged.name)
         self.progress.records += len(records)
         self.progress.files += 1

@@ -6,11 +6,25 @@ records of many sessions go to TransferQueue in few puts and to Parquet in one f
 Each batch is written by :class:`BatchWriter` (exactly once, see :mod:`materializer.batch`)
 and only then acknowledged. On start, batches a previous process left in Parquet staging
 are committed or discarded (:meth:`Materializer.recover`).
+
+Failures, by kind (:meth:`Materializer.write`):
+
+- a session that cannot be materialized is quarantined within its batch, which is written
+  (:mod:`materializer.quarantine`);
+- a transient failure (:data:`~materializer.quarantine.TRANSIENT`: JetStream, TransferQueue or
+  the scorer not answering) that stops the whole batch is retried after a backoff that doubles
+  from ``retry_delay`` up to ``max_retry_delay`` (reset by the next batch written);
+- any other failure of a whole batch (a bug that some session's data sets off) narrows it down:
+  each half is written on its own, down to the single session whose write fails, which is
+  quarantined (stage ``write``), so no batch is retried forever. A session that has a marker
+  (its records are written) but whose prompt's bookkeeping still fails alone is logged and
+  acknowledged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -22,7 +36,9 @@ from materializer.batch import BatchWriter
 from materializer.ledger import Markers, PromptLedger, open_bucket
 from materializer.padding import Padding
 from materializer.parquet import ParquetSink
+from materializer.quarantine import TRANSIENT, Counters, QuarantineLog
 from materializer.records import RecordOptions
+from materializer.validation import bounded
 from reward.scorer import RewardScorer
 from schemas.log import LogConfig
 from session_projector.consumer import consume_batches
@@ -51,20 +67,26 @@ class MaterializerOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_batch: int = 1024
     max_delay: float = 0.5
     ack_wait: float = 30.0
+    retry_delay: float = 0.5  # the first backoff after a batch that failed whole and transiently
+    max_retry_delay: float = 30.0
     durable: str = "rollbus-materializer"
 
 
 class Materializer:
     def __init__(self, js: JetStreamContext, cfg: LogConfig, sink: ParquetSink, *,
                  options: MaterializerOptions = MaterializerOptions(), tq: TransferQueueSink | None = None,
-                 scorer: RewardScorer | None = None) -> None:
+                 scorer: RewardScorer | None = None, metrics: Counters | None = None) -> None:
+        """``metrics``: where quarantined sessions are counted (e.g. the edge's ``/metrics``)."""
         self._js = js
         self._cfg = cfg
         self._sink = sink
         self._options = options
         self._tq = tq
         self._scorer = scorer
+        self._metrics = metrics
         self._writer: BatchWriter | None = None
+        self._stop = asyncio.Event()
+        self._transient_failures = 0  # batches in a row that failed whole and transiently
 
     @property
     def materialized(self) -> int:
@@ -78,7 +100,8 @@ class Materializer:
             self._writer = BatchWriter(load=lambda sid: load_state(self._js, self._cfg, sid), markers=markers,
                                        ledger=ledger, parquet=self._sink, tq=self._tq,
                                        options=self._options.records, rollout_n=self._options.rollout_n,
-                                       scorer=self._scorer)
+                                       scorer=self._scorer, quarantine=QuarantineLog(self._js, self._cfg),
+                                       metrics=self._metrics)
         return self._writer
 
     async def recover(self) -> None:
@@ -86,6 +109,7 @@ class Materializer:
         await (await self.writer()).recover()
 
     async def run(self, stop: asyncio.Event) -> None:
+        self._stop = stop
         await self.recover()
         o = self._options
         await consume_batches(self._js, stream=self._cfg.ready_stream, durable=o.durable,
@@ -99,10 +123,57 @@ class Materializer:
                 by_session.setdefault(_ready.decode(msg.data).session_id, []).append(msg)
             except msgspec.DecodeError:  # not a ready signal: retrying cannot help, so it is acknowledged
                 log.error("%s: not a ready signal (%r); skipped", msg.subject, msg.data[:80])
-        writer = await self.writer()
-        failed = await writer.write(list(by_session))
+        try:
+            failed = await self.write(list(by_session))
+        except TRANSIENT as exc:
+            self._transient_failures += 1
+            delay = backoff(self._transient_failures, self._options.retry_delay, self._options.max_retry_delay)
+            log.warning("batch of %d sessions not written (%s); retrying in %.1fs", len(by_session), exc, delay)
+            with contextlib.suppress(TimeoutError):  # a stop cuts the wait short
+                await asyncio.wait_for(self._stop.wait(), delay)
+            return msgs
+        self._transient_failures = 0
         log.info("materialized %d sessions (%d failed, will retry)", len(by_session) - len(failed), len(failed))
         return [msg for session_id in failed for msg in by_session[session_id]]
+
+    async def write(self, session_ids: list[str]) -> list[str]:
+        """Write the sessions; returns those to retry. A transient failure of the whole batch is raised; any
+        other failure narrows the batch down by halves, and a single session that fails alone is quarantined."""
+        writer = await self.writer()
+        try:
+            return await writer.write(session_ids)
+        except TRANSIENT:
+            raise
+        except Exception as exc:  # whatever it is, some session's data set it off: find which
+            if len(session_ids) == 1:
+                return await self._set_aside(session_ids[0], exc)
+            log.error("a batch of %d sessions failed (%s); writing it in halves", len(session_ids), _short(exc))
+        half = len(session_ids) // 2
+        failed = []
+        for part in (session_ids[:half], session_ids[half:]):
+            try:
+                failed += await self.write(part)
+            except TRANSIENT as exc:
+                log.warning("%d sessions not written (%s); will retry", len(part), exc)
+                failed += part
+        return failed
+
+    async def _set_aside(self, session_id: str, exc: Exception) -> list[str]:
+        """Quarantine a session whose write fails alone (or, if it is marked already, acknowledge it)."""
+        writer = await self.writer()
+        if await writer.markers.get_many([session_id]):
+            log.error("session %s: its records are written, but its prompt's bookkeeping fails (%s); its ready "
+                      "signal is acknowledged", session_id, _short(exc), exc_info=exc)
+            return []
+        log.error("session %s: its write fails on its own (%s)", session_id, _short(exc), exc_info=exc)
+        try:
+            return await writer.write([session_id], reject={session_id: f"its write failed: {_short(exc)}"})
+        except TRANSIENT:
+            raise
+        except Exception as again:  # nothing more can be done for it: never retried forever
+            log.error("session %s cannot even be quarantined (%s); its ready signal is acknowledged", session_id,
+                      _short(again))
+            return []
 
     async def materialize(self, session_id: str) -> int:
         """Materialize one ended session now; returns how many records it has in the dataset."""
@@ -110,3 +181,12 @@ class Materializer:
         await writer.write([session_id])
         marker = (await writer.markers.get_many([session_id])).get(session_id)
         return len(marker.digests) if marker is not None else 0
+
+
+def backoff(failures: int, first: float, most: float) -> float:
+    """Seconds to wait after ``failures`` failures in a row: ``first``, doubling, at most ``most``."""
+    return min(first * 2.0 ** max(failures - 1, 0), most)
+
+
+def _short(exc: BaseException) -> str:
+    return bounded(f"{type(exc).__name__}: {exc}", 300)

@@ -9,6 +9,8 @@ Kinds of difference, per session:
 * ``extra_key``: a key the marker lists that the log does not derive;
 * ``digest_mismatch``: the same key, different content;
 * ``unreadable``: the session's events do not fold (a corrupt log);
+* ``quarantined``: the materializer set the session aside (its marker says ``quarantined``):
+  none of its records are in the sinks (its ``session_quarantined`` event says why);
 * ``orphan_marker``: a marker for a session the log never finalized (``--all`` only).
 
 :func:`compare` is pure; the reading is :func:`load_markers` / :func:`read_marker`.
@@ -68,6 +70,9 @@ def compare(state: SessionState, marker: MaterializedMarker | None,
     if marker is None:
         return [Difference(session_id=sid, kind="missing_marker", detail=f"{len(derived)} records derived")] \
             if derived else []
+    if marker.status == "quarantined":
+        return [Difference(session_id=sid, kind="quarantined", detail=f"none of its {len(derived)} records are in "
+                           f"the sinks: {state.quarantined or 'see its session_quarantined event'}")]
     recorded = marker.digests
     out = [Difference(session_id=sid, kind="missing_key", key=k, detail="derived from the log, not in the marker")
            for k in sorted(derived.keys() - recorded.keys())]

@@ -3,12 +3,17 @@
 ::
 
     rollbus sessions                       the latest 50, newest last
-    rollbus sessions --status open         only open ones (or finalized, aborted)
+    rollbus sessions --status open         only open ones (or finalized, aborted, quarantined)
     rollbus sessions --uid prompt42 --all  every session of one prompt
     rollbus sessions --json                one JSON array of summaries
 
 Projections follow the log a moment behind (the projector's lag): a session opened an
 instant ago may not be listed yet; ``GET /sessions/{id}`` and ``rollbus replay`` read the log.
+
+A session the materializer quarantined (it could not be materialized: none of its records are
+in the sinks; see ``materializer/quarantine.py``) is listed with status ``quarantined`` and the
+reason in the last column; its summary keeps its ``status`` (``finalized`` or ``aborted``) and
+says why in ``quarantined``.
 
 The ``model_turns`` column counts the model's replies in the session (its summary's
 ``turns``), not verl's ``num_turns`` of a record (a chain's messages, as ``rollbus demo``
@@ -30,7 +35,7 @@ from schemas.log import LogConfig
 from session_projector.projections import iter_projections
 from session_projector.summary import SessionSummary, summarize
 
-STATUSES = ("open", "finalized", "aborted")
+STATUSES = ("open", "finalized", "aborted", "quarantined")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 async def sessions_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Namespace) -> int:
     summaries = [summarize(p.state) async for p in iter_projections(js, cfg)]
-    counts = Counter(s.status for s in summaries)
+    counts = Counter(shown_status(s) for s in summaries)
     chosen = sorted((s for s in summaries if _wanted(s, args)), key=lambda s: (s.opened_at, s.session_id))
     shown = chosen if args.all or args.limit <= 0 else chosen[-args.limit:]
     if args.json:
@@ -61,8 +66,20 @@ async def sessions_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Nam
     return EXIT_OK
 
 
+def shown_status(summary: SessionSummary) -> str:
+    """``quarantined`` for a session the materializer set aside, else its status."""
+    return "quarantined" if summary.quarantined is not None else summary.status
+
+
 def _wanted(summary: SessionSummary, args: argparse.Namespace) -> bool:
-    return (args.status is None or summary.status == args.status) and (args.uid is None or summary.uid == args.uid)
+    return ((args.status is None or shown_status(summary) == args.status)
+            and (args.uid is None or summary.uid == args.uid))
+
+
+def _reason(summary: SessionSummary) -> str:
+    if summary.quarantined is not None:
+        return summary.quarantined
+    return summary.close_reason if summary.close_reason not in (None, summary.status) else ""
 
 
 def _ago(seconds: float) -> str:
@@ -74,13 +91,13 @@ def _ago(seconds: float) -> str:
 
 
 def table(summaries: list[SessionSummary], *, now: float) -> str:
-    header = (f"{'session':<32}  {'status':<9} {'uid':<16} {'idx':>3} {'model_turns':>11} {'chains':>6} {'traj':>4} "
-              f"{'reward':>7}  {'updated':<9} reason")
+    header = (f"{'session':<32}  {'status':<11} {'uid':<16} {'idx':>3} {'model_turns':>11} {'chains':>6} "
+              f"{'traj':>4} {'reward':>7}  {'updated':<9} reason")
     lines = [header, "-" * len(header)]
     for s in summaries:
         reward = "-" if s.reward is None else f"{s.reward:.3g}"
         uid = s.uid if len(s.uid) <= 16 else s.uid[:15] + "…"
-        lines.append(f"{s.session_id:<32}  {s.status:<9} {uid:<16} {s.session_index:>3} {s.turns:>11} "
+        lines.append(f"{s.session_id:<32}  {shown_status(s):<11} {uid:<16} {s.session_index:>3} {s.turns:>11} "
                      f"{len(s.chains):>6} {s.trajectories:>4} {reward:>7}  {_ago(now - s.updated_at):<9} "
-                     f"{s.close_reason if s.close_reason not in (None, s.status) else ''}".rstrip())
+                     f"{_reason(s)}".rstrip())
     return "\n".join(lines)

@@ -186,6 +186,17 @@ class TurnRolledBack(Event, tag="turn_rolled_back", kw_only=True):
     tokens_dropped: int  # sampled tokens removed from the chain
 
 
+class SessionQuarantined(Event, tag="session_quarantined", kw_only=True):
+    """The materializer set an ended session aside: it cannot be materialized (its log does not fold,
+    its records cannot be derived, the sinks cannot hold them, or its write failed on its own). None
+    of its records are in the sinks; its prompt counts it as a failed session. Appended by the
+    materializer after the session ended (the edge writes nothing more to it but a late reward), at
+    most once a session; ``rollbus materialize --from-log`` still tries it again."""
+
+    stage: str  # "unreadable" | "underivable" | "invalid" | "parquet" | "write": see materializer.quarantine
+    reason: str  # what could not be done, one line, bounded
+
+
 AnyEvent = (
     SessionOpened
     | RequestReceived
@@ -200,6 +211,7 @@ AnyEvent = (
     | SessionAborted
     | TurnAbandoned
     | TurnRolledBack
+    | SessionQuarantined
 )
 
 # The last token of a subject, per event type: ``rollbus.<session_id>.<kind>``.
@@ -217,4 +229,5 @@ SUBJECT_KINDS: dict[type[Event], str] = {
     SessionAborted: "aborted",
     TurnAbandoned: "abandoned",
     TurnRolledBack: "rolledback",
+    SessionQuarantined: "quarantined",
 }

@@ -39,6 +39,7 @@ from schemas.events import (
     SessionAborted,
     SessionFinalized,
     SessionOpened,
+    SessionQuarantined,
     TokensGenerated,
     TurnAbandoned,
     TurnCompleted,
@@ -143,6 +144,7 @@ class SessionState(msgspec.Struct, frozen=True, kw_only=True):
     requests: int = 0  # highest request number recorded
     reward: RewardReported | None = None
     close_reason: str | None = None
+    quarantined: str | None = None  # why the materializer set the ended session aside (session_quarantined)
     idempotency_keys: dict[str, RecordedRequest] = {}  # Idempotency-Key -> latest request carrying it
     request_bodies: dict[str, int] = {}  # body digest -> latest request number with that body
 
@@ -392,6 +394,12 @@ def _aborted(state: SessionState, e: SessionAborted) -> SessionState:
     return _touch(state, e, status="aborted", close_reason=e.reason)
 
 
+def _quarantined(state: SessionState, e: SessionQuarantined) -> SessionState:
+    if state.status == "open":
+        raise FoldError(f"session {state.session_id} is open; it cannot be quarantined")
+    return _touch(state, e, quarantined=state.quarantined or e.reason)  # the first reason stands
+
+
 _HANDLERS = {
     RequestReceived: _request,
     EngineFailed: _touch,
@@ -405,4 +413,5 @@ _HANDLERS = {
     SessionAborted: _aborted,
     TurnAbandoned: _touch,
     TurnRolledBack: _rolled_back,
+    SessionQuarantined: _quarantined,
 }

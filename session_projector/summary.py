@@ -39,6 +39,7 @@ class SessionSummary(msgspec.Struct, frozen=True, kw_only=True):
     close_reason: str | None
     opened_at: float
     updated_at: float
+    quarantined: str | None = None  # why the materializer set it aside: none of its records are in the sinks
 
 
 def summarize(state: SessionState) -> SessionSummary:
@@ -71,4 +72,5 @@ def summarize(state: SessionState) -> SessionSummary:
         close_reason=state.close_reason,
         opened_at=state.opened_at,
         updated_at=state.updated_at,
+        quarantined=state.quarantined,
     )

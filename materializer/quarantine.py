@@ -1,0 +1,157 @@
+"""Quarantine: an ended session the materializer cannot materialize, set aside with its reason.
+
+A session is quarantined when, on its own (whatever else its batch holds), it is
+
+- ``unreadable``: its log does not fold (:class:`FoldError`: an inconsistent or corrupt log), or
+  there is no log of it at all;
+- ``underivable``: its records cannot be derived from its state (data the derivation cannot take);
+- ``invalid``: the sinks cannot hold its records (:mod:`materializer.validation`);
+- ``parquet``: the Parquet schema refused its records although they passed validation;
+- ``write``: its batch failed, and so did its own write, alone (the service narrows a failed batch
+  down by halves: :meth:`materializer.service.Materializer.write`).
+
+Being quarantined is, in this order: a ``session_quarantined`` event on the session's log (its
+stage and reason; the projector folds it, so ``rollbus sessions`` and ``GET /sessions/{id}``
+show it); then its marker, with status ``quarantined`` and no records, which makes the session
+done (never retried) and counts it as a failed session of its prompt; one log line and the
+counter ``rollbus_materializer_quarantined_total{stage}``. The rest of its batch is written.
+
+A crash between the event and the marker is safe: the redelivered session's log says it was
+quarantined (its fold state's ``quarantined``), so it is quarantined again with that reason
+(its marker written, no second event), whatever a new derivation would say; for a log that
+does not fold, the event is found by its subject (``<prefix>.<session_id>.quarantined``).
+
+Transient failures (:data:`TRANSIENT`: JetStream, TransferQueue or the reward scorer not
+answering, a concurrent writer) are never a reason: their batch is retried.
+``rollbus materialize --from-log`` (:mod:`materializer.rematerialize`) reads every session again,
+quarantined or not: that is the explicit retry, into a new dataset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+import msgspec
+from nats.errors import Error as NatsError
+from nats.js.api import RawStreamMsg
+from nats.js.client import JetStreamContext
+from nats.js.errors import APIError, NotFoundError
+
+from reward.scorer import ScorerError
+from schemas import envelope
+from schemas.errors import Conflict, FoldError, LogUnavailable, SinkUnavailable
+from schemas.events import SCHEMA_VERSION, SUBJECT_KINDS, SessionQuarantined
+from schemas.log import (
+    HDR_BLOBS,
+    HDR_EXPECTED_LAST_SUBJECT_SEQ,
+    HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
+    HDR_MSG_ID,
+    HDR_SCHEMA,
+    HDR_SEQ,
+    LogConfig,
+    msg_id,
+)
+from session_projector.fold import SessionState, fold
+from session_projector.reader import iter_envelopes, last_stream_seq
+
+STAGES = ("unreadable", "underivable", "invalid", "parquet", "write")
+KIND = SUBJECT_KINDS[SessionQuarantined]
+METRIC = "rollbus_materializer_quarantined_total"
+METRIC_HELP = "Ended sessions the materializer set aside (not materialized), by stage"
+# Failures that say nothing about the session: retry later, never quarantine.
+TRANSIENT: tuple[type[Exception], ...] = (LogUnavailable, SinkUnavailable, Conflict, ScorerError)
+_WRONG_LAST_SEQUENCE = 10071
+Recorded = Literal["appended", "found", "no log"]
+
+
+class Quarantine(msgspec.Struct, frozen=True):
+    stage: str
+    reason: str
+    logged: bool = False  # the session's log already says so (a redelivery)
+
+
+class Counters(Protocol):
+    """Where the materializer counts (``edge.metrics.Metrics`` is one)."""
+
+    def inc(self, name: str, amount: float = 1.0, help_text: str = "", **labels: str) -> None: ...
+
+
+class QuarantineLog:
+    """The session's log, for quarantine: what it says of an unreadable session, and the event."""
+
+    def __init__(self, js: JetStreamContext, cfg: LogConfig, *, clock: Callable[[], float] = time.time,
+                 timeout: float = 5.0, attempts: int = 5) -> None:
+        self._js = js
+        self._cfg = cfg
+        self._clock = clock
+        self._timeout = timeout
+        self._attempts = attempts
+
+    async def opening(self, session_id: str) -> SessionState | None:
+        """The session as far as its log folds (None: not even its opening), for its prompt's bookkeeping."""
+        subject_filter = self._cfg.session_filter(session_id)
+        state = None
+        with contextlib.suppress(FoldError):
+            last = await last_stream_seq(self._js, self._cfg, subject_filter, self._timeout)
+            envelopes = iter_envelopes(self._js, self._cfg, subject_filter, last, self._timeout)
+            async with contextlib.aclosing(envelopes):
+                async for _, events in envelopes:
+                    for event in events:
+                        state = fold([event], state)
+        return state
+
+    async def record(self, session_id: str, quarantine: Quarantine) -> Recorded:
+        """Append the session's ``session_quarantined`` event unless its log has one (``"found"``) or there
+        is no log (``"no log"``). Another writer appending meanwhile (a late reward) is waited out."""
+        for _ in range(self._attempts):
+            if await self._last(self._cfg.subject(session_id, KIND)) is not None:
+                return "found"
+            last = await self._last(self._cfg.session_filter(session_id))
+            if last is None or last.seq is None:
+                return "no log"
+            event = SessionQuarantined(session_id=session_id, seq=_last_seq(last) + 1, time=self._clock(),
+                                       stage=quarantine.stage, reason=quarantine.reason)
+            if await self._append(event, last.seq):
+                return "appended"
+        raise Conflict(f"session {session_id}: its log kept growing while it was being quarantined")
+
+    async def _last(self, subject: str) -> RawStreamMsg | None:
+        try:
+            return await asyncio.wait_for(self._js.get_last_msg(self._cfg.stream, subject), self._timeout)
+        except NotFoundError:
+            return None
+        except (TimeoutError, NatsError) as exc:
+            raise LogUnavailable(f"JetStream did not answer a last-message lookup ({exc!r})") from exc
+
+    async def _append(self, event: SessionQuarantined, expected_last: int) -> bool:
+        """False when the session's log moved past ``expected_last`` (or this very append was stored)."""
+        sid = event.session_id
+        headers = {HDR_MSG_ID: msg_id(sid, event.seq), HDR_EXPECTED_LAST_SUBJECT_SEQ: str(expected_last),
+                   HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: self._cfg.session_filter(sid),
+                   HDR_SCHEMA: str(SCHEMA_VERSION), HDR_SEQ: f"{event.seq}-{event.seq}"}
+        publish = self._js.publish(self._cfg.subject(sid, KIND), envelope.encode([event]), headers=headers,
+                                   timeout=self._timeout)
+        try:
+            await asyncio.wait_for(publish, self._timeout + 1)
+        except APIError as exc:
+            if exc.err_code == _WRONG_LAST_SEQUENCE:
+                return False
+            raise LogUnavailable(f"JetStream refused the quarantine of {sid}: {exc.description}") from exc
+        except (TimeoutError, NatsError) as exc:
+            raise LogUnavailable(f"JetStream did not acknowledge the quarantine of {sid} ({exc!r})") from exc
+        return True
+
+
+def _last_seq(msg: RawStreamMsg) -> int:
+    """The per-session sequence number of the last event of an envelope (its ``Rollbus-Seq`` header)."""
+    headers = msg.headers or {}
+    if HDR_SEQ in headers:
+        return int(headers[HDR_SEQ].rpartition("-")[2])
+    if HDR_BLOBS in headers:
+        raise FoldError("the session's last envelope names no sequence numbers")
+    version = int(headers.get(HDR_SCHEMA, SCHEMA_VERSION))
+    return envelope.decode(msg.data or b"", version)[-1].seq

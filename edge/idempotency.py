@@ -70,9 +70,13 @@ class RequestIdentity(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def retry_count(headers: Mapping[str, str]) -> int:
-    """The SDK's retry counter (0 when absent or unreadable)."""
+    """The SDK's retry counter (0 when absent or unreadable). Only ASCII digits are read (``"²"`` is a
+    digit to ``str.isdigit`` but not to ``int``), and at most 18 of them (``int`` refuses a string of
+    thousands): all that matters is whether the count is above 0."""
     value = headers.get(RETRY_COUNT_HEADER, "0").strip()
-    return int(value) if value.isdigit() else 0
+    if not (value.isascii() and value.isdigit()):
+        return 0
+    return int(value.lstrip("0")[:18] or "0")
 
 
 def identify(body: bytes, key: str | None, retries: int = 0, digest: str = "") -> RequestIdentity:

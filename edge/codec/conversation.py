@@ -8,7 +8,6 @@ form (``{"role", "content", "tool_calls": [{"type": "function", "function": ...}
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 import msgspec
@@ -61,11 +60,18 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True):
     known: Any = None  # what the session's next request is decoded against (edge.codec.prefix.KnownPrefix)
 
 
+_json = msgspec.json.Decoder()
+
+
 def _arguments(text: str) -> Any:
-    """Tool-call arguments for the template: a JSON object when they parse, else the text."""
+    """Tool-call arguments for the template: a JSON object when they parse, else the text. Parsed
+    strictly, as the edge checks and digests them (:func:`edge.codec.strict.check_json_text`,
+    :func:`edge.codec.digest.canonical_arguments`): a laxer parser (``json.loads``) would hand the
+    template what those refused as text, such as a lone surrogate (``"\\ud800"``), which no encoder
+    takes, or ``NaN``, at a depth no bound was checked for."""
     try:
-        value = json.loads(text)
-    except ValueError:
+        value = _json.decode(text)
+    except (msgspec.DecodeError, RecursionError):
         return text
     return value if isinstance(value, dict) else text
 

@@ -230,7 +230,7 @@ class _Assembler:
         if len(values) != len(ids):
             raise EngineError(f"{LABEL} sent {len(values)} log probs for {len(ids)} tokens")
         named = [name.removeprefix("token_id:") for name in names]
-        if any(n.isdigit() and int(n) != token for n, token in zip(named, ids, strict=False)):
+        if any(n != str(token) for n, token in zip(named, ids, strict=False) if n.isascii() and n.isdigit()):
             raise EngineError(f"{LABEL} log probs name other tokens than token_ids")
         if any(value is None for value in values):
             raise EngineError(f"{LABEL} sent a token without its log prob")

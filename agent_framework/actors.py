@@ -1,6 +1,6 @@
 """The adapter's Ray actors: rollbus components in processes of their own.
 
-- :class:`StackActor` runs a :class:`rollbus.runtime.Stack` with some components on the
+- :class:`StackActor` runs a :class:`stack.runtime.Stack` with some components on the
   actor's event loop (a Ray async actor): an **edge** (HTTP on its own port, calling verl's
   ``llm_client`` through :class:`edge.engines.verl.VerlEngine`), or the **consumers**
   (projector and materializer, the materializer joining the TransferQueue that verl's
@@ -21,8 +21,8 @@ from typing import Any
 from agent_framework.config import RunnerConfig
 from agent_framework.dispatch import Runner, call_runner
 from agent_framework.rewards import verl_reward_input
-from rollbus.heap import settle_heap
-from rollbus.runtime import Stack, StackOptions
+from stack.heap import settle_heap
+from stack.runtime import Stack, StackOptions
 
 log = logging.getLogger(__name__)
 

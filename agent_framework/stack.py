@@ -28,12 +28,12 @@ from materializer.ledger import PromptLedger, open_bucket
 from materializer.prompts import TERMINAL, PromptProgress
 from materializer.records import RecordOptions
 from materializer.service import MaterializerOptions
-from rollbus.nats_server import EmbeddedNats
-from rollbus.provision import connect, provision
-from rollbus.runtime import StackOptions
 from schemas.errors import RollbusError
 from schemas.log import LogConfig
 from session_projector.reader import read_session
+from stack.nats_server import EmbeddedNats
+from stack.provision import connect, provision
+from stack.runtime import StackOptions
 
 log = logging.getLogger(__name__)
 

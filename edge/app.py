@@ -12,9 +12,10 @@ trailing slash (a redirect would be built from the request's ``Host`` header).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 
+import msgspec
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
@@ -69,8 +70,21 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return _answer(request, MalformedRequest(f"invalid request: {details}"[:1000]))
 
 
+def health(ready: bool, failing: Sequence[str]) -> tuple[bytes, int]:
+    """``/healthz``'s body and status: 200 ``{"status": "ok"}`` when every part is up; else 503 with
+    ``{"status": "starting"}``, or ``{"status": "unavailable", "failing": [...]}`` naming the parts that are down."""
+    if not ready:
+        return b'{"status":"starting"}', 503
+    if failing:
+        return msgspec.json.encode({"status": "unavailable", "failing": list(failing)}), 503
+    return b'{"status":"ok"}', 200
+
+
 def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True,
-               metrics: Metrics | None = None, lifespan: Lifespan | None = None) -> ModelRoutes:
+               failing: Callable[[], Sequence[str]] = tuple, metrics: Metrics | None = None,
+               lifespan: Lifespan | None = None) -> ModelRoutes:
+    """``ready``: whether the stack has started; ``failing``: the parts that are down now (e.g. ``["nats"]``);
+    both are called on every ``/healthz``, so they must be cheap."""
     app = FastAPI(title="rollbus edge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan,
                   redirect_slashes=False,
                   exception_handlers={HTTPException: _http_error, RequestValidationError: _validation_error,
@@ -82,9 +96,8 @@ def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True
 
     @app.get("/healthz")
     async def healthz() -> Response:
-        ok = ready()
-        return Response(content=b'{"status":"ok"}' if ok else b'{"status":"starting"}',
-                        status_code=200 if ok else 503, media_type="application/json")
+        body, status = health(ready(), failing())
+        return Response(content=body, status_code=status, media_type="application/json")
 
     @app.get("/metrics")
     async def metrics_text() -> Response:

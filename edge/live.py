@@ -37,6 +37,7 @@ from edge.engine_input import InputBuffer
 from edge.idempotency import InFlight
 from edge.ownership import KvLeases, LeaseHandle
 from edge.publisher import EventLog
+from edge.settings import Clock
 from schemas.bodies import literal, parts_against
 from schemas.errors import LogUnavailable, OwnershipLost, SessionClosed
 from schemas.events import BodyPart, Event
@@ -47,7 +48,6 @@ Draft = Callable[[SessionState], Sequence[Event]]
 Loader = Callable[[str], Awaitable[tuple[SessionState, int]]]
 Position = Callable[[str], Awaitable[int]]  # stream seq of the session's last envelope
 Summaries = Callable[[str], Awaitable[SessionSummary | None]]  # from projections, without replaying
-Clock = Callable[[], float]
 
 
 def _numbered(event: Event, seq: int) -> Event:

@@ -35,7 +35,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import TypeVar
 
 import msgspec
@@ -43,6 +43,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
+from edge.settings import Clock
 from schemas.errors import LogUnavailable, OwnershipLost, SessionOwned
 from schemas.log import LogConfig
 from session_projector.projections import UNAVAILABLE
@@ -50,7 +51,6 @@ from session_projector.projections import UNAVAILABLE
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Clock = Callable[[], float]
 
 
 class Lease(msgspec.Struct, frozen=True, kw_only=True):

@@ -5,32 +5,75 @@
 * The per-session expected-last-subject-sequence check (filtered on the session's
   subjects) makes a stale writer fail with :class:`OwnershipLost` instead of
   interleaving.
-* Every publish is bounded by a timer (:class:`edge.acks.AckedPublisher`). A publish that
-  timed out may still have been stored, so it is retried with the same headers. JetStream
+* Every publish goes through nats-py's public ``Client`` API (:class:`edge.acks.AckedPublisher`,
+  chosen over ``js.publish`` by ``ops/bench/append_path.py``) and is bounded by a timer. A publish
+  that timed out may still have been stored, so it is retried with the same headers. JetStream
   checks the expected last sequence before its duplicate window, so a retry of a stored
   publish is refused as "wrong last sequence": then the session's last message is read,
   and if it is this very envelope (same ``Nats-Msg-Id``) the retry succeeded after all.
 * A single event too large for one message has its largest values moved to the object
   store first (:mod:`schemas.blobs`), and is refused (413) only if it still does not fit.
+
+Errors
+------
+
+What nats-py raises (or reports as the client's last error) on the append path is mapped
+to the domain's errors once, in :data:`APPEND_ERRORS` and :data:`REFUSALS` (as httpx's
+``map_httpcore_exceptions`` maps httpcore's); in short::
+
+    PublishRejected 10071 (wrong last sequence)  OwnershipLost, unless the read-back finds this envelope
+    PublishRejected 10054 (over max_msg_size)    PayloadTooLarge
+    PublishRejected with code 503                retried (JetStream temporarily unavailable)
+    PublishRejected, any other                   LogUnavailable at once
+    MaxPayloadError (over the server's max)      PayloadTooLarge
+    PublishRefused (a permissions violation)     LogUnavailable at once
+    msgspec.DecodeError (not an acknowledgement) LogUnavailable at once
+    ConnectionClosedError, ...DrainingError      LogUnavailable at once (the client is closing)
+    TimeoutError, NoResponders, OutboundBufferLimitError, ConnectionReconnectingError, OSError
+                                                 retried with the same Nats-Msg-Id, ``attempts`` times
+    any other nats-py error                      LogUnavailable at once
+    not connected, and the client's last error is a refusal (REFUSALS: credentials refused,
+    expired or revoked; TLS required or failed)  LogUnavailable at once, naming it
+
+No responders (no stream takes the subject) is retried: JetStream answers so while it starts
+(after a server restart, before it has restored its streams); a log that was never provisioned
+fails after the attempts, with that in the message.
+
+A dead connection is the client's to detect: its pings (``ping_interval`` and
+``max_outstanding_pings``, set in :func:`stack.provision.connect`) find a half-open link
+within seconds and it reconnects. A publish waiting on the dead link then fails at once
+(:class:`edge.acks.AckedPublisher` sees its connection gone) and its retry goes out on the new
+connection, buffered by nats-py while it reconnects.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import ssl
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import msgspec
-from nats.errors import ConnectionClosedError, MaxPayloadError, OutboundBufferLimitError
+from nats.aio.client import Client
+from nats.errors import (
+    AuthorizationError,
+    ConnectionClosedError,
+    ConnectionDrainingError,
+    ConnectionReconnectingError,
+    InvalidUserCredentialsError,
+    MaxPayloadError,
+    OutboundBufferLimitError,
+    SecureConnFailedError,
+    SecureConnRequiredError,
+    SecureConnWantedError,
+    StaleConnectionError,
+)
 from nats.errors import Error as NatsError
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.client import JetStreamContext
 
-from edge.acks import Ack, AckedPublisher, NoResponders, PublishRejected
-from edge.nats_direct import DirectPublisher, direct_publisher
+from edge.acks import Ack, AckedPublisher, NoResponders, PublishRefused, PublishRejected
 from schemas import blobs, envelope
-from schemas.errors import LogUnavailable, OwnershipLost, PayloadTooLarge
+from schemas.errors import LogUnavailable, OwnershipLost, PayloadTooLarge, RollbusError
 from schemas.events import SCHEMA_VERSION, Event
 from schemas.log import (
     HDR_BLOBS,
@@ -45,7 +88,75 @@ from schemas.log import (
 
 log = logging.getLogger(__name__)
 
-WRONG_LAST_SEQUENCE = 10071
+WRONG_LAST_SEQUENCE = 10071  # JSStreamWrongLastSequenceErrF
+MESSAGE_TOO_LARGE = 10054  # JSStreamMessageExceedsMaximumErr: over the stream's max_msg_size
+SERVICE_UNAVAILABLE = 503  # the API error's code: "JetStream system temporarily unavailable"
+
+# What an error on the append path means: the domain error the append fails with at once,
+# or None: transient, retried with the same Nats-Msg-Id. The first row that matches wins.
+Outcome = Callable[[BaseException], RollbusError | None]
+Kinds = type[BaseException] | tuple[type[BaseException], ...]
+
+
+def _rejected(exc: BaseException) -> RollbusError | None:
+    error = exc.error if isinstance(exc, PublishRejected) else None
+    if error is not None and error.err_code == MESSAGE_TOO_LARGE:
+        return PayloadTooLarge(f"JetStream refused the envelope: {error.description}")
+    if error is not None and error.code == SERVICE_UNAVAILABLE:
+        return None
+    return LogUnavailable(f"JetStream rejected the append: {exc}")
+
+
+def _transient(exc: BaseException) -> None:
+    return None
+
+
+APPEND_ERRORS: tuple[tuple[Kinds, Outcome], ...] = (
+    (PublishRejected, _rejected),  # (but wrong last sequence is the retry loop's: it needs the read-back)
+    (MaxPayloadError, lambda exc: PayloadTooLarge(
+        "an envelope is over the NATS server's max_payload; lower the log's max_event_bytes or raise max_payload")),
+    (PublishRefused, lambda exc: LogUnavailable(f"NATS refused the append: {exc}")),
+    (msgspec.DecodeError, lambda exc: LogUnavailable(
+        f"JetStream's reply to the append is not an acknowledgement: {exc}")),
+    ((ConnectionClosedError, ConnectionDrainingError), lambda exc: LogUnavailable(
+        f"the NATS connection is closed ({exc})")),
+    ((TimeoutError, NoResponders, OutboundBufferLimitError, ConnectionReconnectingError, StaleConnectionError,
+      OSError), _transient),  # (TimeoutError: nats-py's too, which subclasses it)
+    (NatsError, lambda exc: LogUnavailable(f"NATS refused the append: {exc!r}")),
+)
+_CAUGHT = tuple(kind for kinds, _ in APPEND_ERRORS for kind in (kinds if isinstance(kinds, tuple) else (kinds,)))
+
+# Errors of the client's (re)connects that no retry of an append overcomes: (type, or a phrase of
+# nats-py's lower-cased text of the server's -ERR), and what to tell the operator.
+REFUSALS: tuple[tuple[type[BaseException] | str, str], ...] = (
+    (AuthorizationError, "the NATS server refused the edge's credentials"),
+    (InvalidUserCredentialsError, "the edge's NATS credentials file is invalid"),
+    ("authorization violation", "the NATS server refused the edge's credentials"),
+    ("authentication expired", "the edge's NATS credentials have expired"),
+    ("authentication revoked", "the edge's NATS credentials were revoked"),
+    (SecureConnRequiredError, "the NATS server requires TLS"),
+    ("tls required", "the NATS server requires TLS"),
+    (SecureConnWantedError, "the edge requires TLS and the NATS server does not offer it"),
+    (SecureConnFailedError, "the TLS handshake with the NATS server failed"),
+    (ssl.SSLError, "the TLS handshake with the NATS server failed"),
+)
+
+
+def append_outcome(exc: BaseException) -> RollbusError | None:
+    """The domain error an append fails with at once for ``exc`` (one of :data:`APPEND_ERRORS`' kinds),
+    or None when it is retried."""
+    return next(outcome(exc) for kinds, outcome in APPEND_ERRORS if isinstance(exc, kinds))
+
+
+def refusal(error: BaseException | None) -> str | None:
+    """Why the NATS server refuses the client for good, when ``error`` (its last) says so."""
+    if error is None:
+        return None
+    text = str(error).lower()
+    for match, meaning in REFUSALS:
+        if (match in text) if isinstance(match, str) else isinstance(error, match):
+            return f"{meaning} ({error})"
+    return None
 
 
 class Appended(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,14 +175,14 @@ class EventLog(Protocol):
 
 
 class JetStreamLog:
-    def __init__(self, js: JetStreamContext, cfg: LogConfig, *, timeout: float = 5.0, attempts: int = 4,
-                 direct: bool = False) -> None:
-        """``direct``: publish on a connection of the log's own (:mod:`edge.nats_direct`, where the
-        server's URL allows it; the edge's choice), to be closed with :meth:`close`."""
-        nc = js._nc  # nats-py exposes the context's client only privately
-        self._direct = direct_publisher(nc) if direct else None
-        self._publisher: DirectPublisher | AckedPublisher = self._direct or AckedPublisher(nc)
-        self._js = js
+    """The event log on JetStream, written through the nats-py client ``nc``."""
+
+    def __init__(self, nc: Client, cfg: LogConfig, *, timeout: float = 5.0, attempts: int = 4) -> None:
+        """``timeout``: how long one attempt waits for its acknowledgement; ``attempts``: how many
+        an append makes, with the same ``Nats-Msg-Id``, before it fails with :class:`LogUnavailable`."""
+        self._nc = nc
+        self._js = nc.jetstream()
+        self._publisher = AckedPublisher(nc)
         self._cfg = cfg
         self._timeout = timeout
         self._attempts = attempts
@@ -127,31 +238,38 @@ class JetStreamLog:
         if moved:
             headers[HDR_BLOBS] = str(moved)
         subject = self._cfg.subject(session_id, envelope.kind_of(batch))
+        last: BaseException | None = None
         for attempt in range(1, self._attempts + 1):
+            self._refuse_if_refused()
             try:
                 return await self._publisher.publish(subject, payload, headers, self._timeout)
             except PublishRejected as exc:
-                if exc.error.err_code == WRONG_LAST_SEQUENCE:
-                    if attempt > 1 and (stored := await self._stored_last(session_id, headers[HDR_MSG_ID])):
-                        return stored  # the timed-out attempt was stored
+                if exc.error.err_code != WRONG_LAST_SEQUENCE:
+                    failure, last = append_outcome(exc), exc
+                elif attempt > 1 and (stored := await self._stored_last(session_id, headers[HDR_MSG_ID])):
+                    return stored  # the timed-out attempt was stored
+                else:
                     raise OwnershipLost(f"session {session_id} was appended to by another writer") from exc
-                raise LogUnavailable(f"JetStream rejected the append: {exc.error.description}") from exc
-            except (TimeoutError, NatsTimeoutError, NoResponders, OutboundBufferLimitError,
-                    ConnectionResetError) as exc:
-                log.warning("append to %s timed out (attempt %d/%d): %r", subject, attempt, self._attempts, exc)
-                if attempt == self._attempts:
-                    raise LogUnavailable("JetStream did not acknowledge the append") from exc
+            except _CAUGHT as exc:
+                failure, last = append_outcome(exc), exc
+            if failure is not None:
+                raise failure from last
+            log.warning("append to %s failed (attempt %d/%d): %r", subject, attempt, self._attempts, last)
+            if attempt < self._attempts:
                 await asyncio.sleep(0.05 * attempt)
-            except ConnectionClosedError as exc:
-                raise LogUnavailable("the NATS connection is closed") from exc
-            except MaxPayloadError as exc:  # the server's max_payload is below the log's max_event_bytes
-                raise PayloadTooLarge(f"an envelope of {len(payload)} bytes is over the NATS server's max_payload; "
-                                      "lower the log's max_event_bytes or raise max_payload") from exc
-        raise LogUnavailable("unreachable")  # pragma: no cover
+        self._refuse_if_refused()
+        why = ("no stream takes the subject: JetStream is not ready, or the log is not provisioned"
+               if isinstance(last, NoResponders) else f"the last failure: {last!r}")
+        raise LogUnavailable(f"JetStream did not acknowledge the append to {subject} in {self._attempts} attempts "
+                             f"of {self._timeout}s ({why})") from last
+
+    def _refuse_if_refused(self) -> None:
+        """Fail at once while the client is cut off by a refusal (bad credentials, TLS): no retry helps."""
+        if not self._nc.is_connected and (why := refusal(self._nc.last_error)) is not None:
+            raise LogUnavailable(f"NATS is unavailable: {why}")
 
     async def close(self) -> None:
-        if self._direct is not None:
-            await self._direct.close()
+        await self._publisher.close()
 
     async def _stored_last(self, session_id: str, message_id: str) -> Ack | None:
         """The session's last message as an acknowledgement, if it carries ``message_id``."""

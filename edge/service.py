@@ -33,7 +33,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
-from edge.codec.strict import INT32_MAX, INT64_MAX, INT64_MIN, check_free_form, check_sampling, is_int
+from edge.codec.strict import check_sampling
 from edge.idempotency import RequestIdentity, identify, recorded_outcome, repeated_request
 from edge.live import LiveSession, Registry
 from edge.ownership import KvLeases
@@ -53,6 +53,7 @@ from schemas.errors import (
 )
 from schemas.events import RewardReported, SamplingDefaults, SessionAborted, SessionFinalized, SessionOpened
 from schemas.log import LogConfig, check_session_id
+from schemas.values import INT32_MAX, INT64_MAX, INT64_MIN, check_free_form, is_int
 from session_projector.fold import apply
 from session_projector.projections import UNAVAILABLE
 from session_projector.summary import SessionSummary, summarize

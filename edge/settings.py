@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from schemas.log import LogConfig
+
+Clock = Callable[[], float]
+"""Where the edge reads the time (``time.time``; a test's own clock in tests)."""
 
 
 class EdgeSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -15,6 +20,7 @@ class EdgeSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_trajectory_length: int = 32768  # prompt + response tokens of one chain
     default_max_tokens: int = 4096  # per turn, when neither request nor session says
     max_request_bytes: int = 16 * 1024 * 1024
+    body_timeout_s: float = 30.0  # a request body that sends nothing for this long is refused (400)
     max_open_sessions: int = 100_000
     edge_id: str = "edge-0"  # unique among running edges (a restarted edge with the same id takes over at once)
     lease_ttl_s: float = 15.0  # a crashed edge's open sessions can be taken over this long after its last renewal

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TypeVar, overload
 
 import msgspec
@@ -21,14 +21,14 @@ from edge.chains import Continue, Exhausted, NewChain, Rollback, select_chain
 from edge.codec.conversation import Conversation, Message, TurnOutcome
 from edge.codec.digest import extend, prefix_digests, tools_digest
 from edge.codec.incremental import NoRoom, TemplateCodec, TemplateNotIncremental
+from edge.codec.parsers.base import ParsedOutput, ToolParser
 from edge.codec.reasoning import opens_reasoning
 from edge.codec.reply import ReplyParser, call_ids
-from edge.codec.tool_parsers import ParsedOutput, ToolParser
 from edge.engine_input import MIN_TOKENS, InputBuffer
 from edge.engines.base import Engine, GenerateRequest, GenerateResult, SamplingParams
 from edge.live import LiveSession
 from edge.publisher import EventLog
-from edge.settings import EdgeSettings
+from edge.settings import Clock, EdgeSettings
 from schemas import tokens
 from schemas.errors import EngineError, RollbusError
 from schemas.events import (
@@ -48,7 +48,6 @@ from session_projector.fold import SessionState
 
 log = logging.getLogger(__name__)
 
-Clock = Callable[[], float]
 T = TypeVar("T")
 CAPACITY = "max_trajectory_length"
 
@@ -323,16 +322,12 @@ class TurnRunner:
         request_no = turn.request_no
 
         def draft(state: SessionState) -> list[Event]:
-            chain = plan.chain if plan.chain is not None else len(state.chains)
-            # Numbered here already (the request as commit numbers it: it follows the state's last event).
-            seq = state.seq + 2
-            rollback = [] if plan.rollback is None else [self._rolled_back(live, chain, request_no, plan.rollback,
-                                                                           seq=seq)]
-            seq += len(rollback)
-            events = [turn.received, *rollback, self._context(live, plan, chain, request_no, seq=seq),
-                      self._tokens(live, chain, request_no, result, seq=seq + 1),
-                      self._turn(live, chain, request_no, result, parsed, tip, plan.n_messages + 1, seq=seq + 2)]
-            return events + ([self._closed(live, chain, request_no, seq=seq + 3)] if full else [])
+            chain = plan.chain if plan.chain is not None else len(state.chains)  # unnumbered: commit numbers them
+            rollback = [] if plan.rollback is None else [self._rolled_back(live, chain, request_no, plan.rollback)]
+            events = [turn.received, *rollback, self._context(live, plan, chain, request_no),
+                      self._tokens(live, chain, request_no, result),
+                      self._turn(live, chain, request_no, result, parsed, tip, plan.n_messages + 1)]
+            return events + ([self._closed(live, chain, request_no)] if full else [])
 
         events = await live.commit(self._log, draft)
         completed = next(e for e in events if type(e) is TurnCompleted)
@@ -405,34 +400,33 @@ class TurnRunner:
                                idempotency_key=request.idempotency_key,
                                body_digest=request.body_digest or body_digest(body))
 
-    def _context(self, live: LiveSession, plan: _Plan, chain: int, request_no: int, *, seq: int = 0) -> Event:
-        common = {"session_id": live.state.session_id, "seq": seq, "time": self._clock(), "chain": chain,
+    def _context(self, live: LiveSession, plan: _Plan, chain: int, request_no: int) -> Event:
+        common = {"session_id": live.state.session_id, "seq": 0, "time": self._clock(), "chain": chain,
                   "request_no": request_no, "prefix_digest": plan.prefix_digest, "n_messages": plan.n_messages,
                   "chat_turns": plan.chat_turns}
         if plan.chain is None:
             return ChainStarted(prompt_ids=plan.context, **common)
         return ContextAppended(token_ids=plan.context, **common)
 
-    def _tokens(self, live: LiveSession, chain: int, request_no: int, result: GenerateResult, *,
-                seq: int = 0) -> TokensGenerated:
+    def _tokens(self, live: LiveSession, chain: int, request_no: int, result: GenerateResult) -> TokensGenerated:
         logprobs = tokens.pack_logprobs(result.logprobs) if result.logprobs is not None else None
-        return TokensGenerated(session_id=live.state.session_id, seq=seq, time=self._clock(), chain=chain,
+        return TokensGenerated(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
                                request_no=request_no, token_ids=tokens.pack_ids(result.token_ids), logprobs=logprobs)
 
     def _turn(self, live: LiveSession, chain: int, request_no: int, result: GenerateResult,
-              parsed: ParsedOutput, tip: str, n_messages: int, *, seq: int = 0) -> TurnCompleted:
-        return TurnCompleted(session_id=live.state.session_id, seq=seq, time=self._clock(), chain=chain,
+              parsed: ParsedOutput, tip: str, n_messages: int) -> TurnCompleted:
+        return TurnCompleted(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
                              request_no=request_no, finish_reason=result.finish_reason, text=parsed.content,
                              reasoning=parsed.reasoning, tool_calls=parsed.tool_calls, tip_digest=tip,
                              n_messages=n_messages, weight_version=result.weight_version)
 
-    def _rolled_back(self, live: LiveSession, chain: int, request_no: int, rollback: tuple[int, int], *,
-                     seq: int = 0) -> TurnRolledBack:
-        return TurnRolledBack(session_id=live.state.session_id, seq=seq, time=self._clock(), chain=chain,
+    def _rolled_back(self, live: LiveSession, chain: int, request_no: int,
+                     rollback: tuple[int, int]) -> TurnRolledBack:
+        return TurnRolledBack(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
                               request_no=request_no, turn_request_no=rollback[0], tokens_dropped=rollback[1])
 
-    def _closed(self, live: LiveSession, chain: int, request_no: int, *, seq: int = 0) -> ChainClosed:
-        return ChainClosed(session_id=live.state.session_id, seq=seq, time=self._clock(), chain=chain,
+    def _closed(self, live: LiveSession, chain: int, request_no: int) -> ChainClosed:
+        return ChainClosed(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
                            reason=CAPACITY, request_no=request_no)
 
     async def record_failure(self, live: LiveSession, turn: PreparedTurn, exc: EngineError) -> None:

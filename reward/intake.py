@@ -10,7 +10,7 @@
   (verl reads it as ``extra_fields["reward_extra_info"]``, e.g. for DAPO group filtering).
 
 Every value must be one the log and the records can hold: an integer (the reward's, or any
-inside the extra info) within 64 bits, nothing nested deeper than ``edge.codec.strict.MAX_DEPTH``.
+inside the extra info) within 64 bits, nothing nested deeper than ``schemas.values.MAX_DEPTH``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 import msgspec
 
-from edge.codec.strict import INT64_MAX, INT64_MIN, check_free_form
 from schemas.errors import MalformedRequest
+from schemas.values import INT64_MAX, INT64_MIN, check_free_form
 
 REWARD_KEY = "reward"
 FINISHED_KEY = "finished"

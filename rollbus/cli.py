@@ -34,10 +34,11 @@ import msgspec
 from edge.codec.fidelity import load_codec
 from materializer.service import MaterializerOptions
 from rollbus import demo, materialize, replay, rollout, sessions
-from rollbus.heap import settle_heap
-from rollbus.runtime import COMPONENTS, Stack, StackOptions, check_options, engine_summary, model_defaults
-from rollbus.tools import EXIT_ERROR, LOG_LEVEL_HELP, UserError, check_nats, number, one_line
+from rollbus.tools import EXIT_ERROR, LOG_LEVEL_HELP, check_nats, number
 from schemas.errors import RollbusError
+from stack.heap import settle_heap
+from stack.runtime import COMPONENTS, Stack, StackOptions, check_options, engine_summary, model_defaults
+from stack.user_error import UserError, one_line
 
 # Commands beyond the stack itself: each module has ``register(subparsers)`` and sets
 # ``run(args) -> int`` as the parser default.

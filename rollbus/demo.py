@@ -35,8 +35,9 @@ import openai
 from openai import AsyncOpenAI
 
 from materializer.dataset import session_rows
-from rollbus.runtime import Stack, StackOptions, check_options, engine_summary, model_defaults
-from rollbus.tools import LOG_LEVEL_HELP, UserError, one_line
+from rollbus.tools import LOG_LEVEL_HELP, number
+from stack.runtime import Stack, StackOptions, check_options, engine_summary, model_defaults
+from stack.user_error import UserError, one_line
 
 TOOLS = [{
     "type": "function",
@@ -143,6 +144,15 @@ def _env_token(args: argparse.Namespace) -> str:
     return args.admin_token if args.admin_token is not None else os.environ.get("ROLLBUS_ADMIN_TOKEN", "")
 
 
+def _failing(health: httpx.Response) -> list[str]:
+    """The parts a 503 from ``/healthz`` names as down (none while the stack is starting)."""
+    try:
+        failing = health.json().get("failing", [])
+    except (ValueError, AttributeError):
+        return []
+    return [str(part) for part in failing] if isinstance(failing, list) else []
+
+
 async def _check_edge(admin: httpx.AsyncClient, url: str, token: str) -> None:
     """Refuse an edge that does not answer, is not a rollbus edge, or refuses the admin token."""
     try:
@@ -153,6 +163,10 @@ async def _check_edge(admin: httpx.AsyncClient, url: str, token: str) -> None:
     if health.status_code not in (200, 503) or "status" not in health.text:
         raise UserError(f"{url} is not a rollbus edge (GET /healthz answered {health.status_code})")
     if health.status_code == 503:
+        failing = _failing(health)
+        if failing:
+            raise UserError(f"the edge at {url} is unavailable: {', '.join(failing)} down (GET /healthz answered "
+                            "503); try again")
         raise UserError(f"the edge at {url} is still starting (GET /healthz answered 503); try again")
     probe = await admin.get(f"/sessions/{TOKEN_CHECK_SESSION}", timeout=10)
     if probe.status_code == 401:
@@ -213,13 +227,6 @@ async def _run(endpoint: Endpoint, args: argparse.Namespace) -> int:
     return 0 if done == len(results) else 1
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser(
         "demo", help="run sample agent sessions and summarize the records",
@@ -237,9 +244,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                       help="the stack's directory: its edge.json, or the embedded stack's NATS store, and the "
                            "trajectories/ the records are read from (with --url: only when given) [./rollbus-data]")
-    demo.add_argument("--sessions", type=_positive, default=4, metavar="N",
+    demo.add_argument("--sessions", type=number(int, at_least=1), default=4, metavar="N",
                       help="agent sessions to run, two per prompt [4]")
-    demo.add_argument("--max-tokens", type=_positive, default=48, metavar="N",
+    demo.add_argument("--max-tokens", type=number(int, at_least=1), default=48, metavar="N",
                       help="max_tokens of each model call [48]")
     demo.add_argument("--model", default=None, metavar="NAME|PATH",
                       help=f"the embedded stack's local model: tiny-qwen2, smollm2, a model dir or a .gguf file "

@@ -36,10 +36,11 @@ from materializer.parquet import ParquetSink
 from materializer.records import RecordOptions
 from materializer.rematerialize import Progress, Rematerializer
 from reward.scorer import RewardScorer, load_scorer
-from rollbus.nats_server import EmbeddedNats
-from rollbus.provision import connect
-from rollbus.tools import LOG_LEVEL_HELP, UserError, check_nats, check_writable_dir
+from rollbus.tools import LOG_LEVEL_HELP, check_nats
 from schemas.log import LogConfig
+from stack.nats_server import EmbeddedNats
+from stack.provision import connect
+from stack.user_error import UserError, check_writable_dir
 
 EXIT_STATUS = ("exit status: 0 when every session was read, whether or not --diff found differences (its last "
                "line says identical or different); 1 when some sessions were unreadable; 2 for a mistake (a "

@@ -4,8 +4,8 @@ The NATS server of the read-only tools (``replay``, ``sessions``) is ``--nats UR
 ``$ROLLBUS_NATS``, else the one a running ``rollbus up`` announced in ``<data-dir>/edge.json``.
 
 A mistake the user can fix (a busy port, no NATS server where ``--nats`` points, an
-unwritable ``--data-dir``) is a :class:`UserError`: the CLI prints its message as one
-line on stderr and exits with :data:`EXIT_ERROR`, never with a traceback.
+unwritable ``--data-dir``) is a :class:`~stack.user_error.UserError`: the CLI prints its
+message as one line on stderr and exits with :data:`EXIT_ERROR`, never with a traceback.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ import math
 import os
 import socket
 import sys
-import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from nats.js.client import JetStreamContext
 
-from rollbus.provision import connect
 from schemas.errors import RollbusError
 from schemas.log import LogConfig
+from stack.provision import connect
+from stack.user_error import UserError, one_line
 
 # A tool's body: (JetStream, log names, parsed args) -> exit code.
 ToolMain = Callable[[JetStreamContext, LogConfig, argparse.Namespace], Awaitable[int]]
@@ -37,15 +37,6 @@ EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
 
 LOG_LEVEL_HELP = "logging level on stderr: DEBUG, INFO, WARNING, ERROR [%(default)s]"
 NATS_PROBE_TIMEOUT_S = 2.0
-
-
-class UserError(Exception):
-    """A mistake the user can fix; its message is one line that names the problem."""
-
-
-def one_line(text: str) -> str:
-    """``text`` with its whitespace runs (newlines included) folded to single spaces."""
-    return " ".join(text.split())
 
 
 def number(kind: type[int] | type[float], *, at_least: float | None = None, above: float | None = None,
@@ -137,7 +128,7 @@ async def nats_problem(url: str, *, timeout_s: float = NATS_PROBE_TIMEOUT_S) -> 
     """Why nothing can answer at the NATS ``url`` (a comma-separated list: one answering is enough), else None.
 
     Only definite answers count (a refused connection, an unknown host, a malformed URL);
-    a host that does not answer in time is left to :func:`rollbus.provision.connect`, which
+    a host that does not answer in time is left to :func:`stack.provision.connect`, which
     waits for it within its own bound.
     """
     servers = [s.strip() for s in url.split(",") if s.strip()]
@@ -154,34 +145,6 @@ async def check_nats(url: str, *, where: str = "") -> None:
     problem = await nats_problem(url)
     if problem is not None:
         raise UserError(f"no NATS server at {url}{where}: {problem}")
-
-
-def check_writable_dir(path: Path, *, flag: str, subdirs: tuple[str, ...] = ()) -> None:
-    """Create ``path`` if needed and make sure files can be written there (and in its existing ``subdirs``).
-
-    Raises :class:`UserError` naming ``flag`` when it is a file, lies under one, or cannot be
-    written (permissions, a read-only file system). Root passes permission checks, so the
-    check writes a file rather than asking :func:`os.access`.
-    """
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{flag} {path} is a file, not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"{flag} {path}: cannot create it ({_reason(exc)})") from exc
-    for directory in (path, *(path / sub for sub in subdirs if (path / sub).is_dir())):
-        try:
-            fd, probe = tempfile.mkstemp(dir=directory, prefix=".rollbus-write-check-")
-        except OSError as exc:
-            raise UserError(f"{flag} {path}: cannot write in {directory} ({_reason(exc)})") from exc
-        os.close(fd)
-        os.unlink(probe)
-
-
-def _reason(exc: OSError) -> str:
-    if isinstance(exc, NotADirectoryError):
-        return "a part of the path is a file"
-    return (exc.strerror or str(exc)).lower()
 
 
 async def run_tool(args: argparse.Namespace, main: ToolMain, *, cfg: LogConfig = LogConfig()) -> int:

@@ -89,7 +89,7 @@ async def _bounded(call: Awaitable[T], timeout: float, what: str) -> T:
 
 
 async def bucket(js: JetStreamContext, name: str, timeout: float = 5.0) -> KeyValue:
-    """A bound KV bucket (provisioned beforehand by :func:`rollbus.provision.provision`)."""
+    """A bound KV bucket (provisioned beforehand by :func:`stack.provision.provision`)."""
     try:
         return await _bounded(js.key_value(name), timeout, f"bind {name}")
     except NotFoundError as exc:

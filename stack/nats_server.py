@@ -18,6 +18,26 @@ The server runs in its own session (process group), so a Ctrl-C meant for rollbu
 does not stop it before the components that use it have drained: its owner stops it,
 last, with :meth:`EmbeddedNats.stop` (or the ``with`` block).
 
+Supervision
+-----------
+
+:class:`NatsSupervisor` (what ``rollbus up`` uses) owns one server from a thread of its
+own: it starts it, restarts it on the same store and the same client port when it dies
+(clients reconnect to that port), with exponential backoff and a log line per restart,
+and gives up, reporting it, after repeated fast failures.
+
+A server that outlives its owner is an orphan on the store, and a second server on one
+store corrupts it. So, on Linux, ``die_with_parent=True`` has the kernel send the server
+SIGTERM when its parent dies, even of SIGKILL (``PR_SET_PDEATHSIG``, set between fork and
+exec; SIGTERM rather than SIGKILL so the server closes its store cleanly, and a next start
+stops one that lingers). The kernel sends it when the *thread* that forked the server
+exits, not the process: a server started from a worker thread (``asyncio.to_thread``)
+dies with that worker. The supervisor forks, reaps and restarts from one thread of its
+own, which lives until the server is stopped, so it is safe there; a plain
+:class:`EmbeddedNats` leaves it off by default. Whatever still runs on the store (a server
+started without it, or elsewhere than Linux) is stopped, and waited for, by the next
+:meth:`EmbeddedNats.start` on that store.
+
 Memory
 ------
 
@@ -70,7 +90,10 @@ bounds the caches (their expiry and the block size are fixed), so there is none.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import http.client
+import itertools
 import json
 import logging
 import os
@@ -78,10 +101,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, Literal, Self
 from urllib.parse import urlsplit
 
 from schemas.errors import RollbusError
@@ -94,6 +119,16 @@ DEFAULT_MEMORY_LIMIT = 256 * 1024 * 1024  # bytes; see "Memory" in the module do
 _BINARY_NAME = "nats-server.exe" if sys.platform == "win32" else "nats-server"
 _POLL_S = 0.01
 _LOG_TAIL_LINES = 20
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie holds no store: it is dead, only not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def _terminate(pid: int, timeout_s: float) -> None:
@@ -101,10 +136,67 @@ def _terminate(pid: int, timeout_s: float) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        while _alive(pid) and time.monotonic() < deadline:
             time.sleep(_POLL_S)
-        if Path(f"/proc/{pid}").exists():
+        if _alive(pid):
             os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + timeout_s
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+    if _alive(pid):
+        raise EmbeddedNatsError(f"nats-server pid {pid} is still running after SIGKILL")
+
+
+def _servers_on(store_dir: Path) -> list[int]:
+    """The pids of the nats-server processes running on ``store_dir``, from ``/proc`` (none without it)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    found = []
+    for entry in filter(str.isdigit, entries):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if argv[0].endswith(_BINARY_NAME.encode()) and _store_argument(argv) == str(store_dir).encode():
+            found.append(int(entry))
+    return found
+
+
+def _store_argument(argv: list[bytes]) -> bytes | None:
+    for flag, value in itertools.pairwise(argv):
+        if flag in (b"-sd", b"--store_dir"):
+            return value
+    return None
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGTERM the child when the thread forking it exits (Linux only).
+
+    It runs in the child between fork and exec, so it only calls ``prctl`` (resolved beforehand) and
+    ``getppid``: a parent that died before the ``prctl`` would never signal, so the child exits at once.
+    """
+    prctl, parent = _prctl(), os.getpid()
+    if prctl is None:
+        return None
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 class EmbeddedNatsError(RollbusError):
@@ -148,7 +240,10 @@ class EmbeddedNats:
         start_timeout_s: float = 10.0,
         stop_timeout_s: float = 10.0,
         memory_limit: int | None = DEFAULT_MEMORY_LIMIT,
+        die_with_parent: bool = False,
     ) -> None:
+        """``die_with_parent``: the server gets SIGTERM when the thread calling :meth:`start` exits (Linux;
+        see "Supervision" in the module docstring): call it from a thread that outlives the server."""
         self.store_dir = Path(store_dir).resolve()
         self.name = name
         self.port = port  # -1: any free port; fixed, a restarted server is found by reconnecting clients
@@ -162,6 +257,7 @@ class EmbeddedNats:
         if memory_limit is not None and memory_limit <= 0:
             raise ValueError(f"memory_limit must be a positive number of bytes or None, not {memory_limit}")
         self.memory_limit = memory_limit  # bytes, the server's GOMEMLIMIT; None: our environment's, if any
+        self.die_with_parent = die_with_parent
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._log_start = 0
@@ -169,6 +265,10 @@ class EmbeddedNats:
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    def poll(self) -> int | None:
+        """The exit status of a started server that has exited (negative: the signal), else None."""
+        return self._proc.poll() if self._proc is not None else None
 
     def start(self) -> Self:
         """Start the server and return once it is ready for JetStream clients."""
@@ -187,6 +287,7 @@ class EmbeddedNats:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent() if self.die_with_parent else None,
         )
         self.pid = self._proc.pid
         try:
@@ -197,19 +298,17 @@ class EmbeddedNats:
         return self
 
     def _stop_orphans(self) -> None:
-        """Stop a server an earlier owner left running on this store (its owner was SIGKILLed: the
-        server runs in its own session and survives it). Two servers on one store would corrupt it."""
-        for ports_file in self.store_dir.parent.glob("*_*.ports"):
-            pid = ports_file.stem.rpartition("_")[2]
-            try:
-                command = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
-            except (ValueError, OSError):  # not a pid, or no such process (or no /proc): nothing runs there
-                continue
-            if str(self.store_dir).encode() not in command or not command[0].endswith(_BINARY_NAME.encode()):
-                continue
+        """Stop a server an earlier owner left running on this store (its owner was SIGKILLed and the
+        server did not die with it), and wait until it is gone. Two servers on one store corrupt it."""
+        for pid in _servers_on(self.store_dir):
             log.warning("stopping nats-server pid %s left running on %s by an earlier owner", pid, self.store_dir)
-            _terminate(int(pid), self._stop_timeout_s)
-            ports_file.unlink(missing_ok=True)
+            try:
+                _terminate(pid, self._stop_timeout_s)
+            except PermissionError as exc:
+                raise EmbeddedNatsError(f"a nats-server of another user (pid {pid}) runs on {self.store_dir}; "
+                                        "stop it first") from exc
+            for ports_file in self.store_dir.parent.glob(f"*_{pid}.ports"):
+                ports_file.unlink(missing_ok=True)
 
     def _command(self, binary: Path) -> list[str]:
         return [
@@ -310,3 +409,146 @@ class EmbeddedNats:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+SupervisorState = Literal["starting", "running", "restarting", "failed", "stopped"]
+
+
+def _exit_reason(status: int) -> str:
+    if status < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-status).name}"
+        return f"killed by signal {-status}"
+    return f"exit status {status}"
+
+
+def _start(server: EmbeddedNats) -> None:
+    """:meth:`EmbeddedNats.start`, with a failure to run the binary at all as an :class:`EmbeddedNatsError`."""
+    try:
+        server.start()
+    except (OSError, subprocess.SubprocessError) as exc:
+        server.stop()
+        raise EmbeddedNatsError(f"cannot run nats-server for {server.store_dir}: {exc}") from exc
+
+
+class NatsSupervisor:
+    """Keeps one :class:`EmbeddedNats` running: restarts it on its store and its client port when it dies.
+
+    ::
+
+        supervisor = NatsSupervisor(EmbeddedNats(data_dir / "nats", die_with_parent=True)).start()
+        supervisor.healthy  # cheap: no I/O, for /healthz
+        supervisor.stop()
+
+    One thread of its own starts, watches, restarts and stops the server (see "Supervision" in the
+    module docstring for why one thread). Restart *n* of a run of fast failures waits
+    ``backoff_s * 2**(n-1)`` seconds, at most ``max_backoff_s``; a server that served ``stable_s`` or longer
+    before it died starts a new run. A run restarts it at most ``max_failures`` times: the next fast failure
+    (a death, or a restart that failed) makes it give up: :attr:`state` stays ``"failed"``, and it says so
+    in the log.
+    """
+
+    def __init__(self, server: EmbeddedNats, *, backoff_s: float = 0.5, max_backoff_s: float = 30.0,
+                 max_failures: int = 5, stable_s: float = 60.0, poll_s: float = 0.1) -> None:
+        self.server = server
+        self.state: SupervisorState = "stopped"
+        self.restarts = 0  # restart attempts so far
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._max_failures = max_failures
+        self._stable_s = stable_s
+        self._poll_s = poll_s
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._error: EmbeddedNatsError | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == "running"
+
+    def start(self) -> Self:
+        """Start the server from the supervisor's thread; return once it is ready, or raise why it is not."""
+        if self._thread is not None:
+            raise EmbeddedNatsError(f"nats-server for {self.server.store_dir} is already supervised")
+        self.state = "starting"
+        self._thread = threading.Thread(target=self._supervise, name="nats-supervisor", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+        return self
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL) and its supervision; safe to call more than once."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _supervise(self) -> None:
+        server = self.server
+        try:
+            _start(server)
+        except EmbeddedNatsError as exc:
+            self._error, self.state = exc, "failed"
+            self._ready.set()
+            return
+        server.port = urlsplit(server.url).port or server.port  # restarts bind the port clients reconnect to
+        self.state = "running"
+        self._ready.set()
+        try:
+            self._keep_running()
+        finally:
+            server.stop()
+            if self.state != "failed":
+                self.state = "stopped"
+
+    def _keep_running(self) -> None:
+        failures, began = 0, time.monotonic()
+        while (status := self._wait_for_exit()) is not None:
+            self.state = "restarting"
+            pid = self.server.pid
+            self.server.stop()  # reap it, drop its ports file
+            failures = failures + 1 if time.monotonic() - began < self._stable_s else 1
+            log.warning("nats-server (pid %d) on %s died: %s", pid, self.server.store_dir, _exit_reason(status))
+            restarted = self._restart(failures)
+            if restarted is None:
+                return
+            failures, began = restarted, time.monotonic()
+            self.state = "running"
+
+    def _wait_for_exit(self) -> int | None:
+        """The server's exit status once it exits; None once :meth:`stop` is called."""
+        while not self._stop.wait(self._poll_s):
+            status = self.server.poll()
+            if status is not None:
+                return status
+        return None
+
+    def _restart(self, failures: int) -> int | None:
+        """Start the server again after the backoff: the failures so far, or None (stopped, or given up)."""
+        server = self.server
+        while failures <= self._max_failures:
+            delay = min(self._backoff_s * 2 ** (failures - 1), self._max_backoff_s)
+            self.restarts += 1
+            log.warning("restarting nats-server on %s (port %d) in %.2fs: restart %d, fast failure %d of %d",
+                        server.store_dir, server.port, delay, self.restarts, failures, self._max_failures)
+            if self._stop.wait(delay):
+                return None
+            try:
+                _start(server)
+            except EmbeddedNatsError as exc:
+                log.warning("nats-server on %s did not restart: %s", server.store_dir, exc.message.splitlines()[0])
+                failures += 1
+                continue
+            log.warning("nats-server restarted on %s (pid %d, %s)", server.store_dir, server.pid, server.url)
+            return failures
+        self.state = "failed"
+        log.error("nats-server on %s failed %d times in a row; giving up (nothing restarts it now; /healthz "
+                  "reports nats)", server.store_dir, failures)
+        return None

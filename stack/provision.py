@@ -50,6 +50,10 @@ T = TypeVar("T")
 
 CALL_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 10.0
+# The client's pings find a dead (half-open) link: no PONG for PING_INTERVAL_S x (MAX_OUTSTANDING_PINGS + 1)
+# and it reconnects, 4-6 s after the link died (a PING every 2 s costs nothing worth counting).
+PING_INTERVAL_S = 2
+MAX_OUTSTANDING_PINGS = 2
 ERR_STREAM_NAME_IN_USE = 10058  # "stream name already in use with a different configuration"
 
 # Settings that are compared but never changed in place (the server refuses to change the
@@ -115,8 +119,8 @@ async def connect(url: str, *, name: str, timeout_s: float = CONNECT_TIMEOUT_S) 
                 connect_timeout=2,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.25,  # type: ignore[arg-type]  # annotated int, used as float
-                ping_interval=10,
-                max_outstanding_pings=3,
+                ping_interval=PING_INTERVAL_S,
+                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
                 error_cb=events.error,
                 disconnected_cb=events.disconnected,
                 reconnected_cb=events.reconnected,

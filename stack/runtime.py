@@ -3,6 +3,11 @@
 ``rollbus up`` runs all of them (plus an embedded nats-server unless ``--nats`` names
 one); ``rollbus edge`` / ``projector`` / ``materializer`` run one each. Business logic
 lives in the packages; this module only wires them.
+
+A stack with the embedded nats-server owns its data dir: it locks ``<data-dir>/rollbus.lock``
+before anything opens the store (a second one on the dir is refused), and a
+:class:`~stack.nats_server.NatsSupervisor` restarts the server if it dies.
+:meth:`Stack.failing` names what is down, for ``/healthz``.
 """
 
 from __future__ import annotations
@@ -11,14 +16,19 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
 import socket
+import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-import uvicorn
+from granian._granian import SocketHolder
+from granian.constants import HTTPModes, Interfaces
+from granian.http import HTTP1Settings
+from granian.log import LogLevels
+from granian.server.embed import Server as EmbeddedGranian
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
@@ -27,9 +37,9 @@ from edge.codec.fidelity import load_codec
 from edge.codec.tokenizer import load_tokenizer
 from edge.engines import LOCAL_MODELS, local_model, make_engine
 from edge.engines.base import Engine
-from edge.http_server import EdgeHttpProtocol
 from edge.keeper import SessionKeeper
 from edge.live import Registry
+from edge.metrics import Metrics
 from edge.ownership import KvLeases
 from edge.publisher import JetStreamLog
 from edge.service import EdgeService, KvSessionIndex
@@ -38,13 +48,13 @@ from edge.turns import Clock, TurnRunner
 from materializer.parquet import ParquetSink
 from materializer.service import Materializer, MaterializerOptions
 from reward.scorer import RewardScorer, load_scorer
-from rollbus.nats_server import EmbeddedNats
-from rollbus.provision import connect, provision
-from rollbus.tools import UserError, check_writable_dir, one_line
 from schemas.log import LogConfig
 from session_projector.projections import current_summary, iter_projections
 from session_projector.reader import last_stream_seq, load_state
 from session_projector.service import Projector
+from stack.nats_server import EmbeddedNats, NatsSupervisor
+from stack.provision import connect, provision
+from stack.user_error import UserError, check_writable_dir, one_line
 
 if TYPE_CHECKING:
     from materializer.transfer_queue import TransferQueueConnection
@@ -53,11 +63,56 @@ log = logging.getLogger(__name__)
 
 COMPONENTS = ("edge", "projector", "materializer")
 DATA_SUBDIRS = ("nats", "trajectories", ".trajectories-staging")  # what the stack writes under --data-dir
+LOCK_FILE = "rollbus.lock"  # <data-dir>/rollbus.lock: held by the stack that runs the embedded nats-server
 
 
 class StartupError(UserError):
     """The stack cannot start for a reason the user can fix (a busy port, a missing model, an unwritable
     ``--data-dir``); its message is one line naming the problem and the flag."""
+
+
+class DataDirLock:
+    """An exclusive ``flock`` on ``<data-dir>/rollbus.lock``, taken before the embedded nats-server opens
+    ``<data-dir>/nats`` and held until it is stopped: one store, one server.
+
+    The kernel drops the lock when its process dies, however it dies (the nats-server child does not
+    inherit it). The file names the holder's pid, for the refusal; it is never removed (removing a lock
+    file races with a process that has just opened it).
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise :class:`StartupError` naming the process that holds it."""
+        if sys.platform == "win32":  # no flock there
+            return
+        import fcntl
+
+        where = self.path.parent
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StartupError(f"--data-dir {where}: cannot open {LOCK_FILE} ({exc.strerror})") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if isinstance(exc, BlockingIOError):
+                raise StartupError(f"--data-dir {where} is in use by another rollbus (pid {holder}); stop it "
+                                   "first, or pass another --data-dir") from None
+            raise StartupError(f"--data-dir {where}: cannot lock {LOCK_FILE} ({exc.strerror})") from exc
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.ftruncate(fd, 0)  # names no holder once free
+            os.close(fd)
 
 
 class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -148,12 +203,14 @@ def build_engine(options: StackOptions) -> Engine:
     return make_engine("local", model=options.model, decode=load_tokenizer(options.tokenizer).decode)
 
 
-def build_edge_service(settings: EdgeSettings, js: JetStreamContext, engine: Engine, *,
+def build_edge_service(settings: EdgeSettings, nc: Client, engine: Engine, *,
                        clock: Clock = time.time) -> EdgeService:
-    """An :class:`EdgeService` writing to JetStream under leases, taking unknown sessions over from it."""
+    """An :class:`EdgeService` writing to JetStream (through ``nc``) under leases, taking unknown sessions over
+    from it."""
     cfg = settings.log
     codec, parser = load_codec(settings.tokenizer, settings.tool_format)  # refuses a mismatched pair
-    event_log = JetStreamLog(js, cfg, direct=True)
+    js = nc.jetstream()
+    event_log = JetStreamLog(nc, cfg)
     leases = KvLeases(js, cfg, edge_id=settings.edge_id, url=settings.public_url, ttl=settings.lease_ttl_s,
                       clock=clock)
     registry = Registry(lambda session_id: load_state(js, cfg, session_id), leases=leases,
@@ -175,17 +232,47 @@ def default_edge_id(port: int) -> str:
     return f"{socket.gethostname()}:{port}"
 
 
-# Nothing in rollbus reads the client address, so uvicorn's proxy-headers middleware is off
-# (a layer on every request), as is its ``server`` header.
-UVICORN_LEAN: dict[str, Any] = {"proxy_headers": False, "server_header": False}
+HEADER_READ_TIMEOUT_S = 10.0  # a connection that sends no whole request head for this long is closed
+MAX_CONNECTIONS = 8192  # client connections served at once (granian's ``backpressure``, which counts connections,
+# idle ones too, not requests); more wait in the listen backlog
+LISTEN_BACKLOG = 2048
+# granian's logging left to the application's: ``incremental`` keeps its default dictConfig from closing
+# every handler already configured; its warnings ("embedded server is experimental") are not shown.
+_GRANIAN_LOGGING: dict[str, Any] = {"version": 1, "incremental": True, "formatters": {}, "handlers": {},
+                                    "loggers": {}}
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the stack owns SIGINT/SIGTERM."""
+class EdgeServer(EmbeddedGranian):
+    """The edge's HTTP server: granian, embedded. Its Rust runtime (HTTP/1.1 parsing, connections, timeouts)
+    runs on a thread of its own; the ASGI app runs on the calling event loop, beside the stack's other
+    components. It does not touch signals (the stack owns SIGINT/SIGTERM); :meth:`stop` ends it gracefully
+    (idle connections close, requests in flight finish), and :meth:`serve` returns once they have.
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
+    It serves ``sock``, a listening socket from :func:`bind`, and takes it over (closes it when it stops):
+    the stack holds its address from the start, and a second server on the port is refused, where granian's
+    own socket (``SO_REUSEPORT`` on Linux) would share the port with it silently.
+
+    Against clients that misbehave: a connection that has not sent a whole request head within
+    ``header_read_timeout`` seconds (half a request, or idle between requests) is closed; a head over
+    granian's buffer (~400 KiB) is answered 431; a response sent before the request body was read closes the
+    connection after it.
+    """
+
+    def __init__(self, app: Any, sock: socket.socket, *, header_read_timeout: float = HEADER_READ_TIMEOUT_S) -> None:
+        host, port = sock.getsockname()[:2]
+        super().__init__(app, address=host, port=port, interface=Interfaces.ASGINL, http=HTTPModes.http1,
+                         websockets=False, backlog=LISTEN_BACKLOG, backpressure=MAX_CONNECTIONS,
+                         http1_settings=HTTP1Settings(header_read_timeout=round(header_read_timeout * 1000)),
+                         log_level=LogLevels.error, log_dictconfig=_GRANIAN_LOGGING)
+        self._sock: socket.socket | None = sock
+
+    def _init_shared_socket(self) -> None:
+        # granian's hook for its listener: the socket given, as granian shares one between workers (by fd)
+        sock, self._sock = self._sock, None
+        if sock is None:
+            raise RuntimeError("an EdgeServer serves once")
+        self._ssp = None
+        self._shd = SocketHolder(sock.detach(), False, LISTEN_BACKLOG)
 
 
 def bind(host: str, port: int, *, listen: bool = True) -> socket.socket:
@@ -210,7 +297,7 @@ def bind(host: str, port: int, *, listen: bool = True) -> socket.socket:
 def start_listening(sock: socket.socket, host: str, port: int) -> None:
     """``listen()`` on a socket from :func:`bind` (another process may have taken the port since)."""
     try:
-        sock.listen(2048)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
         raise StartupError(f"cannot listen on {host}:{port}: {_bind_problem(exc)}") from exc
@@ -241,15 +328,18 @@ class Stack:
         self._given_engine = engine
         self._given_scorer = scorer
         self.stop_event = asyncio.Event()
+        self.metrics = Metrics()  # the edge's /metrics, the materializer's counters too
         self.nats: EmbeddedNats | None = None
+        self.nats_supervisor: NatsSupervisor | None = None  # restarts self.nats when it dies
         self.nc: Client | None = None
         self.url = ""  # the edge's base URL once bound
         self._tasks: list[asyncio.Task[None]] = []
-        self._server: _Server | None = None
+        self._server: EdgeServer | None = None
         self._engine: Engine | None = None
         self._service: EdgeService | None = None
         self._tq_connection: TransferQueueConnection | None = None  # with --transfer-queue
         self._sock: socket.socket | None = None  # the edge's address, held from the start of start()
+        self._lock: DataDirLock | None = None  # with the embedded nats-server: the data dir is ours
         self._ready = False
 
     @property
@@ -263,15 +353,31 @@ class Stack:
     def ready(self) -> bool:
         return self._ready
 
+    def failing(self) -> list[str]:
+        """The parts that are down now, for ``/healthz``; cheap (no I/O): the supervisor's state, the
+        client's connection, the components' tasks."""
+        down = []
+        if (self.nats_supervisor is not None and not self.nats_supervisor.healthy) or (
+                self.nc is not None and not self.nc.is_connected):
+            down.append("nats")
+        return down + [task.get_name() for task in self._tasks if task.done()]
+
     async def start(self) -> None:
         """Start the components; a mistake in the options (:class:`StartupError`) is found before anything runs:
-        an unusable ``data_dir``, then the edge's address (bound first, listening once the edge serves)."""
+        an unusable ``data_dir``, a data dir another stack holds, then the edge's address (bound first,
+        listening once the edge serves)."""
         options = self.options
         check_writable_dir(options.data_dir, flag="--data-dir", subdirs=DATA_SUBDIRS)
+        if options.nats_url is None:  # the store is ours: lock it before anything opens it
+            lock = DataDirLock(options.data_dir)
+            lock.acquire()
+            self._lock = lock
         if "edge" in options.components:
             self._sock = bind(options.host, options.port, listen=False)
         if options.nats_url is None:
-            self.nats = await asyncio.to_thread(EmbeddedNats(options.data_dir / "nats", name="rollbus").start)
+            # die_with_parent: the supervisor forks the server from its own thread, which outlives it
+            self.nats = EmbeddedNats(options.data_dir / "nats", name="rollbus", die_with_parent=True)
+            self.nats_supervisor = await asyncio.to_thread(NatsSupervisor(self.nats).start)
         self.nc = await connect(self.nats_url, name="rollbus-" + "-".join(options.components))
         js = self.nc.jetstream()
         await provision(js, options.log)
@@ -280,7 +386,7 @@ class Stack:
         if "materializer" in options.components:
             self._spawn((await self._materializer(js)).run(self.stop_event), "materializer")
         if "edge" in options.components:
-            await self._start_edge(js)
+            await self._start_edge(self.nc, js)
         self._ready = True
 
     async def _materializer(self, js: JetStreamContext) -> Materializer:
@@ -295,9 +401,9 @@ class Stack:
             self._tq_connection = connection
             tq = TransferQueueSink(mo.tq_partition)
         scorer = self._given_scorer or (load_scorer(mo.reward_scorer) if mo.reward_scorer else None)
-        return Materializer(js, self.options.log, sink, options=mo, tq=tq, scorer=scorer)
+        return Materializer(js, self.options.log, sink, options=mo, tq=tq, scorer=scorer, metrics=self.metrics)
 
-    async def _start_edge(self, js: JetStreamContext) -> None:
+    async def _start_edge(self, nc: Client, js: JetStreamContext) -> None:
         options = self.options
         try:
             self._engine = self._given_engine or await asyncio.to_thread(build_engine, options)
@@ -313,15 +419,11 @@ class Stack:
                                 lease_ttl_s=options.lease_ttl, idle_timeout_s=options.idle_timeout,
                                 disconnect_grace_s=options.disconnect_grace,
                                 rollback_rewritten_turns=options.rollback_rewritten_turns)
-        service = self._service = build_edge_service(settings, js, self._engine)
+        service = self._service = build_edge_service(settings, nc, self._engine)
         self._spawn(build_keeper(service, js).run(self.stop_event), "keeper")
-        app = create_app(service, ready=self.ready)
-        config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, loop="none",
-                                http=EdgeHttpProtocol, **UVICORN_LEAN)
-        self._server = _Server(config)
-        self._spawn(self._server.serve(sockets=[sock]), "edge")
-        while not self._server.started:  # noqa: ASYNC110 - uvicorn offers no started event
-            await asyncio.sleep(0.01)
+        app = create_app(service, ready=self.ready, failing=self.failing, metrics=self.metrics)
+        self._server = EdgeServer(app, sock)  # the socket listens: clients wait in its backlog until served
+        self._spawn(self._server.serve(), "edge")
 
     def _spawn(self, coro: object, name: str) -> None:
         task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
@@ -341,7 +443,7 @@ class Stack:
         self._ready = False
         self.stop_event.set()
         if self._server is not None:
-            self._server.should_exit = True
+            self._server.stop()
         elif self._sock is not None:  # start() failed before the edge served on it
             self._sock.close()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -354,7 +456,9 @@ class Stack:
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.drain(), 5)
-        if self.nats is not None:
-            await asyncio.to_thread(self.nats.stop)
+        if self.nats_supervisor is not None:
+            await asyncio.to_thread(self.nats_supervisor.stop)
         if self._tq_connection is not None:
             await asyncio.to_thread(self._tq_connection.close)
+        if self._lock is not None:
+            self._lock.release()

@@ -17,10 +17,10 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
-from rollbus.nats_server import EmbeddedNats
-from rollbus.provision import connect, provision
 from schemas.errors import LogUnavailable
 from schemas.log import LogConfig
+from stack.nats_server import EmbeddedNats
+from stack.provision import connect, provision
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,9 @@ from pathlib import Path
 from nats.aio.client import Client
 
 from edge.engines.base import Engine
-from rollbus.runtime import Stack, StackOptions
 from schemas.events import AnyEvent
 from session_projector.reader import read_session
+from stack.runtime import Stack, StackOptions
 
 
 class StackThread:

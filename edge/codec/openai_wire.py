@@ -23,16 +23,10 @@ from edge.codec.conversation import Conversation, Message, SamplingOverrides, To
 from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFinished, StreamStarted, ToolCallReady
 from edge.codec.digest import decode_history, tools_digest
 from edge.codec.prefix import KnownPrefix, cut_holds, learn, skip_known
-from edge.codec.strict import (
-    TOO_DEEP,
-    check_free_form,
-    check_json_text,
-    check_max_tokens,
-    check_sampling,
-    decode_strict,
-)
+from edge.codec.strict import TOO_DEEP, check_json_text, check_max_tokens, check_sampling, decode_strict
 from schemas.errors import MalformedRequest, RollbusError
 from schemas.events import ToolCall
+from schemas.values import check_free_form
 from schemas.wire_openai import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -148,7 +142,7 @@ def _cached_tools(raw: msgspec.Raw | None) -> tuple[ToolSpec, ...]:
     if tools is None:
         try:
             defs = _tools_decoder.decode(key)
-        except msgspec.ValidationError as exc:
+        except msgspec.DecodeError as exc:  # a wrong shape, or invalid UTF-8 (which a Raw is not checked for)
             raise MalformedRequest(f"invalid request: {exc} (in tools)", param="tools") from exc
         except RecursionError:
             raise MalformedRequest(f"{TOO_DEEP} (in tools)", param="tools") from None

@@ -23,8 +23,8 @@ import msgspec
 
 from edge.codec.conversation import ToolSpec
 from edge.codec.deltas import ContentDelta, Delta, ReasoningDelta, ToolCallReady
+from edge.codec.parsers.base import CallId, ParsedOutput, PlainParser, ToolParser
 from edge.codec.reasoning import ReasoningStream, marker_prefix_len, split_reasoning
-from edge.codec.tool_parsers import CallId, ParsedOutput, PlainParser, ToolParser
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ Hugging Face :class:`tokenizers.Tokenizer` equal to Qwen2.5's ``tokenizer.json``
 - Qwen2.5's added tokens at ids 151643-151668 (``<tool_call>`` and friends are not
   *special*, as in Qwen's own file, but still match as single tokens).
 
-Deriving the merges takes about a second of pure Python, so the result is cached as
-``tokenizer.json`` under ``$ROLLBUS_CACHE_DIR`` (else ``$XDG_CACHE_HOME/rollbus``, else
-``~/.cache/rollbus``), keyed by a digest of the ranks file and :data:`BUILD_VERSION`,
-and written atomically so that concurrent processes can race to build it.
+Deriving the merges takes about a second of pure Python, so the result is cached
+(:mod:`edge.codec.tokenizer_cache`), keyed by a digest of the ranks file and
+:data:`BUILD_VERSION`. ``builtin:smollm2`` is built from a GGUF vocabulary instead
+(:mod:`edge.codec.gguf`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import hashlib
 import itertools
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -46,8 +45,10 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
+from edge.codec.gguf import smollm2_backend
 from edge.codec.pieces import ByteLevelDecoder, PiecewiseEncoder
 from edge.codec.template import ChatTemplate, builtin_template_source
+from edge.codec.tokenizer_cache import cached_tokenizer
 
 BUILD_VERSION = 1
 """Bump when the conversion changes, so that caches built by older code are not reused."""
@@ -234,13 +235,14 @@ def load_tokenizer(spec: str) -> Tokenizer:
 
 def _load_builtin(name: str) -> Tokenizer:
     if name == "smollm2":  # built from a GGUF's vocabulary, not tiktoken ranks
-        from edge.codec.gguf import load_smollm2
-
-        return load_smollm2()
+        return Tokenizer(
+            BUILTIN_PREFIX + "smollm2", smollm2_backend(), vocab_size=49152, eos_token="<|im_end|>",
+            pad_token="<|im_end|>", stop_tokens=("<|im_end|>", "<|endoftext|>"),
+            chat_template=ChatTemplate(builtin_template_source("smollm2"), eos_token="<|im_end|>"))
     builtin = _BUILTINS.get(name)
     if builtin is None:
         raise ValueError(f"unknown builtin tokenizer {name!r}; available: {', '.join(sorted(_BUILTINS))}, smollm2")
-    backend = tokenizers.Tokenizer.from_file(str(_cached_build(builtin.vocabulary, builtin)))
+    backend = _cached_build(builtin.vocabulary, builtin)
     template = ChatTemplate(builtin_template_source(builtin.template), eos_token=builtin.eos_token)
     return Tokenizer(
         BUILTIN_PREFIX + name,
@@ -319,35 +321,11 @@ def _generation_stops(path: Path, backend: tokenizers.Tokenizer) -> list[str]:
 # ---------------------------------------------------------------- building from tiktoken ranks
 
 
-def _cache_dir() -> Path:
-    if explicit := os.environ.get("ROLLBUS_CACHE_DIR"):
-        return Path(explicit).expanduser()
-    if xdg := os.environ.get("XDG_CACHE_HOME"):
-        return Path(xdg).expanduser() / "rollbus"
-    return Path.home() / ".cache" / "rollbus"
-
-
-def _cached_build(name: str, builtin: _Builtin) -> Path:
-    """The path of the cached ``tokenizer.json`` for ``builtin``, building it if need be."""
+def _cached_build(name: str, builtin: _Builtin) -> tokenizers.Tokenizer:
+    """The backend for ``builtin``, from the cache (built and cached if need be)."""
     data = resources.files(builtin.ranks_package).joinpath(builtin.ranks_file).read_bytes()
     digest = hashlib.sha256(data + f"\0{BUILD_VERSION}\0{builtin.added_tokens!r}".encode()).hexdigest()
-    path = _cache_dir() / "tokenizers" / f"{name}-{digest[:20]}.json"
-    if not path.is_file():
-        _write_atomically(path, _build_from_tiktoken(data, builtin.added_tokens).to_str())
-    return path
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    return cached_tokenizer(f"{name}-{digest[:20]}", lambda: _build_from_tiktoken(data, builtin.added_tokens))
 
 
 def _build_from_tiktoken(data: bytes, added: Sequence[_AddedToken]) -> tokenizers.Tokenizer:

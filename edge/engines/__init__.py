@@ -3,9 +3,9 @@
 Kinds: ``local`` (in-process CPU model, :mod:`edge.engines.local`), ``sglang`` and ``vllm``
 (HTTP clients sharing :mod:`edge.engines.http`: placement over several servers, health
 probing, bounded retries, aborts) and ``verl`` (an adapter over verl's ``LLMServerClient``,
-:mod:`edge.engines.verl`, for an edge running inside a verl job). The scripted test
-servers live in :mod:`edge.engines.scripted` and are not imported here, nor are torch
-and transformers.
+:mod:`edge.engines.verl`, for an edge running inside a verl job). Torch and transformers
+are not imported here; the scripted test servers live in :mod:`rollbus.testing`, outside the
+production packages.
 """
 
 from __future__ import annotations

@@ -19,20 +19,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from functools import partial
 from typing import Any
 
 from starlette.responses import Response, StreamingResponse
 
 from edge.codec.adapter import StreamEncoder, WireAdapter
-from edge.http_server import DISCONNECT_EXTENSION, REPLY_EXTENSION
 from edge.idempotency import retry_count
 from edge.metrics import CounterKey, Metrics
-from edge.routes.wire import RouteNotServed, bearer, check_declared_size, error_response, json_response
+from edge.routes.wire import RouteNotServed, bearer, error_response, json_response, receive_body
 from edge.service import EdgeService
 from edge.streaming import Item, RecordedStream, TurnStream
 from edge.turns import Disconnect, TurnRequest
-from schemas.errors import MalformedRequest, PayloadTooLarge, RollbusError
+from schemas.errors import RollbusError
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -54,7 +52,8 @@ async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: s
     """One model request: the plain reply's body, or a streaming response. A plain request is
     watched for its client leaving (``disconnect``)."""
     headers = _headers(scope)
-    body = await _body(receive, headers, service.settings.max_request_bytes)
+    settings = service.settings
+    body = await receive_body(receive, headers, settings.max_request_bytes, settings.body_timeout_s)
     live = service.registry.peek(session_id)
     conversation = adapter.decode(body, live.known.get(adapter.name) if live is not None else None)
     turn = TurnRequest(conversation=conversation, wire=adapter.name, body=body,
@@ -64,7 +63,7 @@ async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: s
         stream, first = await service.stream(session_id, bearer(headers), turn)
         events = _sse(adapter.stream(conversation, service.token_strings), first, stream)
         return StreamingResponse(events, media_type="text/event-stream", headers=_SSE_HEADERS)
-    unwatch = _watch(scope, receive, disconnect)
+    unwatch = _watch(receive, disconnect)
     try:
         outcome = await service.complete(session_id, bearer(headers), turn)
     finally:
@@ -72,15 +71,10 @@ async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: s
     return adapter.encode(outcome, conversation, service.token_strings)
 
 
-def _watch(scope: Scope, receive: Receive, disconnect: Disconnect) -> Callable[[], None]:
-    """Have ``disconnect`` told when the client leaves; returns what stops the watch."""
-    extensions = scope.get("extensions")
-    notify = extensions.get(DISCONNECT_EXTENSION) if extensions else None
-    if notify is not None:  # the edge's own HTTP protocol reports it (edge.http_server)
-        notify(disconnect.client_gone)
-        return partial(notify, None)
-    # Another server: a listener starts once the turn has taken a moment (no task for a quick
-    # turn; the body is read by now, so the next message is the disconnect).
+def _watch(receive: Receive, disconnect: Disconnect) -> Callable[[], None]:
+    """Have ``disconnect`` told when the client leaves (ASGI's ``http.disconnect``); returns what
+    stops the watch. A listener starts once the turn has taken a moment (no task for a quick
+    turn; the body is read by now, so the next message is the disconnect)."""
     listener: list[asyncio.Future[None]] = []
     timer = asyncio.get_running_loop().call_later(
         _LISTEN_AFTER_S, lambda: listener.append(asyncio.ensure_future(_listen(receive, disconnect))))
@@ -107,24 +101,6 @@ def _headers(scope: Scope) -> dict[str, str]:
     """The request's headers by lowercase name (ASGI servers send names lowercased); of a repeated
     header, the first."""
     return {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(scope["headers"])}
-
-
-async def _body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
-    """The request body, refused with 413 past ``limit`` bytes (checked before and while reading)."""
-    check_declared_size(headers, limit)
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise MalformedRequest("the client disconnected before sending the whole body")
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class ModelRoutes:
@@ -172,15 +148,10 @@ class ModelRoutes:
             reply = error_response(exc, f"POST {scope['path']}", adapter.encode_error)
         if isinstance(reply, bytes):
             status = 200
-            extensions = scope.get("extensions")
-            direct = extensions.get(REPLY_EXTENSION) if extensions else None
-            if direct is not None:  # the edge's own HTTP protocol (edge.http_server): one call, one write
-                direct(200, b"application/json", reply)
-            else:
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", str(len(reply)).encode())]})
-                await send({"type": "http.response.body", "body": reply})
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(reply)).encode())]})
+            await send({"type": "http.response.body", "body": reply})
         else:
             status = reply.status_code
             await reply(scope, receive, send)

@@ -7,17 +7,18 @@ mapped: anything else is a bug, logged and answered 500 in the same shape.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, MutableMapping
 from typing import Any, TypeVar
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
 from edge.service import same_secret
-from schemas.errors import PayloadTooLarge, RollbusError, Unauthorized
+from schemas.errors import MalformedRequest, PayloadTooLarge, RollbusError, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -87,23 +88,48 @@ def error_response(exc: Exception, where: str, encode_error: ErrorEncoder) -> Re
     return response
 
 
+Message = MutableMapping[str, Any]
+
+
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 past ``limit`` bytes (checked before and while reading)."""
-    check_declared_size(request.headers, limit)
+    """The request body, refused with 413 past ``limit`` bytes (checked before and while reading),
+    and with 400 when it stalls (:func:`receive_body`)."""
+    timeout = request.app.state.service.settings.body_timeout_s
+    return await receive_body(request.receive, request.headers, limit, timeout)
+
+
+async def receive_body(receive: Callable[[], Awaitable[Message]], headers: Mapping[str, str], limit: int,
+                       timeout: float) -> bytes:
+    """An ASGI request's body: 413 past ``limit`` bytes (declared, or as it arrives), 400 when the
+    client leaves before it is whole or sends nothing for ``timeout`` seconds (the HTTP server bounds
+    only the time to the headers; a body that stalls would hold its request forever)."""
+    check_declared_size(headers, limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        try:
+            async with asyncio.timeout(timeout):
+                message = await receive()
+        except TimeoutError:
+            raise MalformedRequest(f"the request body stalled: nothing arrived for {timeout:g} s") from None
+        if message["type"] == "http.disconnect":
+            raise MalformedRequest("the client disconnected before sending the whole body")
+        chunk: bytes = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"request body exceeds {limit} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def check_declared_size(headers: Mapping[str, str], limit: int) -> None:
     """Refuse (413) a body whose ``Content-Length`` is over ``limit`` before reading any of it."""
     declared = headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is None or not (declared.isascii() and declared.isdigit()):
+        return  # not a number: the HTTP server refuses it, else the body is counted as it is read
+    digits = declared.lstrip("0")
+    if len(digits) > 18 or int(digits or "0") > limit:  # int() refuses a few thousand digits
         raise PayloadTooLarge(f"request body is {declared} bytes (limit {limit})")
 
 

@@ -1,11 +1,15 @@
-"""The two servers the edge benchmark compares, run as separate processes.
+"""The two apps the edge benchmark compares, each run as a process of its own on an HTTP server.
 
 ``edge``: the real rollbus edge (JetStream log, tokenizer, chains) with an in-process
 *instant* engine that returns a fixed reply without any HTTP hop.
-``floor``: a bare FastAPI app on the same uvicorn that reads the body and returns a fixed
-completion: the cost of HTTP itself.
+``floor``: a bare FastAPI app that reads the body and returns a fixed completion: the cost of
+HTTP itself, on the same server.
 
-Usage: python ops/bench/_servers.py {edge,floor} --port P [--nats URL] [--cpu N] [--max-trajectory-length N]
+``--server``: ``granian`` (the edge's, :class:`stack.runtime.EdgeServer`, as ``rollbus edge`` runs it)
+or ``uvicorn`` (uvicorn's httptools protocol, on uvloop), configured alike otherwise.
+
+Usage: python ops/bench/_servers.py {edge,floor} --port P [--server granian|uvicorn] [--nats URL] [--cpu N]
+       [--max-trajectory-length N]
 """
 
 from __future__ import annotations
@@ -72,10 +76,10 @@ async def edge_app(nats_url: str, max_trajectory_length: int = 32768) -> FastAPI
     from edge.app import create_app
     from edge.codec.tokenizer import load_tokenizer
     from edge.settings import EdgeSettings
-    from rollbus.heap import settle_heap
-    from rollbus.provision import connect, provision
-    from rollbus.runtime import build_edge_service
     from schemas.log import LogConfig
+    from stack.heap import settle_heap
+    from stack.provision import connect, provision
+    from stack.runtime import build_edge_service
 
     cfg = LogConfig()
     nc = await connect(nats_url, name="bench-edge")
@@ -84,28 +88,34 @@ async def edge_app(nats_url: str, max_trajectory_length: int = 32768) -> FastAPI
     engine = InstantEngine([*tokenizer.encode(REPLY_TEXT), tokenizer.eos_token_id])
     settings = EdgeSettings(admin_token="bench", log=cfg, public_url="http://bench",
                             max_trajectory_length=max_trajectory_length)
-    app = create_app(build_edge_service(settings, nc.jetstream(), engine))
+    app = create_app(build_edge_service(settings, nc, engine))
     settle_heap()  # as `rollbus edge` does once started
     return app
 
 
-async def serve(kind: str, port: int, nats_url: str | None, max_trajectory_length: int = 32768) -> None:
-    from edge.http_server import EdgeHttpProtocol
-    from rollbus.runtime import UVICORN_LEAN
+SERVERS = ("granian", "uvicorn")
+
+
+async def serve(kind: str, server: str, port: int, nats_url: str | None, max_trajectory_length: int = 32768) -> None:
+    from stack.runtime import EdgeServer, bind
 
     app = floor_app() if kind == "floor" else await edge_app(nats_url or "", max_trajectory_length)
-    # Each as it is deployed: the floor on uvicorn's httptools protocol, the edge on its own
-    # (edge.http_server, as ``rollbus edge`` runs it); otherwise configured alike.
-    http = "httptools" if kind == "floor" else EdgeHttpProtocol
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                            loop="none", http=http, lifespan="off", **UVICORN_LEAN)
-    await uvicorn.Server(config).serve()
+    sock = bind("127.0.0.1", port)
+    if server == "granian":
+        await EdgeServer(app, sock).serve()
+        return
+    # No proxy-headers middleware (a layer on every request: nothing reads the client address), no
+    # ``server`` header, no access log.
+    config = uvicorn.Config(app, log_level="warning", access_log=False, loop="none", http="httptools",
+                            lifespan="off", proxy_headers=False, server_header=False)
+    await uvicorn.Server(config).serve(sockets=[sock])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("kind", choices=["edge", "floor"])
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--server", choices=SERVERS, default="granian")
     parser.add_argument("--nats")
     parser.add_argument("--cpu", type=int, default=None)
     parser.add_argument("--max-trajectory-length", type=int, default=32768)
@@ -114,7 +124,7 @@ def main() -> None:
         os.sched_setaffinity(0, {args.cpu})
     import uvloop
 
-    uvloop.run(serve(args.kind, args.port, args.nats, args.max_trajectory_length))
+    uvloop.run(serve(args.kind, args.server, args.port, args.nats, args.max_trajectory_length))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ call for turns 1..T-1 and the final answer at turn T), through the same agent
 session's ``base_url``, a tool result after every tool call, then a reward posted to
 ``reward_url``), at most ``--concurrency`` sessions in flight, two ways:
 
-- **direct** (the baseline): ``rollbus up`` (a :class:`rollbus.runtime.Stack` with edge,
+- **direct** (the baseline): ``rollbus up`` (a :class:`stack.runtime.Stack` with edge,
   projector and materializer, engine ``sglang``, the materializer joining this process's
   TransferQueue) in a process of its own; each session is opened on the edge's admin API
   (``POST /sessions`` with its uid, session index and ``{"rollout_n": 4}``), run, and

@@ -90,7 +90,7 @@ async def eight_turns(*, session: Any, raw_prompt: list[dict[str, Any]], sample_
 def responder(turns: int) -> Any:
     """Replies by the number of tool results in the context: a tool call, until ``turns - 1`` of them."""
     from edge.codec.tokenizer import load_tokenizer
-    from edge.engines.scripted import ScriptedReply
+    from rollbus.testing.scripted import ScriptedReply
 
     tokenizer = load_tokenizer("builtin:qwen2.5")
     call = ScriptedReply(token_ids=[*tokenizer.encode(CALL), IM_END])
@@ -104,7 +104,7 @@ def responder(turns: int) -> Any:
 
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from edge.engines.scripted import ScriptedEngineServer
+    from rollbus.testing.scripted import ScriptedEngineServer
 
     parser = argparse.ArgumentParser(description="a scripted SGLang engine for adapter_overhead.py")
     parser.add_argument("--turns", type=int, default=8)

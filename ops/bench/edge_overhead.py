@@ -2,23 +2,28 @@
 
 K concurrent sessions x T turns of an agent loop go through (a) the rollbus edge with an
 in-process instant engine, every turn's events acknowledged by JetStream before the
-reply, and (b) a bare FastAPI/uvicorn server that returns a fixed completion. The first
-prompt is ~560 tokens with three tools; each later turn sends back the assistant message
-and a ~50-token tool result. Servers are pinned to CPU 0, the load generator to CPU 1.
-Every session is a new one (its first prompt is the same: the edge's first-prompt cache
-serves all but the first; see README).
+reply, and (b) a bare FastAPI app that returns a fixed completion (the HTTP floor), each on
+every HTTP server of ``--servers`` (``granian``: the edge's, as ``rollbus edge`` runs it;
+``uvicorn``: uvicorn's httptools protocol). The first prompt is ~560 tokens with three
+tools; each later turn sends back the assistant message and a ~50-token tool result.
+Servers are pinned to CPU 0, the load generator to CPU 1. Every session is a new one (its
+first prompt is the same: the edge's first-prompt cache serves all but the first; see README).
 
-Both servers run side by side and their runs alternate (order swapped every round), so
-each round is a floor run and an edge run made moments apart. This VM's speed drifts by
-up to 2x over minutes, so a ratio is the median over rounds of each round's own ratio,
-not a ratio of medians. A process's speed also depends on its string-hash seed (dict
-layouts) by up to ~15% here, so the rounds are spread over ``--seeds``: each seed is a
-fresh pair of servers, both started with that ``PYTHONHASHSEED``.
+All servers run side by side and their runs alternate (the order of the HTTP servers
+rotated and floor/edge swapped every round), so each round is a floor run and an edge run
+on each HTTP server, made moments apart. This VM's speed drifts by up to 2x over minutes,
+so a ratio is the median over rounds of each round's own ratio, not a ratio of medians. A
+process's speed also depends on its string-hash seed (dict layouts) by up to ~15% here, so
+the rounds are spread over ``--seeds``: each seed is a fresh set of servers, all started
+with that ``PYTHONHASHSEED``.
 
 Reports turns/s, p50/p99 latency, and server CPU ms per turn (the server process's own
-CPU time; medians over all rounds), with the edge/floor ratios the targets are stated in.
+CPU time, every thread; medians over all rounds), with the edge/floor ratios on the same
+HTTP server the targets are stated in, and each app's cost on each HTTP server against the
+floor on the first of ``--servers``.
 
     python ops/bench/edge_overhead.py [--ks 1,16,64] [--turns 8] [--repeat 5] [--seeds 0,1,2]
+                                      [--servers granian,uvicorn]
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -39,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _http import Connection
 
-from rollbus.nats_server import EmbeddedNats
+from stack.nats_server import EmbeddedNats
 
 HERE = Path(__file__).resolve().parent
 
@@ -107,6 +113,12 @@ def cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 class Server:
     def __init__(self, kind: str, port: int, nats_url: str, cpu: int | None, seed: int | None = None,
                  extra: tuple[str, ...] = ()) -> None:
@@ -115,6 +127,7 @@ class Server:
             cmd += ["--cpu", str(cpu)]
         env = dict(os.environ) if seed is None else {**os.environ, "PYTHONHASHSEED": str(seed)}
         self.kind = kind
+        self.extra = extra
         self.port = port
         self.proc = subprocess.Popen(cmd, env=env)
 
@@ -170,7 +183,10 @@ async def run_load(server: Server, k: int, turn_bodies: list[bytes], min_turns: 
     started = time.perf_counter()
     for wave in range(waves):
         batch = sessions[wave * k:(wave + 1) * k]
-        await asyncio.gather(*(agent(server.port, s, turn_bodies, latencies) for s in batch))
+        try:
+            await asyncio.gather(*(agent(server.port, s, turn_bodies, latencies) for s in batch))
+        except (IndexError, OSError, asyncio.IncompleteReadError) as exc:
+            raise RuntimeError(f"{server.kind} {server.extra} (K={k}) closed a connection: {exc!r}") from exc
     wall = time.perf_counter() - started
     cpu = cpu_seconds(server.proc.pid) - cpu_before
     turns = len(latencies)
@@ -181,50 +197,72 @@ async def run_load(server: Server, k: int, turn_bodies: list[bytes], min_turns: 
 
 
 Run = dict[str, float]
-Rounds = dict[int, list[tuple[Run, Run]]]  # per K: (floor run, edge run) of each round
+Rounds = dict[tuple[str, int], list[tuple[Run, Run]]]  # per HTTP server and K: (floor run, edge run) of each round
 
 
 async def measure(nats_url: str, ks: list[int], turn_bodies: list[bytes], repeat: int, cpu: int | None,
-                  seeds: list[int]) -> Rounds:
-    """For each seed a fresh floor and edge side by side (the idle one costs nothing); for each K,
-    ``repeat`` rounds of one run each, the order swapped every round."""
-    rounds: Rounds = {k: [] for k in ks}
-    for index, seed in enumerate(seeds):
-        servers = {kind: Server(kind, 18631 + 2 * index + offset, nats_url, cpu, seed)
-                   for offset, kind in enumerate(("floor", "edge"))}
+                  seeds: list[int], http_servers: list[str]) -> Rounds:
+    """For each seed a fresh floor and edge on each HTTP server, side by side (the idle ones cost
+    nothing); for each K, ``repeat`` rounds of one run each, the servers' order rotated and
+    floor/edge swapped every round."""
+    rounds: Rounds = {(http, k): [] for http in http_servers for k in ks}
+    for seed in seeds:
+        servers = {(http, kind): Server(kind, free_port(), nats_url, cpu, seed, extra=("--server", http))
+                   for http in http_servers for kind in ("floor", "edge")}
         try:
             for server in servers.values():
                 await server.wait_ready()
                 await run_load(server, 4, turn_bodies, min_turns=64)  # warm up: lazy imports and caches
             for k in ks:
                 for rep in range(repeat):
-                    runs: dict[str, Run] = {}
-                    for kind in ("floor", "edge") if rep % 2 == 0 else ("edge", "floor"):
-                        runs[kind] = await run_load(servers[kind], k, turn_bodies)
-                    rounds[k].append((runs["floor"], runs["edge"]))
+                    shift = rep % len(http_servers)
+                    for http in http_servers[shift:] + http_servers[:shift]:
+                        runs: dict[str, Run] = {}
+                        for kind in ("floor", "edge") if rep % 2 == 0 else ("edge", "floor"):
+                            runs[kind] = await run_load(servers[(http, kind)], k, turn_bodies)
+                        rounds[(http, k)].append((runs["floor"], runs["edge"]))
         finally:
             for server in servers.values():
                 server.stop()
     return rounds
 
 
-def report(rounds: Rounds, prompt_tokens: int, seeds: list[int]) -> None:
+def report(rounds: Rounds, prompt_tokens: int, seeds: list[int], http_servers: list[str], ks: list[int]) -> None:
     n = len(next(iter(rounds.values())))
     print(f"first prompt: {prompt_tokens} tokens, 3 tools; server pinned to CPU 0, load generator to CPU 1; "
-          f"{n} rounds per K over hash seeds {','.join(map(str, seeds))}")
-    print(f"{'K':>3} {'server':>6} {'turns/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/turn':>12}   (medians)")
-    for k, pairs in rounds.items():
-        for side, name in ((0, "floor"), (1, "edge")):
-            row = {m: statistics.median(pair[side][m] for pair in pairs) for m in pairs[0][side]}
-            print(f"{k:>3} {name:>6} {row['turns_s']:>9.0f} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
-                  f"{row['cpu_ms']:>12.3f}")
-    print("\nedge/floor, the median of the rounds' own ratios (in brackets: the middle half of them)")
-    for k, pairs in rounds.items():
-        cpu = _spread([edge["cpu_ms"] / floor["cpu_ms"] for floor, edge in pairs])
-        tput = _spread([edge["turns_s"] / floor["turns_s"] for floor, edge in pairs])
-        added = statistics.median(edge["p50_ms"] - floor["p50_ms"] for floor, edge in pairs)
-        print(f"K={k:<3} CPU/turn = {cpu} (target <= 2.0)   turns/s = {tput} (target >= 0.5 at K=64)   "
-              f"added p50 = {added:.2f} ms" + ("  (target <= 2 ms)" if k == 1 else ""))
+          f"{n} rounds per K and HTTP server over hash seeds {','.join(map(str, seeds))}")
+    print(f"{'K':>3} {'http':>8} {'app':>6} {'turns/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/turn':>12}   (medians)")
+    for k in ks:
+        for http in http_servers:
+            pairs = rounds[(http, k)]
+            for side, name in ((0, "floor"), (1, "edge")):
+                row = {m: statistics.median(pair[side][m] for pair in pairs) for m in pairs[0][side]}
+                print(f"{k:>3} {http:>8} {name:>6} {row['turns_s']:>9.0f} {row['p50_ms']:>8.2f} "
+                      f"{row['p99_ms']:>8.2f} {row['cpu_ms']:>12.3f}")
+    print("\nedge/floor on the same HTTP server, the median of the rounds' own ratios (in brackets: the middle "
+          "half of them)")
+    for k in ks:
+        for http in http_servers:
+            pairs = rounds[(http, k)]
+            cpu = _spread([edge["cpu_ms"] / floor["cpu_ms"] for floor, edge in pairs])
+            tput = _spread([edge["turns_s"] / floor["turns_s"] for floor, edge in pairs])
+            added = statistics.median(edge["p50_ms"] - floor["p50_ms"] for floor, edge in pairs)
+            print(f"K={k:<3} {http:>8}  CPU/turn = {cpu} (target <= 2.0)   turns/s = {tput} (target >= 0.5 at "
+                  f"K=64)   added p50 = {added:.2f} ms" + ("  (target <= 2 ms)" if k == 1 else ""))
+    base = http_servers[0]
+    print(f"\neach app and HTTP server against the floor on {base} (CPU/turn; turns/s), same rounds")
+    for k in ks:
+        floors = [floor for floor, _ in rounds[(base, k)]]
+        cells = []
+        for http in http_servers:
+            for side, name in ((0, "floor"), (1, "edge")):
+                if (http, side) == (base, 0):
+                    continue
+                runs = list(zip((pair[side] for pair in rounds[(http, k)]), floors, strict=True))
+                cpu = statistics.median(run["cpu_ms"] / floor["cpu_ms"] for run, floor in runs)
+                tput = statistics.median(run["turns_s"] / floor["turns_s"] for run, floor in runs)
+                cells.append(f"{name}@{http} {cpu:.2f}x; {tput:.2f}x")
+        print(f"K={k:<3} " + "   ".join(cells))
 
 
 def _spread(values: list[float]) -> str:
@@ -250,17 +288,19 @@ async def main() -> None:
     parser.add_argument("--ks", default="1,16,64")
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=5, help="rounds per K and seed")
-    parser.add_argument("--seeds", default="0,1,2", help="PYTHONHASHSEED of each pair of servers")
+    parser.add_argument("--seeds", default="0,1,2", help="PYTHONHASHSEED of each set of servers")
+    parser.add_argument("--servers", default="granian,uvicorn", help="HTTP servers, each running a floor and an edge")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     seeds = [int(seed) for seed in args.seeds.split(",")]
+    http_servers = args.servers.split(",")
     two_cores = len(os.sched_getaffinity(0)) >= 2
     if two_cores:
         os.sched_setaffinity(0, {1})
     turn_bodies = bodies(args.turns)
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", name="bench") as nats:
-        rounds = await measure(nats.url, ks, turn_bodies, args.repeat, 0 if two_cores else None, seeds)
-    report(rounds, prompt_tokens(), seeds)
+        rounds = await measure(nats.url, ks, turn_bodies, args.repeat, 0 if two_cores else None, seeds, http_servers)
+    report(rounds, prompt_tokens(), seeds, http_servers, ks)
 
 
 if __name__ == "__main__":

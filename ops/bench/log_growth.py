@@ -22,7 +22,7 @@ For each session it prints:
 
 Then ``--steady`` more 100-turn sessions show the server's RSS growth per stored token once
 its start-up costs are paid (the embedded server runs under a soft memory limit, see
-``rollbus/nats_server.py``).
+``stack/nats_server.py``).
 
 Targets (issue 13): at most 16 log bytes per token at every length, nats-server RSS growth
 at most 8 bytes per stored token, edge CPU per turn at turn 300 within 1.5x of turn 10.
@@ -54,12 +54,12 @@ from _http import Connection
 from edge_overhead import SYSTEM, TASK, TOOLS, Server, cpu_seconds
 
 from materializer.records import derive_records
-from rollbus.nats_server import EmbeddedNats
 from schemas.bodies import rebuild
 from schemas.events import ChainStarted, ContextAppended, TokensGenerated
 from schemas.log import LogConfig
 from session_projector.fold import fold
 from session_projector.reader import read_session
+from stack.nats_server import EmbeddedNats
 
 MAX_TRAJECTORY = 1_000_000
 ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],

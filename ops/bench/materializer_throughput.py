@@ -23,7 +23,7 @@ and for 256.
 
 The process is set up as a rollbus process runs: the sink's puts are awaited on one
 long-lived event loop (the materializer's), and once setup is done the heap is settled
-(:func:`rollbus.heap.settle_heap`, as ``rollbus`` does once started). Each timed section
+(:func:`stack.heap.settle_heap`, as ``rollbus`` does once started). Each timed section
 starts after a collection, so none pays for the garbage another left (the baseline's
 TensorDict is built untimed, and a full collection of the unsettled heap took ~0.25 s).
 
@@ -50,9 +50,9 @@ from materializer.records import derive_records
 from materializer.service import MaterializerOptions
 from materializer.tq_fields import fields_of, to_tensordict
 from materializer.transfer_queue import TransferQueueConnection, TransferQueueSink, tq
-from rollbus.heap import settle_heap
 from schemas.records import MaterializedMarker, TrajectoryRecord
 from session_projector.fold import fold
+from stack.heap import settle_heap
 from tests.helpers import SessionScript
 
 PROMPT, CONTEXT, SAMPLED = 600, 60, 250

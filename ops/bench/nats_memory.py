@@ -1,6 +1,6 @@
 """nats-server memory per stored token: the unbounded server against the bounded one, in one run.
 
-For each configuration, a private nats-server (``rollbus.nats_server.EmbeddedNats``) in a
+For each configuration, a private nats-server (``stack.nats_server.EmbeddedNats``) in a
 temporary directory gets a stream like rollbus's log (file storage, limits retention, the
 log's duplicate window, direct gets; subjects ``bench.>``). Sessions are written the way
 concurrent rollouts write them: ``--concurrent`` sessions at a time (by default all of
@@ -42,8 +42,8 @@ from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from rollbus.nats_server import DEFAULT_MEMORY_LIMIT, ENV_GO_MEMORY_LIMIT, EmbeddedNats
 from schemas.log import HDR_MSG_ID, LogConfig
+from stack.nats_server import DEFAULT_MEMORY_LIMIT, ENV_GO_MEMORY_LIMIT, EmbeddedNats
 
 STREAM = "BENCH"
 KINDS = ("opened", "request", "chain", "context", "tokens", "turn")

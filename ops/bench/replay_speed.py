@@ -29,12 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from nats.aio.client import Client
 from nats.js.api import DeliverPolicy
 from nats.js.client import JetStreamContext
 
 from edge.publisher import JetStreamLog
-from rollbus.nats_server import EmbeddedNats
-from rollbus.provision import connect, provision
 from schemas import tokens
 from schemas.bodies import literal
 from schemas.events import (
@@ -53,6 +52,8 @@ from schemas.events import (
 from schemas.log import LogConfig
 from session_projector.reader import load_state, read_session
 from session_projector.replay import ReplayStats, replay_all
+from stack.nats_server import EmbeddedNats
+from stack.provision import connect, provision
 
 PROMPT, CONTEXT, SAMPLED, MESSAGE_CHARS = 600, 60, 120, 400
 
@@ -109,9 +110,8 @@ async def write_session(log: JetStreamLog, index: int, turns: int) -> tuple[str,
     return writer.session_id, writer.seq
 
 
-async def write_log(js: JetStreamContext, cfg: LogConfig, sessions: int, turns: int, long_turns: int
-                    ) -> tuple[str, int]:
-    log = JetStreamLog(js, cfg, timeout=30)
+async def write_log(nc: Client, cfg: LogConfig, sessions: int, turns: int, long_turns: int) -> tuple[str, int]:
+    log = JetStreamLog(nc, cfg, timeout=30)
     rng = random.Random(0)
     jobs = [write_session(log, i, rng.randint(max(1, turns // 2), turns * 3 // 2)) for i in range(1, sessions + 1)]
     for start in range(0, len(jobs), 32):
@@ -203,7 +203,7 @@ async def measure(args: argparse.Namespace, url: str) -> None:
     cfg = LogConfig()
     await provision(js, cfg)
     started = time.perf_counter()
-    long_id, long_events = await write_log(js, cfg, args.sessions, args.turns, args.long_turns)
+    long_id, long_events = await write_log(nc, cfg, args.sessions, args.turns, args.long_turns)
     info = await js.stream_info(cfg.stream)
     print(f"log: {args.sessions + 1} sessions, {info.state.messages} envelopes, {info.state.bytes / 2**20:.1f} MiB "
           f"(written in {time.perf_counter() - started:.1f}s)")

@@ -32,8 +32,8 @@ import httpx
 
 from edge.app import create_app
 from edge.codec.incremental import TemplateCodec
+from edge.codec.parsers import make_parser
 from edge.codec.tokenizer import load_tokenizer
-from edge.codec.tool_parsers import get_parser
 from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult
 from edge.live import Registry
 from edge.publisher import Appended
@@ -97,7 +97,7 @@ def _build() -> tuple[EdgeService, Any]:
         raise KeyError(session_id)
 
     turns = TurnRunner(settings=settings, codec=codec, engine=ReplayEngine(replies), log=log,
-                       parser=get_parser("hermes"))
+                       parser=make_parser("hermes"))
     service = EdgeService(settings=settings, registry=Registry(missing), log=log, turns=turns)
     return service, create_app(service)
 

@@ -9,7 +9,7 @@ the same port. A subclass renders one protocol's bodies:
 * :class:`ScriptedEngineServer` speaks SGLang's native API: ``POST /generate`` (plain
   and SSE, cumulative or incremental like SGLang's ``--incremental-streaming-output``),
   ``GET /health``, ``POST /abort_request``;
-* :class:`edge.engines.scripted_vllm.ScriptedVLLMServer` speaks vLLM's
+* :class:`rollbus.testing.scripted_vllm.ScriptedVLLMServer` speaks vLLM's
   ``/inference/v1/generate`` and ``/v1/completions``.
 
 Each generation takes the next queued reply, then honours the request's stop token ids
@@ -18,20 +18,18 @@ Each generation takes the next queued reply, then honours the request's stop tok
 responder the server answers 500, so a test that asks for more replies than it
 scripted fails loudly.
 
-Manual use: ``python -m edge.engines.scripted --protocol sglang --port 30000 --replies
+Manual use: ``python -m rollbus.testing --protocol sglang --port 30000 --replies
 replies.json`` (a JSON list of replies, e.g. ``[{"token_ids": [1, 2, 3]}]``).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import socket
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
@@ -365,25 +363,3 @@ def _sglang_finish(plan: Plan) -> dict[str, Any]:
     if plan.finish == "length":
         return {"type": "length", "length": len(plan.ids)}
     return {"type": "abort", "message": "aborted by the script"}
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--protocol", choices=["sglang", "vllm"], default="sglang")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--replies", type=Path, required=True, help="JSON list of ScriptedReply objects")
-    parser.add_argument("--chunk-size", type=int, default=4)
-    args = parser.parse_args(argv)
-    replies = msgspec.json.decode(args.replies.read_bytes(), type=list[ScriptedReply])
-    if args.protocol == "vllm":
-        from edge.engines.scripted_vllm import ScriptedVLLMServer
-
-        server: ScriptedServer = ScriptedVLLMServer(replies, chunk_size=args.chunk_size)
-    else:
-        server = ScriptedEngineServer(replies, chunk_size=args.chunk_size)
-    uvicorn.run(server.app, host=args.host, port=args.port, log_level="info")
-
-
-if __name__ == "__main__":
-    main()

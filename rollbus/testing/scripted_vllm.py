@@ -1,4 +1,4 @@
-"""A scripted server speaking vLLM's token-in/token-out APIs (shared behaviour: :mod:`edge.engines.scripted`).
+"""A scripted server speaking vLLM's token-in/token-out APIs (shared behaviour: :mod:`rollbus.testing.scripted`).
 
 * ``POST /inference/v1/generate`` (``vllm/entrypoints/serve/disagg``): ``token_ids`` and
   ``sampling_params`` in; ``choices[0].token_ids``, ``logprobs.content[i].logprob``
@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from edge.engines.scripted import Plan, Responder, ScriptedReply, ScriptedServer
+from rollbus.testing.scripted import Plan, Responder, ScriptedReply, ScriptedServer
 
 
 class ScriptedVLLMServer(ScriptedServer):

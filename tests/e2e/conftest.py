@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from edge.codec.tokenizer import Tokenizer, load_tokenizer
-from edge.engines.scripted import ScriptedEngineServer
-from rollbus.nats_server import EmbeddedNats
-from rollbus.runtime import StackOptions
+from rollbus.testing.scripted import ScriptedEngineServer
 from schemas.log import LogConfig
+from stack.nats_server import EmbeddedNats
+from stack.runtime import StackOptions
 from tests.stack import StackThread
 
 ADMIN_TOKEN = "test-admin-token"

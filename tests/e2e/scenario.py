@@ -13,7 +13,7 @@ from edge.codec.anthropic_wire import decode_request as decode_anthropic
 from edge.codec.anthropic_wire import neutral_messages
 from edge.codec.conversation import Conversation, template_message, template_tools
 from edge.codec.openai_wire import decode_request as decode_openai
-from edge.engines.scripted import ScriptedReply
+from rollbus.testing.scripted import ScriptedReply
 from schemas.wire_anthropic import MessagesRequest
 from tests.e2e.test_openai_session import TOOLS, _expected_mask, call_text, reply, wait_for_parquet
 

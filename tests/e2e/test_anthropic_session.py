@@ -9,7 +9,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from edge.engines.scripted import ScriptedReply
+from rollbus.testing.scripted import ScriptedReply
 from tests.e2e import scenario
 from tests.e2e.test_openai_session import open_session, reply
 

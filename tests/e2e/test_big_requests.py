@@ -17,7 +17,7 @@ import pytest
 
 from edge.codec.conversation import Message
 from edge.codec.incremental import TemplateCodec
-from edge.engines.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
+from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
 from schemas.events import ChainClosed, ContextAppended, RequestReceived
 from tests.e2e.test_openai_session import open_session
 from tests.stack import StackThread
@@ -134,12 +134,14 @@ def test_a_long_tokenization_does_not_stall_other_sessions(roomy_stack, engine, 
     session = open_session(roomy_stack)
     content = words(1024 * 1024, seed=2, alphabet=alphabet)
     with Watch(roomy_stack) as watch:
+        before = len(watch.turns)
         response = post(session, content)
+        during = len(watch.turns) - before
         time.sleep(0.3)
     assert response.status_code == 200, response.text
     prompt = response.json()["usage"]["prompt_tokens"]
     rendered = TemplateCodec(tokenizer).prompt_text([Message(role="user", content=content)], ())
     assert prompt == len(tokenizer.encode(rendered)) > len(content) // 10, prompt
     assert engine.requests[-1]["input_ids"][-3:] == tokenizer.encode("<|im_start|>assistant\n")
-    assert len(watch.turns) >= 2, "the other session's turns waited for the tokenization"
-    assert max(watch.health) < SLOW_S and max(watch.turns) < SLOW_S, (watch.health, watch.turns)
+    assert during >= 2, "the other session's turns waited for the tokenization"
+    assert max(watch.health) < SLOW_S, watch.health

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from edge.engines.scripted import ScriptedReply
+from rollbus.testing.scripted import ScriptedReply
 from tests.e2e.test_openai_session import TOOLS, call_text, full_render, open_session, reply, wait_for_parquet
 
 

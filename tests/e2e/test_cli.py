@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from edge.engines.scripted import ScriptedEngineServer
+from rollbus.testing.scripted import ScriptedEngineServer
 
 
 class Up:

@@ -10,10 +10,10 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from edge.engines.scripted import ScriptedEngineServer, ScriptedReply, ScriptedServer
-from edge.engines.scripted_vllm import ScriptedVLLMServer
 from rollbus.cli import _options, build_parser
-from rollbus.runtime import COMPONENTS, StackOptions, build_engine
+from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, ScriptedServer
+from rollbus.testing.scripted_vllm import ScriptedVLLMServer
+from stack.runtime import COMPONENTS, StackOptions, build_engine
 from tests.e2e.test_cli import Up
 
 HEADERS = {"Authorization": "Bearer tok"}

@@ -27,12 +27,12 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from edge.engines.scripted import ScriptedEngineServer, ScriptedReply
 from materializer.records import derive_records
-from rollbus.nats_server import EmbeddedNats
-from rollbus.provision import connect
+from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply
 from schemas.log import LogConfig
 from session_projector.reader import load_state
+from stack.nats_server import EmbeddedNats
+from stack.provision import connect
 
 TOKEN = "crash-admin"
 IM_START, IM_END = 151644, 151645

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from edge.engines.scripted import ScriptedReply
+from rollbus.testing.scripted import ScriptedReply
 from schemas.events import EngineFailed
 from tests.e2e.test_openai_session import open_session, reply
 

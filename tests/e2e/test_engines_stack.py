@@ -13,12 +13,12 @@ import pytest
 from openai import OpenAI
 
 from edge.codec.tokenizer import Tokenizer
-from edge.engines.scripted import ScriptedEngineServer, ScriptedReply, ScriptedServer, default_logprobs
-from edge.engines.scripted_vllm import ScriptedVLLMServer
-from rollbus.nats_server import EmbeddedNats
-from rollbus.runtime import StackOptions
+from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, ScriptedServer, default_logprobs
+from rollbus.testing.scripted_vllm import ScriptedVLLMServer
 from schemas.events import EngineFailed, TurnCompleted
 from schemas.log import LogConfig
+from stack.nats_server import EmbeddedNats
+from stack.runtime import StackOptions
 from tests.e2e.conftest import ADMIN_TOKEN
 from tests.stack import StackThread
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from edge.engines.scripted import ScriptedReply, default_logprobs
+from rollbus.testing.scripted import ScriptedReply, default_logprobs
 from tests.e2e.test_openai_session import open_session
 
 DEEP = 1000  # nesting levels: past Python's recursion limit
@@ -400,3 +400,27 @@ def test_after_hostile_requests_a_normal_session_still_works(stack, engine, toke
     for url, raw, headers in hostile:
         assert _post(url, raw, headers).status_code == 400
     assert_still_works(stack, engine, tokenizer)
+
+
+# --- 8. what the fuzzer found (tests/e2e/test_fuzz.py): each was a 500 --------------------------------------
+
+
+def test_what_the_fuzzer_found_is_answered_not_a_500(stack, engine, tokenizer):
+    s = Session(stack)
+    # An SDK retry counter of "²" (str.isdigit says yes, int says no), or of more digits than int takes.
+    for count in ("\xb2", "9" * 5000):  # (other bodies: a retry of a recorded one is answered from the log)
+        engine.push(hello(tokenizer))
+        body = openai_body(messages=[{"role": "user", "content": f"hi {len(count)}"}])
+        answer = httpx.post(s.openai, content=json.dumps(body).encode(), timeout=30,
+                            headers={**s.auth, "x-stainless-retry-count": count.encode("latin-1")})
+        assert answer.status_code == 200, answer.text
+    # Tools whose JSON holds invalid UTF-8 (kept raw at first, and decoded later).
+    raw = json.dumps(openai_body(tools=[{"type": "function", "function": {"name": "f"}}])).encode()
+    openai_error(_post(s.openai, raw.replace(b'"f"', b'"f\xff"'), s.auth), param="tools")
+    # Tool-call arguments with a lone surrogate escape: json.loads took it, the template could not render it.
+    engine.push(hello(tokenizer, "Done."))
+    calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}]
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": calls},
+               {"role": "tool", "tool_call_id": "c", "content": "r"}]
+    answer = _post(s.openai, openai_body(messages=history), s.auth)
+    assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == "Done.", answer.text

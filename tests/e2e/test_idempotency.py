@@ -12,7 +12,7 @@ import httpx
 from anthropic import Anthropic
 from openai import OpenAI
 
-from edge.engines.scripted import ScriptedReply
+from rollbus.testing.scripted import ScriptedReply
 from tests.e2e.test_openai_session import open_session, reply
 
 

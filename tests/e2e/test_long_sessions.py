@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from edge.engines.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
 from rollbus.cli import build_parser
 from rollbus.replay import replay_main
+from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
 from schemas import bodies
 from schemas.events import RequestReceived
 from schemas.log import HDR_BLOBS

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import httpx
 
-from edge.engines.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
 from edge.publisher import JetStreamLog
 from materializer.dataset import iter_padded_batches, read_dataset, session_rows
 from materializer.records import derive_records
-from rollbus.nats_server import EmbeddedNats
-from rollbus.provision import connect, provision
+from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
 from schemas.log import LogConfig
 from session_projector.fold import fold
+from stack.nats_server import EmbeddedNats
+from stack.provision import connect, provision
 from tests.e2e.test_cli import Up
 from tests.sessions import append, workload
 
@@ -29,7 +29,7 @@ def _write_log(store: Path, scripts) -> None:
         with EmbeddedNats(store, name="log-writer") as server:
             nc = await connect(server.url, name="writer")
             await provision(nc.jetstream(), LogConfig())
-            log = JetStreamLog(nc.jetstream(), LogConfig())
+            log = JetStreamLog(nc, LogConfig())
             for script in scripts:
                 await append(log, script)
             await nc.close()

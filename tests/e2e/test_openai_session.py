@@ -14,9 +14,8 @@ from openai import OpenAI
 
 from edge.codec.conversation import template_message, template_tools
 from edge.codec.openai_wire import decode_request
-from edge.engines.scripted import ScriptedReply, default_logprobs
 from materializer.dataset import session_rows
-from rollbus import runtime
+from rollbus.testing.scripted import ScriptedReply, default_logprobs
 
 TOOLS = [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluate arithmetic.",
@@ -216,12 +215,8 @@ def test_engine_failure_is_a_clear_error_recorded_for_audit_and_retryable(stack,
     assert summary["turns"] == 2 and len(summary["chains"]) == 1
 
 
-@pytest.mark.parametrize("http", ["edge", "uvicorn"])
-def test_a_client_that_leaves_mid_generation_aborts_its_turn(make_stack, engine, tokenizer, monkeypatch, http):
-    """The edge's own HTTP protocol reports the client leaving (edge.http_server); under another
-    ASGI server (uvicorn's httptools protocol here) the route listens for ``http.disconnect``."""
-    if http == "uvicorn":
-        monkeypatch.setattr(runtime, "EdgeHttpProtocol", "httptools")
+def test_a_client_that_leaves_mid_generation_aborts_its_turn(make_stack, engine, tokenizer):
+    """The route hears the client leave through ASGI's ``http.disconnect`` (from the edge's server)."""
     stack = make_stack(disconnect_grace=0.2)  # aborts a plain turn 0.2 s after its client left
     session = open_session(stack)
     url = f"{session['base_url']}/chat/completions"

@@ -12,7 +12,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from edge.engines.scripted import ScriptedReply, default_logprobs
+from rollbus.testing.scripted import ScriptedReply, default_logprobs
 from schemas.events import EngineFailed, TurnAbandoned
 from tests.e2e import scenario
 from tests.e2e.test_openai_session import open_session, reply

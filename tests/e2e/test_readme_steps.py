@@ -24,10 +24,10 @@ from typing import Any
 import anthropic
 import pytest
 
-from edge.engines.scripted import ScriptedReply
 from materializer.dataset import session_rows
 from rollbus.demo import _print_table
 from rollbus.sessions import table
+from rollbus.testing.scripted import ScriptedReply
 from tests.e2e.conftest import ADMIN_TOKEN
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from openai import OpenAI
 
-from edge.engines.scripted import ScriptedReply, default_logprobs
+from rollbus.testing.scripted import ScriptedReply, default_logprobs
 from schemas.events import RewardReported, SessionFinalized
 from tests.e2e.test_openai_session import open_session, wait_for_parquet
 

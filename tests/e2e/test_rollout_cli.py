@@ -19,7 +19,7 @@ import pytest
 
 from agent_framework.builtin import example_rows, write_parquet
 from edge.codec.tokenizer import load_tokenizer
-from edge.engines.scripted import ScriptedEngineServer, ScriptedReply
+from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply
 
 IM_END = 151645
 QUESTIONS = example_rows("arithmetic")[:4]

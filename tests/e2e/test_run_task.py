@@ -18,7 +18,7 @@ from agent_framework.builtin.tasks.arithmetic import parse_integer
 from agent_framework.config import RunnerConfig
 from agent_framework.dispatch import load_runner
 from agent_framework.session import SessionHandle
-from edge.engines.scripted import ScriptedReply
+from rollbus.testing.scripted import ScriptedReply
 
 IM_END = 151645
 ADD = example_rows("python_function")[0]  # def add(a, b); hidden tests: 3 asserts

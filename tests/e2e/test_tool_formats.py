@@ -13,10 +13,10 @@ from openai import OpenAI
 from edge.codec.conversation import template_message, template_tools
 from edge.codec.openai_wire import decode_request
 from edge.codec.tokenizer import load_tokenizer
-from edge.engines.scripted import ScriptedEngineServer, ScriptedReply
-from rollbus.nats_server import EmbeddedNats
-from rollbus.runtime import StackOptions
+from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply
 from schemas.log import LogConfig
+from stack.nats_server import EmbeddedNats
+from stack.runtime import StackOptions
 from tests.e2e.test_openai_session import open_session, wait_for_parquet
 from tests.stack import StackThread
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from edge.codec.tokenizer import Tokenizer, load_tokenizer
-from edge.engines.scripted import ScriptedEngineServer
+from rollbus.testing.scripted import ScriptedEngineServer
 from tests.integration.edges import responder
 
 

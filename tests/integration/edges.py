@@ -10,13 +10,13 @@ from typing import Any
 
 from edge.codec.openai_wire import decode_request
 from edge.codec.tokenizer import Tokenizer
-from edge.engines.scripted import ScriptedReply
 from edge.engines.sglang import SGLangEngine
 from edge.service import EdgeService, OpenSession
 from edge.settings import EdgeSettings
 from edge.turns import TurnOutcome, TurnRequest
-from rollbus.runtime import build_edge_service
+from rollbus.testing.scripted import ScriptedReply
 from schemas.log import LogConfig
+from stack.runtime import build_edge_service
 
 IM_END = 151645
 
@@ -42,17 +42,17 @@ def responder(tokenizer: Tokenizer):
     return reply
 
 
-def make_edge(js, cfg: LogConfig, engine_url: str, *, edge_id: str, clock: Callable[[], float], ttl: float = 10.0,
+def make_edge(nc, cfg: LogConfig, engine_url: str, *, edge_id: str, clock: Callable[[], float], ttl: float = 10.0,
               idle: float = 3600.0) -> EdgeService:
     settings = EdgeSettings(edge_id=edge_id, lease_ttl_s=ttl, idle_timeout_s=idle, log=cfg, max_trajectory_length=4096)
-    return build_edge_service(settings, js, SGLangEngine([engine_url]), clock=clock)
+    return build_edge_service(settings, nc, SGLangEngine([engine_url]), clock=clock)
 
 
 @contextlib.asynccontextmanager
-async def edges(js, cfg: LogConfig, engine_url: str, clock: Callable[[], float], *ids: str,
+async def edges(nc, cfg: LogConfig, engine_url: str, clock: Callable[[], float], *ids: str,
                 **opts: Any) -> AsyncIterator[list[EdgeService]]:
     """Edge services with the given ids (one each), their engine clients closed at the end."""
-    made = [make_edge(js, cfg, engine_url, edge_id=edge_id, clock=clock, **opts) for edge_id in ids]
+    made = [make_edge(nc, cfg, engine_url, edge_id=edge_id, clock=clock, **opts) for edge_id in ids]
     try:
         yield made
     finally:

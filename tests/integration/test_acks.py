@@ -80,18 +80,19 @@ class LosesFirstAck:
         return ack
 
 
-async def test_a_retry_after_a_lost_ack_finds_its_envelope_stored(js: JetStreamContext, log_config: LogConfig) -> None:
+async def test_a_retry_after_a_lost_ack_finds_its_envelope_stored(nc: Client, js: JetStreamContext,
+                                                                  log_config: LogConfig) -> None:
     """JetStream checks the expected last sequence before its duplicate window, so the retry is refused
     as "wrong last sequence"; the log then sees the stored envelope is this one, and the append succeeds."""
     script = SessionScript(session_id=SESSION)
-    log = JetStreamLog(js, log_config)
+    log = JetStreamLog(nc, log_config)
     lossy = log._publisher = LosesFirstAck(log._publisher)  # type: ignore[assignment]
     appended = await log.append(SESSION, script.events, 0)
     assert lossy.calls == 2 and appended.stream_seq == 1
     assert [m.seq for m in await read_all(js, log_config)] == [1]  # stored once
     # After a timeout, a refusal for another writer's envelope still means the session is lost.
     other = SessionScript(session_id=SESSION, uid="someone-else")
-    lossy = log._publisher = LosesFirstAck(AckedPublisher(js._nc), stores_first=False)  # type: ignore[assignment]
+    lossy = log._publisher = LosesFirstAck(AckedPublisher(nc), stores_first=False)  # type: ignore[assignment]
     with pytest.raises(OwnershipLost):
         await log.append(SESSION, [msgspec.structs.replace(other.events[0], seq=2)], 0)
     assert lossy.calls == 2 and [m.seq for m in await read_all(js, log_config)] == [1]

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from edge.engines.http import REFUSAL_CHARS, HttpEngine
-from edge.engines.scripted import ScriptedReply, ScriptedServer
+from rollbus.testing.scripted import ScriptedReply, ScriptedServer
 from schemas.errors import EngineError, EngineRefused, EngineUnavailable
 from tests.integration.test_engines_http import BACKENDS, STREAMED, TOKENS, Backend, request, run
 

@@ -15,10 +15,10 @@ import pytest
 
 from edge.engines import Engine, GenerateChunk, GenerateRequest, GenerateResult, SamplingParams
 from edge.engines.http import HttpEngine
-from edge.engines.scripted import ScriptedEngineServer, ScriptedReply, ScriptedServer, default_logprobs
-from edge.engines.scripted_vllm import ScriptedVLLMServer
 from edge.engines.sglang import SGLangEngine
 from edge.engines.vllm import VLLMEngine
+from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, ScriptedServer, default_logprobs
+from rollbus.testing.scripted_vllm import ScriptedVLLMServer
 from schemas.errors import EngineError, EngineTimeout, EngineUnavailable
 
 TOKENS = [11, 22, 33, 44, 55, 66, 77, 88, 99, 100]

@@ -10,10 +10,10 @@ import pytest
 
 from edge.engines import GenerateRequest, SamplingParams
 from edge.engines.http import HttpEngine
-from edge.engines.scripted import ScriptedEngineServer, ScriptedReply, ScriptedServer
-from edge.engines.scripted_vllm import ScriptedVLLMServer
 from edge.engines.sglang import SGLangEngine
 from edge.engines.vllm import VLLMEngine
+from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, ScriptedServer
+from rollbus.testing.scripted_vllm import ScriptedVLLMServer
 from schemas.errors import EngineError, EngineUnavailable
 
 KINDS = {"sglang": (ScriptedEngineServer, SGLangEngine), "vllm": (ScriptedVLLMServer, VLLMEngine)}

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from edge.engines import GenerateRequest, SamplingParams
-from edge.engines.scripted import ScriptedEngineServer, ScriptedReply
 from edge.engines.sglang import SGLangEngine
+from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply
 
 
 def request(**sampling: object) -> GenerateRequest:

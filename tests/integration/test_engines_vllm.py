@@ -11,9 +11,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from edge.engines import GenerateRequest, SamplingParams
-from edge.engines.scripted import ScriptedReply
-from edge.engines.scripted_vllm import ScriptedVLLMServer
 from edge.engines.vllm import VLLMEngine
+from rollbus.testing.scripted import ScriptedReply
+from rollbus.testing.scripted_vllm import ScriptedVLLMServer
 from schemas.errors import EngineError
 
 

@@ -29,9 +29,9 @@ async def aborted_reason(js, cfg, session_id: str) -> str | None:
     return last.reason if isinstance(last, SessionAborted) else None
 
 
-async def test_idle_sessions_are_aborted_and_their_memory_and_lease_released(js, log_config, engine):
+async def test_idle_sessions_are_aborted_and_their_memory_and_lease_released(nc, js, log_config, engine):
     clock = FakeClock()
-    async with edges(js, log_config, engine.url, clock, "a", idle=60) as (edge,):
+    async with edges(nc, log_config, engine.url, clock, "a", idle=60) as (edge,):
         idle, busy, recent = [await Agent.open(edge) for _ in range(3)]
         await idle.turn(edge, "hello")
         live = await edge.registry.get(idle.session_id)
@@ -55,8 +55,8 @@ async def test_idle_sessions_are_aborted_and_their_memory_and_lease_released(js,
         assert sys.getrefcount(token_buffer) == 2  # this test's name and the call's argument: nothing else
 
 
-async def test_finalize_releases_the_live_state_and_the_lease(js, log_config, engine):
-    async with edges(js, log_config, engine.url, FakeClock(), "a") as (edge,):
+async def test_finalize_releases_the_live_state_and_the_lease(nc, js, log_config, engine):
+    async with edges(nc, log_config, engine.url, FakeClock(), "a") as (edge,):
         agent = await Agent.open(edge)
         await agent.turn(edge, "hello")
         watch = weakref.ref(await edge.registry.get(agent.session_id))
@@ -68,9 +68,9 @@ async def test_finalize_releases_the_live_state_and_the_lease(js, log_config, en
         assert (await edge.summary(agent.session_id)).status == "finalized"
 
 
-async def test_an_orphan_left_by_a_dead_edge_is_aborted_by_another(js, log_config, engine):
+async def test_an_orphan_left_by_a_dead_edge_is_aborted_by_another(nc, js, log_config, engine):
     clock = FakeClock()
-    async with edges(js, log_config, engine.url, clock, "dead", "other", idle=60) as (dead, other):
+    async with edges(nc, log_config, engine.url, clock, "dead", "other", idle=60) as (dead, other):
         orphan, alive = await Agent.open(dead), await Agent.open(dead)
         await orphan.turn(dead, "hello")
         clock.advance(61)
@@ -83,8 +83,8 @@ async def test_an_orphan_left_by_a_dead_edge_is_aborted_by_another(js, log_confi
         assert not other.registry.holds(orphan.session_id) and not other.registry.holds(alive.session_id)
 
 
-async def test_the_running_keeper_aborts_an_idle_session(js, log_config, engine):
-    async with edges(js, log_config, engine.url, time.time, "a", idle=0.3) as (edge,):
+async def test_the_running_keeper_aborts_an_idle_session(nc, js, log_config, engine):
+    async with edges(nc, log_config, engine.url, time.time, "a", idle=0.3) as (edge,):
         agent = await Agent.open(edge)
         stop = asyncio.Event()
         task = asyncio.create_task(keeper(edge, js, log_config, time.time, 0.3).run(stop))
@@ -97,9 +97,9 @@ async def test_the_running_keeper_aborts_an_idle_session(js, log_config, engine)
         assert await aborted_reason(js, log_config, agent.session_id) == "idle_timeout"
 
 
-async def test_a_sweep_lets_go_of_a_session_that_is_not_idle_after_all(js, log_config, engine):
+async def test_a_sweep_lets_go_of_a_session_that_is_not_idle_after_all(nc, js, log_config, engine):
     clock = FakeClock()
-    async with edges(js, log_config, engine.url, clock, "dead", "other", idle=60) as (dead, other):
+    async with edges(nc, log_config, engine.url, clock, "dead", "other", idle=60) as (dead, other):
         agent = await Agent.open(dead)
         await agent.turn(dead, "hello")
         async with running(Projector(js, log_config)):
@@ -107,7 +107,7 @@ async def test_a_sweep_lets_go_of_a_session_that_is_not_idle_after_all(js, log_c
         clock.advance(61)
         live = await dead.registry.get(agent.session_id)
         late = RewardReported(session_id=agent.session_id, seq=live.state.seq + 1, time=clock(), reward=1.0)
-        await JetStreamLog(js, log_config).append(agent.session_id, [late], live.stream_seq)  # the projection lags
+        await JetStreamLog(nc, log_config).append(agent.session_id, [late], live.stream_seq)  # the projection lags
         assert await keeper(other, js, log_config, clock, 60).sweep() == 0
         assert await aborted_reason(js, log_config, agent.session_id) is None
         assert not other.registry.holds(agent.session_id)

@@ -57,8 +57,8 @@ async def renew_during_a_request(edge: EdgeService, live: LiveSession, clock: Fa
         await keeper.tick()
 
 
-async def test_a_renewal_applied_but_timed_out_keeps_the_session(js, log_config, engine, clock) -> None:
-    async with edges(js, log_config, engine.url, clock, "edge-a", ttl=TTL) as (edge,):
+async def test_a_renewal_applied_but_timed_out_keeps_the_session(nc, js, log_config, engine, clock) -> None:
+    async with edges(nc, log_config, engine.url, clock, "edge-a", ttl=TTL) as (edge,):
         agent = await Agent.open(edge)
         await agent.turn(edge, "one")
         live = edge.registry.peek(agent.session_id)
@@ -78,9 +78,9 @@ async def test_a_renewal_applied_but_timed_out_keeps_the_session(js, log_config,
     assert state.turns == 2
 
 
-async def test_a_renewal_whose_read_back_also_fails_is_resolved_by_the_next_write(js, log_config, engine,
+async def test_a_renewal_whose_read_back_also_fails_is_resolved_by_the_next_write(nc, js, log_config, engine,
                                                                                   clock) -> None:
-    async with edges(js, log_config, engine.url, clock, "edge-a", ttl=TTL) as (edge,):
+    async with edges(nc, log_config, engine.url, clock, "edge-a", ttl=TTL) as (edge,):
         agent = await Agent.open(edge)
         await agent.turn(edge, "one")
         live = edge.registry.peek(agent.session_id)
@@ -100,8 +100,8 @@ async def test_a_renewal_whose_read_back_also_fails_is_resolved_by_the_next_writ
         assert current is not None and current.edge_id == "edge-a" and revision == live.lease.revision > stale
 
 
-async def test_a_timed_out_renewal_of_a_lease_taken_elsewhere_is_lost(js, log_config, engine, clock) -> None:
-    async with edges(js, log_config, engine.url, clock, "edge-a", ttl=TTL) as (edge,):
+async def test_a_timed_out_renewal_of_a_lease_taken_elsewhere_is_lost(nc, js, log_config, engine, clock) -> None:
+    async with edges(nc, log_config, engine.url, clock, "edge-a", ttl=TTL) as (edge,):
         agent = await Agent.open(edge)
         await agent.turn(edge, "one")
         live = edge.registry.peek(agent.session_id)

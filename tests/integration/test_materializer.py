@@ -69,9 +69,9 @@ def _expected_records(scripts):
     return records
 
 
-async def test_ended_sessions_land_once_with_their_markers_and_prompt_progress(js, log_config, tmp_path):
+async def test_ended_sessions_land_once_with_their_markers_and_prompt_progress(nc, js, log_config, tmp_path):
     scripts = workload(prompts=6, n=3, seed=1)
-    log = JetStreamLog(js, log_config)
+    log = JetStreamLog(nc, log_config)
     sink = ParquetSink(tmp_path / "trajectories")
     async with running(js, log_config, sink) as materializer:
         for script in scripts:
@@ -96,9 +96,9 @@ async def test_ended_sessions_land_once_with_their_markers_and_prompt_progress(j
     assert all(p.published == "" for p, _ in progress.values())  # nothing published without TransferQueue
 
 
-async def test_rows_equal_the_pure_derivation(js, log_config, tmp_path):
+async def test_rows_equal_the_pure_derivation(nc, js, log_config, tmp_path):
     scripts = workload(prompts=3, n=2, seed=2)
-    log = JetStreamLog(js, log_config)
+    log = JetStreamLog(nc, log_config)
     sink = ParquetSink(tmp_path / "t")
     async with running(js, log_config, sink):
         for script in scripts:
@@ -112,10 +112,10 @@ async def test_rows_equal_the_pure_derivation(js, log_config, tmp_path):
         assert (row["rollout_log_probs"] is None) == (record.rollout_log_probs is None)
 
 
-async def test_a_batch_staged_before_a_crash_is_committed_or_discarded_on_restart(js, log_config, tmp_path):
+async def test_a_batch_staged_before_a_crash_is_committed_or_discarded_on_restart(nc, js, log_config, tmp_path):
     scripts = workload(prompts=2, n=2, seed=3)[:3]
     states = [fold(s.events) for s in scripts]
-    log = JetStreamLog(js, log_config)
+    log = JetStreamLog(nc, log_config)
     for script in scripts:
         await append(log, script)
     sink = ParquetSink(tmp_path / "t")
@@ -135,12 +135,12 @@ async def test_a_batch_staged_before_a_crash_is_committed_or_discarded_on_restar
     assert Counter(sink.read().column("key").to_pylist()) == Counter(r.key for r in records)
 
 
-async def test_a_batch_that_fails_between_its_markers_is_finished_by_the_next_write(js, log_config, tmp_path):
+async def test_a_batch_that_fails_between_its_markers_is_finished_by_the_next_write(nc, js, log_config, tmp_path):
     from schemas.errors import LogUnavailable
     from session_projector.reader import load_state
 
     scripts = workload(prompts=2, n=2, seed=8)
-    log = JetStreamLog(js, log_config)
+    log = JetStreamLog(nc, log_config)
     for script in scripts:
         await append(log, script)
     markers = Markers(await open_bucket(js, log_config.markers_bucket), 5.0)
@@ -195,8 +195,8 @@ async def batch_writer(js, cfg, sink, **kwargs) -> BatchWriter:
                        ledger=PromptLedger(await open_bucket(js, cfg.prompts_bucket), 5.0), parquet=sink, **kwargs)
 
 
-async def appended(js, cfg, *scripts: SessionScript) -> list[str]:
-    log = JetStreamLog(js, cfg)
+async def appended(nc, cfg, *scripts: SessionScript) -> list[str]:
+    log = JetStreamLog(nc, cfg)
     for script in scripts:
         await append(log, script)
     return [script.session_id for script in scripts]
@@ -207,7 +207,7 @@ async def progress_of(js, cfg, uid):
     return (await ledger.load([uid]))[uid][0]
 
 
-async def test_a_session_s_metadata_chooses_its_record_options_and_its_marker_says_which(js, log_config,
+async def test_a_session_s_metadata_chooses_its_record_options_and_its_marker_says_which(nc, js, log_config,
                                                                                          tmp_path, caplog):
     from materializer.verify import compare
 
@@ -218,7 +218,7 @@ async def test_a_session_s_metadata_chooses_its_record_options_and_its_marker_sa
     sink = ParquetSink(tmp_path / "t")
     writer = await batch_writer(js, log_config, sink, rollout_n=4)
     with caplog.at_level(logging.WARNING, logger="materializer.metadata"):
-        await writer.write(await appended(js, log_config, *scripts))
+        await writer.write(await appended(nc, log_config, *scripts))
     assert "trajectory_selection='shortest' is not all or longest" in caplog.text
     rows = {row["key"]: row for row in sink.read().to_pylist()}
     assert sorted(rows) == ["u1_0_1", "u1_1_0", "u1_1_1", "u1_2_0", "u1_2_1", "u1_3_0"]  # only 0 chose longest
@@ -231,22 +231,22 @@ async def test_a_session_s_metadata_chooses_its_record_options_and_its_marker_sa
         assert compare(fold(script.events), markers[script.session_id]) == []
 
 
-async def test_a_newer_attempt_restarts_its_prompt_and_older_sessions_are_not_counted(js, log_config, tmp_path):
+async def test_a_newer_attempt_restarts_its_prompt_and_older_sessions_are_not_counted(nc, js, log_config, tmp_path):
     old = [prompt_session("u2", i, rollout_n=2, attempt=10) for i in range(2)]
     new = [prompt_session("u2", i, rollout_n=3, attempt=20, global_steps=6, prompt_status_rule="all_success")
            for i in range(3)]
     sink = ParquetSink(tmp_path / "t")
     writer = await batch_writer(js, log_config, sink)
-    await writer.write(await appended(js, log_config, old[0]))
+    await writer.write(await appended(nc, log_config, old[0]))
     assert (await progress_of(js, log_config, "u2")).attempt == 10
-    await writer.write(await appended(js, log_config, old[1], new[0], new[1]))  # the old one first in the batch
+    await writer.write(await appended(nc, log_config, old[1], new[0], new[1]))  # the old one first in the batch
     progress = await progress_of(js, log_config, "u2")
     assert (progress.attempt, progress.expected, progress.global_steps, progress.rule) == (20, 3, 6, "all_success")
     assert {i: o.session_id for i, o in progress.outcomes.items()} == {"0": new[0].session_id,
                                                                       "1": new[1].session_id}
     assert progress.status == "running"  # old[1] would have finished attempt 10, and attempt 20 with it
     await writer.write([old[0].session_id, old[1].session_id])  # redelivered: still not counted
-    await writer.write(await appended(js, log_config, new[2]))
+    await writer.write(await appended(nc, log_config, new[2]))
     progress = await progress_of(js, log_config, "u2")
     assert progress.status == "finished" and set(progress.outcomes) == {"0", "1", "2"}
     markers = await writer.markers.get_many(s.session_id for s in old + new)
@@ -255,11 +255,11 @@ async def test_a_newer_attempt_restarts_its_prompt_and_older_sessions_are_not_co
     assert set(sessions) == {s.session_id for s in old + new}  # the stale session's records are kept in Parquet
 
 
-async def test_all_success_fails_a_prompt_one_of_whose_sessions_was_aborted(js, log_config, tmp_path):
+async def test_all_success_fails_a_prompt_one_of_whose_sessions_was_aborted(nc, js, log_config, tmp_path):
     strict = [prompt_session("u3", i, rollout_n=3, abort=i == 1, prompt_status_rule="all_success")
               for i in range(3)]
     lenient = [prompt_session("u4", i, rollout_n=3, abort=i == 1) for i in range(3)]
     writer = await batch_writer(js, log_config, ParquetSink(tmp_path / "t"))
-    await writer.write(await appended(js, log_config, *strict, *lenient))
+    await writer.write(await appended(nc, log_config, *strict, *lenient))
     assert (await progress_of(js, log_config, "u3")).status == "failure"
     assert (await progress_of(js, log_config, "u4")).status == "finished"

@@ -17,7 +17,8 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
-from rollbus.nats_server import (
+from schemas.log import HDR_MSG_ID, LogConfig
+from stack.nats_server import (
     DEFAULT_MEMORY_LIMIT,
     ENV_BINARY,
     ENV_GO_MEMORY_LIMIT,
@@ -25,8 +26,7 @@ from rollbus.nats_server import (
     EmbeddedNatsError,
     NatsServerNotFound,
 )
-from rollbus.provision import connect, provision
-from schemas.log import HDR_MSG_ID, LogConfig
+from stack.provision import connect, provision
 
 
 def _healthz(server: EmbeddedNats) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from edge.publisher import JetStreamLog
@@ -35,10 +36,10 @@ def _script(index: int, turns: int, end: str | None) -> SessionScript:
 SCRIPTS = [_script(i, 2 + i % 4, (None, "finalized", "aborted")[i % 3]) for i in range(9)]
 
 
-async def _write(js: JetStreamContext, cfg: LogConfig, scripts: list[SessionScript], upto: float = 1.0,
+async def _write(nc: Client, cfg: LogConfig, scripts: list[SessionScript], upto: float = 1.0,
                  after: dict[str, int] | None = None, start: float = 0.0) -> dict[str, int]:
     """Append the fraction [start, upto) of each session's envelopes; returns stream positions."""
-    log = JetStreamLog(js, cfg)
+    log = JetStreamLog(nc, cfg)
     positions = dict(after or {})
     for script in scripts:
         groups = envelopes(script.events)
@@ -57,8 +58,8 @@ async def _ready(js: JetStreamContext, cfg: LogConfig) -> list[str]:
     return out
 
 
-async def test_projections_equal_the_fold_and_hold_no_tokens(js, log_config):
-    await _write(js, log_config, SCRIPTS)
+async def test_projections_equal_the_fold_and_hold_no_tokens(nc, js, log_config):
+    await _write(nc, log_config, SCRIPTS)
     async with running(Projector(js, log_config)):
         await wait_projected(js, log_config, {s.session_id: len(s.events) for s in SCRIPTS})
     for script in SCRIPTS:
@@ -72,13 +73,13 @@ async def test_projections_equal_the_fold_and_hold_no_tokens(js, log_config):
     assert sorted(await _ready(js, log_config)) == ended  # a ready signal for every ended session
 
 
-async def test_a_restarted_projector_continues_sessions_it_saw_half_of(js, log_config):
-    positions = await _write(js, log_config, SCRIPTS, upto=0.5)
+async def test_a_restarted_projector_continues_sessions_it_saw_half_of(nc, js, log_config):
+    positions = await _write(nc, log_config, SCRIPTS, upto=0.5)
     half = {s.session_id: sum(len(g) for g in envelopes(s.events)[: len(envelopes(s.events)) // 2])
             for s in SCRIPTS}
     async with running(Projector(js, log_config)):
         await wait_projected(js, log_config, half)
-    await _write(js, log_config, SCRIPTS, start=0.5, after=positions)
+    await _write(nc, log_config, SCRIPTS, start=0.5, after=positions)
     async with running(Projector(js, log_config)) as second:
         await wait_projected(js, log_config, {s.session_id: len(s.events) for s in SCRIPTS})
     assert second.rebuilt == 0  # it went on from the stored projections, without replaying
@@ -87,15 +88,15 @@ async def test_a_restarted_projector_continues_sessions_it_saw_half_of(js, log_c
         assert projection is not None and summarize(projection.state) == summarize(fold(script.events))
 
 
-async def test_a_lost_projection_is_rebuilt_from_the_log(js, log_config):
+async def test_a_lost_projection_is_rebuilt_from_the_log(nc, js, log_config):
     script = SCRIPTS[4]
-    positions = await _write(js, log_config, [script], upto=0.5)
+    positions = await _write(nc, log_config, [script], upto=0.5)
     async with running(Projector(js, log_config)):
         await wait_projected(js, log_config, {script.session_id: sum(len(g) for g in envelopes(script.events)[
             : len(envelopes(script.events)) // 2])})
     kv = await js.key_value(log_config.projections_bucket)
     await kv.delete(script.session_id)
-    await _write(js, log_config, [script], start=0.5, after=positions)
+    await _write(nc, log_config, [script], start=0.5, after=positions)
     async with running(Projector(js, log_config)) as projector:
         await wait_projected(js, log_config, {script.session_id: len(script.events)})
     assert projector.rebuilt == 1
@@ -103,8 +104,8 @@ async def test_a_lost_projection_is_rebuilt_from_the_log(js, log_config):
     assert projection is not None and summarize(projection.state) == summarize(fold(script.events))
 
 
-async def test_redelivered_envelopes_are_skipped(js, log_config):
-    await _write(js, log_config, SCRIPTS[:3])
+async def test_redelivered_envelopes_are_skipped(nc, js, log_config):
+    await _write(nc, log_config, SCRIPTS[:3])
     async with running(Projector(js, log_config)):
         await wait_projected(js, log_config, {s.session_id: len(s.events) for s in SCRIPTS[:3]})
     kv = await js.key_value(log_config.projections_bucket)
@@ -116,19 +117,19 @@ async def test_redelivered_envelopes_are_skipped(js, log_config):
     assert {s.session_id: (await kv.get(s.session_id)).revision for s in SCRIPTS[:3]} == revisions
 
 
-async def test_current_summary_folds_the_tail_the_projector_has_not_seen(js, log_config):
+async def test_current_summary_folds_the_tail_the_projector_has_not_seen(nc, js, log_config):
     script = SCRIPTS[1]
-    positions = await _write(js, log_config, [script], upto=0.5)
+    positions = await _write(nc, log_config, [script], upto=0.5)
     assert await current_summary(js, log_config, script.session_id) is None  # nothing projected yet
     async with running(Projector(js, log_config)):
         await wait_projected(js, log_config, {script.session_id: sum(len(g) for g in envelopes(script.events)[
             : len(envelopes(script.events)) // 2])})
-    await _write(js, log_config, [script], start=0.5, after=positions)
+    await _write(nc, log_config, [script], start=0.5, after=positions)
     assert await current_summary(js, log_config, script.session_id) == summarize(fold(script.events))
 
 
-async def test_concurrent_writers_are_refused_by_revision(js, log_config):
-    await _write(js, log_config, SCRIPTS[:1])
+async def test_concurrent_writers_are_refused_by_revision(nc, js, log_config):
+    await _write(nc, log_config, SCRIPTS[:1])
     async with running(Projector(js, log_config)):
         await wait_projected(js, log_config, {SCRIPTS[0].session_id: len(SCRIPTS[0].events)})
     one, other = ProjectionStore(js, log_config), ProjectionStore(js, log_config)

@@ -10,8 +10,6 @@ from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType
 from nats.js.errors import BadRequestError
 
-from rollbus.nats_server import EmbeddedNats
-from rollbus.provision import ProvisionError, connect, provision
 from schemas.errors import LogUnavailable
 from schemas.log import (
     HDR_EXPECTED_LAST_SUBJECT_SEQ,
@@ -21,6 +19,8 @@ from schemas.log import (
     LogConfig,
     msg_id,
 )
+from stack.nats_server import EmbeddedNats
+from stack.provision import ProvisionError, connect, provision
 
 SESSION = "0123456789abcdef"
 OTHER_SESSION = "fedcba9876543210"

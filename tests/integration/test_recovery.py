@@ -39,8 +39,8 @@ async def stored_tokens(js, cfg, session_id: str) -> list[int]:
     return state.chains[0].token_ids()
 
 
-async def test_another_edge_takes_over_once_the_lease_lapses_and_the_old_one_stops(js, log_config, engine, clock):
-    async with edges(js, log_config, engine.url, clock, "a", "b") as (a, b):
+async def test_another_edge_takes_over_once_the_lease_lapses_and_the_old_one_stops(nc, js, log_config, engine, clock):
+    async with edges(nc, log_config, engine.url, clock, "a", "b") as (a, b):
         agent = await Agent.open(a)
         await agent.turn(a, "one")
         before = await stored_tokens(js, log_config, agent.session_id)
@@ -65,8 +65,8 @@ async def test_another_edge_takes_over_once_the_lease_lapses_and_the_old_one_sto
     assert state.turns == 2 and state.requests == 2
 
 
-async def test_an_edge_restarted_with_the_same_id_takes_its_sessions_back_at_once(js, log_config, engine, clock):
-    async with edges(js, log_config, engine.url, clock, "a", "a") as (first, restarted):
+async def test_an_edge_restarted_with_the_same_id_takes_its_sessions_back_at_once(nc, js, log_config, engine, clock):
+    async with edges(nc, log_config, engine.url, clock, "a", "a") as (first, restarted):
         agent = await Agent.open(first)
         await agent.turn(first, "one")
         before = await stored_tokens(js, log_config, agent.session_id)
@@ -75,14 +75,14 @@ async def test_an_edge_restarted_with_the_same_id_takes_its_sessions_back_at_onc
     assert after[: len(before)] == before and len(after) > len(before)
 
 
-async def test_a_foreign_append_drops_the_live_state_and_the_session_reloads(js, log_config, engine, clock):
-    async with edges(js, log_config, engine.url, clock, "a") as (a,):
+async def test_a_foreign_append_drops_the_live_state_and_the_session_reloads(nc, js, log_config, engine, clock):
+    async with edges(nc, log_config, engine.url, clock, "a") as (a,):
         agent = await Agent.open(a)
         await agent.turn(a, "one")
         live = await a.registry.get(agent.session_id)
         # Someone else writes the session behind this edge's back (the log's sequence check still holds).
         foreign = RewardReported(session_id=agent.session_id, seq=live.state.seq + 1, time=clock(), reward=0.5)
-        await JetStreamLog(js, log_config).append(agent.session_id, [foreign], live.stream_seq)
+        await JetStreamLog(nc, log_config).append(agent.session_id, [foreign], live.stream_seq)
         with pytest.raises(OwnershipLost):
             await agent.send(a, agent.request("two"))
         assert not a.registry.holds(agent.session_id)
@@ -91,8 +91,8 @@ async def test_a_foreign_append_drops_the_live_state_and_the_session_reloads(js,
     assert state.reward is not None and state.reward.reward == 0.5 and state.turns == 2
 
 
-async def test_retries_get_the_recorded_completion_also_after_a_restart(js, log_config, engine, clock):
-    async with edges(js, log_config, engine.url, clock, "a", "a") as (first, restarted):
+async def test_retries_get_the_recorded_completion_also_after_a_restart(nc, js, log_config, engine, clock):
+    async with edges(nc, log_config, engine.url, clock, "a", "a") as (first, restarted):
         agent = await Agent.open(first)
         request = agent.request("one", key="req-1")
         original = await agent.send(first, request)
@@ -113,8 +113,8 @@ async def test_retries_get_the_recorded_completion_also_after_a_restart(js, log_
 
 
 async def test_a_summary_of_a_session_held_elsewhere_comes_from_its_projection_without_taking_it(
-        js, log_config, engine, clock):
-    async with edges(js, log_config, engine.url, clock, "a", "b") as (a, b):
+        nc, js, log_config, engine, clock):
+    async with edges(nc, log_config, engine.url, clock, "a", "b") as (a, b):
         agent = await Agent.open(a)
         await agent.turn(a, "one")
         unprojected = await b.summary(agent.session_id)  # no projection yet: replayed
@@ -130,8 +130,8 @@ async def test_a_summary_of_a_session_held_elsewhere_comes_from_its_projection_w
         assert lease is not None and lease.edge_id == "a"  # reading took nothing over
 
 
-async def test_concurrent_takeovers_have_exactly_one_winner(js, log_config, engine, clock):
-    async with edges(js, log_config, engine.url, clock, "a", "b", "c", "d") as (a, *others):
+async def test_concurrent_takeovers_have_exactly_one_winner(nc, js, log_config, engine, clock):
+    async with edges(nc, log_config, engine.url, clock, "a", "b", "c", "d") as (a, *others):
         agent = await Agent.open(a)
         await agent.turn(a, "one")
         clock.advance(13)

@@ -41,10 +41,10 @@ def _script(i: int) -> SessionScript:
 
 
 @pytest.fixture
-async def logged(js, log_config):
+async def logged(nc, js, log_config):
     """Hundreds of sessions in the log, and a marker for every finalized one."""
     scripts = [_script(i) for i in range(SESSIONS)]
-    log = JetStreamLog(js, log_config)
+    log = JetStreamLog(nc, log_config)
     for script in scripts:
         await append_all(log, script.session_id, envelopes(script.events))
     markers = await js.key_value(log_config.markers_bucket)
@@ -151,7 +151,7 @@ async def test_sessions_lists_and_filters_the_projections(js, log_config, logged
     assert f"5 of {SESSIONS} matching sessions shown" in out
 
 
-async def test_request_bodies_are_printed_byte_exact_and_a_forged_one_is_found(js, log_config, capsysbinary):
+async def test_request_bodies_are_printed_byte_exact_and_a_forged_one_is_found(nc, js, log_config, capsysbinary):
     """Bodies stored as parts against earlier ones come back byte for byte (``--request N``); a
     request whose parts do not rebuild the body it was recorded with is a ``request_body`` difference."""
     from schemas.bodies import parts_against
@@ -170,7 +170,7 @@ async def test_request_bodies_are_printed_byte_exact_and_a_forged_one_is_found(j
     forged = next(i for i, e in enumerate(script.events) if getattr(e, "request_no", 0) == 3)
     script.events[forged] = msgspec.structs.replace(script.events[forged], body_digest="0" * 64)
     script.finalize()
-    await append_all(JetStreamLog(js, log_config), script.session_id, envelopes(script.events))
+    await append_all(JetStreamLog(nc, log_config), script.session_id, envelopes(script.events))
 
     for n, body in enumerate(bodies, 1):
         assert await replay_main(js, log_config, args(script.session_id, "--request", str(n))) == 0

@@ -19,8 +19,8 @@ torch = pytest.importorskip("torch")
 from edge.codec.conversation import Message, ToolSpec  # noqa: E402
 from edge.codec.gguf import smollm2_gguf_path  # noqa: E402
 from edge.codec.incremental import TemplateCodec  # noqa: E402
+from edge.codec.parsers import make_parser  # noqa: E402
 from edge.codec.tokenizer import Tokenizer, load_tokenizer  # noqa: E402
-from edge.codec.tool_parsers import get_parser  # noqa: E402
 from edge.engines import GenerateRequest, LocalEngine, SamplingParams  # noqa: E402
 from schemas.events import ToolCall  # noqa: E402
 
@@ -85,7 +85,7 @@ def test_a_rendered_tool_call_parses_back(tokenizer: Tokenizer) -> None:
     text = TemplateCodec(tokenizer).prompt_text(messages, TOOLS)
     turn = text.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
     assert turn == '<tool_call>[{"name": "calculator", "arguments": {"expression": "6*7"}}]</tool_call>'
-    parsed = get_parser("smollm2").parse(turn, lambda i: f"c{i}")
+    parsed = make_parser("smollm2").parse(turn, lambda i: f"c{i}")
     assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [("calculator", {"expression": "6*7"})]
     assert "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>" in text
 

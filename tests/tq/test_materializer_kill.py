@@ -28,11 +28,11 @@ from materializer.prompts import RANK
 from materializer.records import derive_records
 from materializer.service import Materializer, MaterializerOptions
 from materializer.transfer_queue import TransferQueueSink
-from rollbus.nats_server import EmbeddedNats
-from rollbus.provision import connect, provision
 from schemas.log import LogConfig
 from session_projector.fold import fold
 from session_projector.service import Projector
+from stack.nats_server import EmbeddedNats
+from stack.provision import connect, provision
 from tests.sessions import append, expected_statuses, workload
 from tests.tq.readers import parquet_rows, tq_partition
 
@@ -111,7 +111,7 @@ async def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tq_cluster
         nc = await connect(server.url, name="chaos-test")
         js, cfg = nc.jetstream(), LogConfig()
         await provision(js, cfg)
-        log, stop = JetStreamLog(js, cfg), asyncio.Event()
+        log, stop = JetStreamLog(nc, cfg), asyncio.Event()
         projector = asyncio.ensure_future(Projector(js, cfg).run(stop))
         seen: dict[str, list[str]] = {}
         watcher = asyncio.ensure_future(_watch_statuses(partition, seen, stop))

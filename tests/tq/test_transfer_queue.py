@@ -37,9 +37,9 @@ async def materializing(js, cfg, tmp_path, partition, **options):
         await asyncio.gather(*tasks)
 
 
-async def test_verl_protocol_keys_tags_and_prompt_statuses(js, log_config, tmp_path, partition):
+async def test_verl_protocol_keys_tags_and_prompt_statuses(nc, js, log_config, tmp_path, partition):
     scripts = workload(prompts=10, n=3, seed=5)
-    log = JetStreamLog(js, log_config)
+    log = JetStreamLog(nc, log_config)
     async with materializing(js, log_config, tmp_path, partition) as sink:
         for script in scripts:
             await append(log, script)
@@ -62,9 +62,9 @@ async def test_verl_protocol_keys_tags_and_prompt_statuses(js, log_config, tmp_p
         assert row["extra_fields"]["session_index"] == int(index) and row["data_source"] == "synthetic"
 
 
-async def test_a_verl_style_consumer_gets_tensors_equal_to_the_parquet_rows(js, log_config, tmp_path, partition):
+async def test_a_verl_style_consumer_gets_tensors_equal_to_the_parquet_rows(nc, js, log_config, tmp_path, partition):
     scripts = workload(prompts=6, n=2, seed=9)
-    log = JetStreamLog(js, log_config)
+    log = JetStreamLog(nc, log_config)
     async with materializing(js, log_config, tmp_path, partition) as sink:
         for script in scripts:
             await append(log, script)
@@ -94,7 +94,7 @@ async def test_a_verl_style_consumer_gets_tensors_equal_to_the_parquet_rows(js, 
             assert batch["rm_scores"][j].sum().item() == pytest.approx(data["rm_scores"].unbind()[i].sum().item())
 
 
-async def test_a_prompt_consumed_before_a_restart_is_not_brought_back(js, log_config, tmp_path, partition):
+async def test_a_prompt_consumed_before_a_restart_is_not_brought_back(nc, js, log_config, tmp_path, partition):
     """A crash after the terminal status was written but before it was recorded: the trainer took the group."""
     (script,) = workload(prompts=1, n=1, seed=1)
     ledger = PromptLedger(await open_bucket(js, log_config.prompts_bucket), 5.0)
@@ -112,20 +112,20 @@ async def test_a_prompt_consumed_before_a_restart_is_not_brought_back(js, log_co
         session_id=script.session_id, stream_seq=1, uid=state.uid, session_index=0,
         digests={r.key: record_digest(r) for r in derive_records(state)}))
     async with materializing(js, log_config, tmp_path, partition):
-        await append(JetStreamLog(js, log_config), script)
+        await append(JetStreamLog(nc, log_config), script)
         await _drained(js, log_config, 1)
     assert tq.kv_list(partition_id=partition).get(partition, {}) == {}  # not resurrected
     (progress, _), = (await ledger.load(["q00000"])).values()
     assert progress.published == "finished" and progress.publishing == ""
 
 
-async def test_aborted_prompt_fails_and_late_sessions_stay_out_of_transfer_queue(js, log_config, tmp_path,
+async def test_aborted_prompt_fails_and_late_sessions_stay_out_of_transfer_queue(nc, js, log_config, tmp_path,
                                                                                 partition):
     scripts = [s for s in workload(prompts=4, n=2, seed=3) if s.session_id[:16] in ("0" * 15 + "3", "0" * 16)]
     extra = msgspec.structs.replace  # a third session of a prompt that expects two
     late = workload(prompts=1, n=3, seed=3)[2]
     late.events[0] = extra(late.events[0], metadata={"global_steps": 4, "rollout_n": 2})
-    log = JetStreamLog(js, log_config)
+    log = JetStreamLog(nc, log_config)
     async with materializing(js, log_config, tmp_path, partition) as sink:
         for script in scripts:
             await append(log, script)
@@ -138,7 +138,7 @@ async def test_aborted_prompt_fails_and_late_sessions_stay_out_of_transfer_queue
     assert any(row["key"].startswith("q00000_2_") for row in parquet_rows(sink.directory))  # kept in the dataset
 
 
-async def test_a_ray_reward_worker_scores_sessions_without_a_task_reward(js, log_config, tmp_path, partition):
+async def test_a_ray_reward_worker_scores_sessions_without_a_task_reward(nc, js, log_config, tmp_path, partition):
     """A Ray actor with verl's reward-worker contract (``compute_score.remote(data) -> {"reward_score", ...}``)."""
     import ray
 
@@ -151,7 +151,7 @@ async def test_a_ray_reward_worker_scores_sessions_without_a_task_reward(js, log
 
     scorer = RewardLoopScorer([Judge.remote()], build_input=lambda r: {"responses": r.trajectory.responses.tolist()})
     scripts = [s for s in workload(prompts=2, n=2, seed=6) if s.session_id[:16] == "0" * 16]
-    log = JetStreamLog(js, log_config)
+    log = JetStreamLog(nc, log_config)
     stop = asyncio.Event()
     sink = ParquetSink(tmp_path / "trajectories")
     materializer = Materializer(js, log_config, sink, tq=TransferQueueSink(partition), scorer=scorer,

@@ -29,7 +29,7 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.utils.import_utils import load_class_from_fqn
 
 from edge.codec.tokenizer import load_tokenizer
-from edge.engines.scripted import ScriptedEngineServer
+from rollbus.testing.scripted import ScriptedEngineServer
 from tests.tq.verl_side import WEIGHTS, ScriptedLLMClient, peak_overlap, responder, rollout_batch, verl_config
 
 FQN = "agent_framework.AgentFrameworkRolloutAdapter"

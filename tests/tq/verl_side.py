@@ -16,8 +16,8 @@ from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
 from edge.engines.base import GenerateRequest, SamplingParams
-from edge.engines.scripted import ScriptedReply
 from edge.engines.sglang import SGLangEngine
+from rollbus.testing.scripted import ScriptedReply
 
 IM_END = 151645
 WEIGHTS = 5  # the weight version the scripted server reports (verl's global_steps of the weights)

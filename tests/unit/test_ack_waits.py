@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from edge.acks import Ack, AckWaits
+from edge.acks import PROBE_S, Ack, AckWaits, PublishRefused
 
 
 async def _timed_out(waits: AckWaits, timeout: float) -> float:
@@ -48,11 +48,34 @@ async def test_a_publish_outlives_the_deadline_of_one_answered_before_it() -> No
     assert 0.2 <= elapsed < 0.3
 
 
-async def test_fail_all_gives_each_publish_an_error_of_its_own() -> None:
+async def test_a_publish_found_refused_fails_at_the_next_probe_and_the_others_wait_on() -> None:
+    refused = {"rb.denied"}
+    seen: list[tuple[str, object]] = []
+
+    def refusal(subject: str, since: object) -> BaseException | None:
+        seen.append((subject, since))
+        return PublishRefused(subject) if subject in refused else None
+
+    waits = AckWaits(refusal)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    denied = asyncio.ensure_future(waits.wait(lambda token: None, 5.0, subject="rb.denied", since="before"))
+    allowed = asyncio.ensure_future(waits.wait(lambda token: None, 0.3, subject="rb.allowed"))
+    with pytest.raises(PublishRefused):
+        await denied
+    assert loop.time() - started < 20 * PROBE_S  # found at a probe, not at its 5 s deadline
+    assert ("rb.denied", "before") in seen
+    with pytest.raises(TimeoutError):  # not refused: it waits for its ack until its own deadline
+        await allowed
+    assert 0.3 <= loop.time() - started < 0.6 and waits.pending == {}
+
+
+async def test_without_a_refusal_check_nothing_is_probed() -> None:
     waits = AckWaits()
-    tasks = [asyncio.ensure_future(waits.wait(lambda token: None, 5.0)) for _ in range(3)]
+    waiting = asyncio.ensure_future(waits.wait(lambda token: None, 5.0))
     await asyncio.sleep(0)
-    waits.fail_all(lambda: ConnectionResetError("gone"))
-    errors = await asyncio.gather(*tasks, return_exceptions=True)
-    assert all(isinstance(e, ConnectionResetError) for e in errors) and len({id(e) for e in errors}) == 3
+    assert waits._timer_at - asyncio.get_running_loop().time() > 4.9  # armed for the deadline only
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
     assert waits.pending == {}

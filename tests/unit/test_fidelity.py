@@ -10,12 +10,12 @@ import pytest
 import edge.codec.fidelity as fidelity
 from edge.codec.fidelity import CodecMismatch, check_codec, load_codec, probe_incremental, probe_tool_format
 from edge.codec.incremental import TemplateCodec, TemplateNotIncremental
+from edge.codec.parsers import make_parser
 from edge.codec.template import builtin_template_source
 from edge.codec.tokenizer import Tokenizer, load_tokenizer
-from edge.codec.tool_parsers import get_parser
 from edge.settings import EdgeSettings
 from rollbus.cli import main
-from rollbus.runtime import build_edge_service
+from stack.runtime import build_edge_service
 
 QWEN3 = builtin_template_source("qwen3")
 QWEN25 = builtin_template_source("qwen2.5")
@@ -141,15 +141,15 @@ def test_a_tool_format_that_does_not_match_the_template_is_refused(tokenizer: st
 
 def test_a_template_that_does_not_render_tool_calls_matches_no_parser(saved: Path, tmp_path: Path) -> None:
     codec = TemplateCodec(load_tokenizer(with_template(saved, tmp_path, NO_TOOL_CALLS)))
-    verdict = probe_tool_format(codec, get_parser("hermes"))
+    verdict = probe_tool_format(codec, make_parser("hermes"))
     assert len(verdict.problems) == 1 and "renders tool calls as 'Let me check.'" in verdict.problems[0]
 
 
 def test_single_call_templates_are_probed_with_one_call(saved: Path, tmp_path: Path) -> None:
     codec = TemplateCodec(load_tokenizer(with_template(saved, tmp_path, LLAMA_CALLS)))
-    assert probe_tool_format(codec, get_parser("llama3")).ok
+    assert probe_tool_format(codec, make_parser("llama3")).ok
     assert probe_incremental(codec).ok
-    assert not probe_tool_format(codec, get_parser("hermes")).ok
+    assert not probe_tool_format(codec, make_parser("hermes")).ok
 
 
 def test_verdicts_are_cached_per_template_and_parser(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,9 +161,9 @@ def test_verdicts_are_cached_per_template_and_parser(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(fidelity, "probe_incremental", no_probe)
     monkeypatch.setattr(fidelity, "probe_tool_format", no_probe)
     check_codec(codec, parser)
-    check_codec(TemplateCodec(codec.tokenizer), get_parser("qwen25"))  # an alias: the same parser
+    check_codec(TemplateCodec(codec.tokenizer), make_parser("qwen25"))  # an alias: the same parser
     with pytest.raises(AssertionError, match="probed again"):
-        check_codec(codec, get_parser("none"))  # another parser: probed (once)
+        check_codec(codec, make_parser("none"))  # another parser: probed (once)
 
 
 def test_rollbus_up_refuses_a_mismatched_pair_before_starting_anything(tmp_path: Path,
@@ -183,4 +183,4 @@ def test_rollbus_up_refuses_a_mismatched_pair_before_starting_anything(tmp_path:
 def test_the_edge_service_is_not_built_for_a_mismatched_pair() -> None:
     settings = EdgeSettings(tokenizer="builtin:qwen2.5", tool_format="qwen3_coder")
     with pytest.raises(CodecMismatch, match="--tool-format qwen3_coder does not match the template"):
-        build_edge_service(settings, js=None, engine=None)  # refused before it touches NATS or the engine
+        build_edge_service(settings, nc=None, engine=None)  # refused before it touches NATS or the engine

@@ -13,22 +13,12 @@ from fastapi.testclient import TestClient
 
 from edge.app import create_app
 from edge.codec import anthropic_wire, openai_wire
-from edge.codec.strict import (
-    INT32_MAX,
-    INT64_MAX,
-    INT64_MIN,
-    MAX_DEPTH,
-    MAX_STOP,
-    MAX_STOP_CHARS,
-    check_free_form,
-    check_json_text,
-    check_sampling,
-    decode_strict,
-)
+from edge.codec.strict import MAX_STOP, MAX_STOP_CHARS, check_json_text, check_sampling, decode_strict
 from edge.service import EdgeService, OpenSession, _check_open_request
 from reward.intake import parse_reward_info
 from schemas.errors import MalformedRequest
 from schemas.events import SamplingDefaults
+from schemas.values import INT32_MAX, INT64_MAX, INT64_MIN, MAX_DEPTH, check_free_form
 
 
 def nested(levels: int, leaf: Any = 1) -> Any:

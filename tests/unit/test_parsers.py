@@ -12,9 +12,10 @@ import edge.codec.parsers.sglang_adapter as sglang_adapter
 from edge.codec.conversation import Message, ToolSpec
 from edge.codec.incremental import TemplateCodec
 from edge.codec.parsers import BUILTIN, Llama3JsonParser, Qwen3CoderParser, SGLangParser, make_parser
+from edge.codec.parsers.base import PlainParser
+from edge.codec.parsers.hermes import HermesParser
 from edge.codec.parsers.schema_values import convert, schema_types
 from edge.codec.tokenizer import load_tokenizer
-from edge.codec.tool_parsers import HermesParser, PlainParser, get_parser
 from schemas.events import ToolCall
 
 
@@ -193,9 +194,9 @@ def test_registry_names() -> None:
         "qwen3_coder": "Qwen3CoderParser", "llama3": "Llama3JsonParser", "llama3_json": "Llama3JsonParser",
         "smollm2": "SmolLM2Parser", "none": "PlainParser",
     }
-    assert get_parser("qwen3_coder").start_markers == ("<tool_call>",)
-    assert get_parser("llama3").start_markers == ("<|python_tag|>", "{")
-    assert get_parser("none").start_markers == ()
+    assert make_parser("qwen3_coder").start_markers == ("<tool_call>",)
+    assert make_parser("llama3").start_markers == ("<|python_tag|>", "{")
+    assert make_parser("none").start_markers == ()
 
 
 @pytest.fixture
@@ -205,9 +206,9 @@ def without_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_without_sglang_its_names_are_refused_clearly(without_sglang: None) -> None:
     with pytest.raises(ValueError, match=r"sglang:kimi_k2: sglang is not installed"):
-        get_parser("sglang:kimi_k2")
+        make_parser("sglang:kimi_k2")
     with pytest.raises(ValueError, match=r"unknown tool format 'kimi_k2'; expected one of .* \(sglang is not"):
-        get_parser("kimi_k2")
+        make_parser("kimi_k2")
 
 
 class _Item:
@@ -250,17 +251,17 @@ def fake_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_sglang_names_are_selected_when_it_is_importable(fake_sglang: None) -> None:
-    assert isinstance(get_parser("kimi_k2"), SGLangParser)
-    assert isinstance(get_parser("hermes"), HermesParser)  # built-in names stay built-in
-    parser = get_parser("sglang:hermes")
+    assert isinstance(make_parser("kimi_k2"), SGLangParser)
+    assert isinstance(make_parser("hermes"), HermesParser)  # built-in names stay built-in
+    parser = make_parser("sglang:hermes")
     assert isinstance(parser, SGLangParser) and parser.name == "sglang:hermes" and parser.start_markers == ()
-    assert get_parser("sglang:kimi_k2").start_markers == ("<|calls|>",)
+    assert make_parser("sglang:kimi_k2").start_markers == ("<|calls|>",)
     with pytest.raises(ValueError, match=r"sglang has no tool-call parser 'nope'; it has \['hermes', 'kimi_k2'\]"):
-        get_parser("sglang:nope")
+        make_parser("sglang:nope")
 
 
 def test_sglang_adapter_maps_calls_and_failures(fake_sglang: None) -> None:
-    parser = get_parser("kimi_k2")
+    parser = make_parser("kimi_k2")
     tools = (ToolSpec(name="f", description="d", parameters={"type": "object"}),)
     out = parser.parse("Hi \n<|calls|>first", ids, tools)
     assert out.content == "Hi"
@@ -280,6 +281,6 @@ def test_sglang_adapter_maps_calls_and_failures(fake_sglang: None) -> None:
     ("llama3", 'Hi<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}'),
 ])
 def test_real_sglang_parsers(name: str, text: str) -> None:
-    out = get_parser(f"sglang:{name}").parse(text, ids, (WEATHER,))
+    out = make_parser(f"sglang:{name}").parse(text, ids, (WEATHER,))
     assert out.content == "Hi" and out.parse_error is None
     assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [("get_weather", {"city": "Oslo"})]

@@ -10,10 +10,11 @@ from hypothesis import strategies as st
 
 from edge.codec.deltas import ContentDelta, ReasoningDelta, ToolCallReady
 from edge.codec.detokenize import IncrementalDecoder
+from edge.codec.parsers.base import PlainParser
+from edge.codec.parsers.hermes import HermesParser
 from edge.codec.reasoning import split_reasoning
 from edge.codec.reply import ReplyParser, call_ids
 from edge.codec.tokenizer import load_tokenizer
-from edge.codec.tool_parsers import HermesParser, PlainParser
 
 TOKENIZER = load_tokenizer("builtin:qwen2.5")
 IM_END = TOKENIZER.eos_token_id

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from edge.codec.parsers import SmolLM2Parser
-from edge.codec.tool_parsers import get_parser
+from edge.codec.parsers import SmolLM2Parser, make_parser
 
 
 def ids(i: int) -> str:
@@ -17,7 +16,7 @@ def ids(i: int) -> str:
 def test_a_list_of_calls_with_text_around() -> None:
     text = ('Let me compute.\n<tool_call>[{"name": "calculator", "arguments": {"expression": "6*7"}}, '
             '{"name": "search", "arguments": {"q": "é"}}]</tool_call>')
-    out = get_parser("smollm2").parse(text, ids)
+    out = make_parser("smollm2").parse(text, ids)
     assert out.content == "Let me compute." and out.parse_error is None
     assert [(c.id, c.name) for c in out.tool_calls] == [("call_4_0", "calculator"), ("call_4_1", "search")]
     assert json.loads(out.tool_calls[0].arguments) == {"expression": "6*7"}

@@ -3,7 +3,8 @@ import re
 
 import pytest
 
-from edge.codec.tool_parsers import HermesParser, get_parser
+from edge.codec.parsers import make_parser
+from edge.codec.parsers.hermes import HermesParser
 
 
 def ids(i: int) -> str:
@@ -43,7 +44,7 @@ def test_unparseable_calls_are_returned_as_content_with_a_reason(text):
 
 def test_unknown_format_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown tool format"):
-        get_parser("nope")
+        make_parser("nope")
 
 
 def _regex_parse(text: str) -> tuple[str, list[str]]:

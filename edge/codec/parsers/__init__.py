@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from edge.codec.parsers.base import PlainParser, ToolParser
+from edge.codec.parsers.hermes import HermesParser
 from edge.codec.parsers.llama3 import Llama3JsonParser
 from edge.codec.parsers.qwen3_coder import Qwen3CoderParser
 from edge.codec.parsers.sglang_adapter import PREFIX as SGLANG_PREFIX
 from edge.codec.parsers.sglang_adapter import SGLangParser, sglang_parser_names
 from edge.codec.parsers.smollm2 import SmolLM2Parser
-from edge.codec.tool_parsers import HermesParser, PlainParser, ToolParser
 
 BUILTIN: dict[str, Callable[[], ToolParser]] = {
     "hermes": HermesParser,

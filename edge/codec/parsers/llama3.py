@@ -18,7 +18,7 @@ import json
 from collections.abc import Sequence
 
 from edge.codec.conversation import ToolSpec
-from edge.codec.tool_parsers import CallId, ParsedOutput, json_call
+from edge.codec.parsers.base import CallId, ParsedOutput, json_call
 from schemas.events import ToolCall
 
 PYTHON_TAG = "<|python_tag|>"

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from edge.codec.conversation import ToolSpec
+from edge.codec.parsers.base import CallId, ParsedOutput
 from edge.codec.parsers.schema_values import convert, parameter_schemas
-from edge.codec.tool_parsers import CallId, ParsedOutput
 from schemas.events import ToolCall
 
 _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)

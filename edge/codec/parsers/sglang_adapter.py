@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from edge.codec.conversation import ToolSpec
-from edge.codec.tool_parsers import CallId, ParsedOutput
+from edge.codec.parsers.base import CallId, ParsedOutput
 from schemas.events import ToolCall
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def sglang_parser_names() -> frozenset[str]:
 
 
 class SGLangParser:
-    """One of SGLang's detectors behind the :class:`~edge.codec.tool_parsers.ToolParser` protocol."""
+    """One of SGLang's detectors behind the :class:`~edge.codec.parsers.ToolParser` protocol."""
 
     def __init__(self, detector: str) -> None:
         modules = _modules()

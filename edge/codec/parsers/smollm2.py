@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import msgspec
 
 from edge.codec.conversation import ToolSpec
-from edge.codec.tool_parsers import CallId, ParsedOutput, call_from
+from edge.codec.parsers.base import CallId, ParsedOutput, call_from
 from schemas.events import ToolCall
 
 

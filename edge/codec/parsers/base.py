@@ -1,0 +1,98 @@
+"""What every tool parser shares: the protocol, the output type, JSON tool calls, and the
+parser that finds none.
+
+A parser is chosen by ``multi_turn.format`` (``--tool-format``) and must match the chat
+template: the template renders tool calls in the very format the parser reads, which the
+edge checks at startup (:func:`edge.codec.fidelity.check_codec`). Text that does not
+parse is returned as plain content with the reason in ``parse_error``, never an error.
+
+The parsers by format, and :func:`edge.codec.parsers.make_parser` (by name), live in the
+rest of :mod:`edge.codec.parsers`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import msgspec
+
+from edge.codec.conversation import ToolSpec
+from schemas.events import ToolCall
+
+_json = msgspec.json.Decoder()
+
+CallId = Callable[[int], str]
+
+
+class ParsedOutput(msgspec.Struct, frozen=True, kw_only=True):
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str | None = None
+    parse_error: str | None = None  # why tool-call-looking text was returned as content
+
+
+class ToolParser(Protocol):
+    """``start_markers``: the strings that can begin a tool call (``<tool_call>``). A
+    streamed reply shows content up to the first one and parses the rest at the end, so
+    ``parse(text).content`` must begin with the text before the first marker, trailing
+    whitespace aside."""
+
+    name: str
+    start_markers: tuple[str, ...]
+
+    def parse(self, text: str, call_id: CallId, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
+        """``tools``: the request's tools (parsers that convert values by their schema use them)."""
+        ...
+
+
+def json_call(body: str | dict[str, object], call_id: str) -> ToolCall | str:
+    """A tool call from a JSON object ``{"name", "arguments" | "parameters"}``, or why it is not one."""
+    try:
+        value = _json.decode(body) if isinstance(body, str) else body
+    except msgspec.DecodeError as exc:
+        return f"tool call is not JSON: {exc}"
+    return call_from(value, call_id)
+
+
+def _arguments_encoder() -> Callable[[dict[str, object]], str]:
+    """``json.dumps(value, ensure_ascii=False)`` (the formatting chat templates' ``tojson`` uses).
+
+    ``JSONEncoder.encode`` sets up its C encoder anew on every call, which costs more than encoding
+    a tool call's few arguments; here it is set up once. Decoded JSON holds no cycles, so the
+    circular-reference check is left out."""
+    reference = json.JSONEncoder(ensure_ascii=False)
+    make = json.encoder.c_make_encoder
+    if make is None:  # no C accelerator in this interpreter
+        return reference.encode
+    encode = make(None, reference.default, json.encoder.encode_basestring, None, reference.key_separator,
+                  reference.item_separator, False, False, True)
+    return lambda value: "".join(encode(value, 0))
+
+
+_dump_arguments = _arguments_encoder()
+
+
+def call_from(value: object, call_id: str) -> ToolCall | str:
+    """A tool call from a decoded JSON value ``{"name", "arguments"}``, or why it is not one."""
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return "tool call JSON has no string 'name'"
+    arguments = value.get("arguments", value.get("parameters", {}))
+    if isinstance(arguments, str):
+        text = arguments
+    elif isinstance(arguments, dict):
+        text = _dump_arguments(arguments)  # the formatting chat templates' tojson uses
+    else:
+        return "tool call 'arguments' is neither an object nor a string"
+    return ToolCall(id=call_id, name=value["name"], arguments=text)
+
+
+class PlainParser:
+    """No tool calls: everything is content (``tool_choice: none``)."""
+
+    name = "none"
+    start_markers: tuple[str, ...] = ()
+
+    def parse(self, text: str, call_id: CallId, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
+        return ParsedOutput(content=text)

@@ -1,0 +1,5 @@
+"""Test doubles that speak the real protocols: scripted SGLang and vLLM engine servers
+(:mod:`rollbus.testing.scripted`, :mod:`rollbus.testing.scripted_vllm`). Nothing in the
+production packages imports them; the tests, the benchmarks and ``python -m rollbus.testing``
+(a scripted engine on a port, for trying the stack by hand) do.
+"""

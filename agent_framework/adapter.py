@@ -230,14 +230,19 @@ class AgentFrameworkRolloutAdapter:
         await self._stack.start_attempt(prompt, attempt=attempt, n=n)
         return list(await asyncio.gather(*(self._run_session(prompt, i, n, attempt) for i in range(n))))
 
+    def _started(self) -> tuple[EdgePool, Dispatcher]:
+        if self._pool is None or self._dispatcher is None:
+            raise RuntimeError("the rollbus agent loop is not started: call start() first")
+        return self._pool, self._dispatcher
+
     async def _run_session(self, prompt: Prompt, index: int, n: int, attempt: int) -> SessionResult:
-        assert self._pool is not None and self._dispatcher is not None
+        pool, dispatcher = self._started()
         runner = self.config.runner_for(prompt.agent_name)
-        async with self._dispatcher.slot(runner):
-            placement = self._pool.reserve()
+        async with dispatcher.slot(runner):
+            placement = pool.reserve()
             try:
                 try:
-                    session = await self._pool.open(placement, self._open_spec(prompt, index, n, attempt, runner))
+                    session = await pool.open(placement, self._open_spec(prompt, index, n, attempt, runner))
                 except EdgeError as exc:
                     return self._failed(prompt, index, "", f"open_failed: {exc}", exc)
                 self.metrics["sessions_opened"] += 1
@@ -248,24 +253,24 @@ class AgentFrameworkRolloutAdapter:
 
     async def _drive(self, prompt: Prompt, index: int, session: SessionHandle, placement: Placement,
                      runner: RunnerConfig) -> SessionResult:
-        assert self._pool is not None and self._dispatcher is not None
         call = {"session": session, "raw_prompt": prompt.raw_prompt, "sample_index": index,
                 "tools_kwargs": prompt.tools_kwargs, "uid": prompt.uid, "index": prompt.index,
                 "global_steps": prompt.global_steps, "validate": prompt.validate, **prompt.task}
+        pool, dispatcher = self._started()
         try:
-            await asyncio.wait_for(self._dispatcher.run(runner, call), self.config.session_timeout)
+            await asyncio.wait_for(dispatcher.run(runner, call), self.config.session_timeout)
         except Exception as exc:
             reason = ("runner_timeout: no result within "
                       f"{self.config.session_timeout:g}s") if isinstance(exc, TimeoutError) else _reason(exc)
             try:
-                await self._pool.abort(placement, session.session_id, reason)
+                await pool.abort(placement, session.session_id, reason)
             except EdgeError as abort_error:
                 log.error("session %s: abort failed (%s); the edge's idle sweep will end it", session.session_id,
                           abort_error)
             result = self._failed(prompt, index, session.session_id, reason, exc)
         else:
             try:
-                summary = await self._pool.finalize(placement, session.session_id)
+                summary = await pool.finalize(placement, session.session_id)
             except EdgeError as exc:
                 return self._failed(prompt, index, session.session_id, f"finalize_failed: {exc}", exc)
             trajectories = int(summary.get("trajectories", 0))

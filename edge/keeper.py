@@ -98,8 +98,9 @@ class SessionKeeper:
             log.warning("session %s: idle abort failed: %s", session_id, exc)
 
     async def sweep(self) -> int:
-        """Abort idle orphans; returns how many."""
-        assert self._orphans is not None
+        """Abort idle orphans; returns how many (none when the keeper was given no ``orphans``)."""
+        if self._orphans is None:
+            return 0
         before = self.aborted
         candidates = [head.session_id async for head in self._orphans() if self._orphaned(head)]
         for session_id in candidates:

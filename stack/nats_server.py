@@ -260,6 +260,7 @@ class EmbeddedNats:
         self.die_with_parent = die_with_parent
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._store_lock: int | None = None  # the fd holding <store>.lock while this object owns the store
         self._log_start = 0
 
     @property
@@ -276,6 +277,7 @@ class EmbeddedNats:
             raise EmbeddedNatsError(f"nats-server for {self.store_dir} is already started")
         binary = self._binary or find_nats_server()
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_store()
         self._stop_orphans()
         self.url = self.monitoring_url = ""
         self._log = self.log_path.open("ab")
@@ -296,6 +298,33 @@ class EmbeddedNats:
             self.stop()
             raise
         return self
+
+    def _lock_store(self) -> None:
+        """Own the store, or raise :class:`EmbeddedNatsError` naming the process that does: an exclusive
+        ``flock`` on ``<store>.lock`` (the kernel drops it when its process dies, however it dies; the
+        server child does not inherit it). Without it, a second owner's orphan check would stop a server
+        that is not an orphan (``rollbus materialize`` beside a ``rollbus up`` on one data dir)."""
+        if self._store_lock is not None or sys.platform == "win32":
+            return
+        import fcntl
+
+        path = self.store_dir.parent / f"{self.store_dir.name}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise EmbeddedNatsError(f"the NATS store {self.store_dir} is in use by another process (pid {holder}); "
+                                    "one store takes one server") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._store_lock = fd
+
+    def _unlock_store(self) -> None:
+        fd, self._store_lock = self._store_lock, None
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor releases the flock
 
     def _stop_orphans(self) -> None:
         """Stop a server an earlier owner left running on this store (its owner was SIGKILLed and the
@@ -381,8 +410,9 @@ class EmbeddedNats:
             return f"(log {self.log_path} unreadable: {exc})"
         return "\n".join(lines[-_LOG_TAIL_LINES:])
 
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after ``stop_timeout_s``; safe to call more than once."""
+    def stop(self, *, keep_store: bool = False) -> None:
+        """SIGTERM, then SIGKILL after ``stop_timeout_s``; safe to call more than once. ``keep_store``:
+        keep owning the store (a restart follows)."""
         proc, self._proc = self._proc, None
         if proc is not None:
             if proc.poll() is None:
@@ -398,6 +428,8 @@ class EmbeddedNats:
         if self._log is not None:
             self._log.close()
             self._log = None
+        if not keep_store:
+            self._unlock_store()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -513,7 +545,7 @@ class NatsSupervisor:
         while (status := self._wait_for_exit()) is not None:
             self.state = "restarting"
             pid = self.server.pid
-            self.server.stop()  # reap it, drop its ports file
+            self.server.stop(keep_store=True)  # reap it, drop its ports file; the store stays ours
             failures = failures + 1 if time.monotonic() - began < self._stable_s else 1
             log.warning("nats-server (pid %d) on %s died: %s", pid, self.server.store_dir, _exit_reason(status))
             restarted = self._restart(failures)

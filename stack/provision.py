@@ -30,6 +30,7 @@ otherwise wait forever on a connection that is reconnecting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
+from edge.publisher import refusal
 from schemas.errors import LogUnavailable, RollbusError
 from schemas.log import MAX_PAYLOAD, LogConfig
 
@@ -91,9 +93,13 @@ class _ConnectionEvents:
 
     nc: Client
     name: str
+    refused: asyncio.Future[str]  # why the server refused the first connect for good (credentials, TLS)
 
     async def error(self, exc: Exception) -> None:
         log.warning("nats (%s): %s", self.name, exc)
+        why = refusal(exc)
+        if why is not None and not self.nc.is_connected and not self.refused.done():
+            self.refused.set_result(why)
 
     async def disconnected(self) -> None:
         if not self.nc.is_closed:  # nats-py also calls this on a deliberate close
@@ -110,7 +116,24 @@ async def connect(url: str, *, name: str, timeout_s: float = CONNECT_TIMEOUT_S) 
     (nats-py retries the *initial* connect forever too when ``max_reconnect_attempts=-1``.)
     """
     nc = Client()
-    events = _ConnectionEvents(nc, name)
+    events = _ConnectionEvents(nc, name, asyncio.get_running_loop().create_future())
+    connecting = asyncio.ensure_future(_first_connect(nc, url, name, events, timeout_s))
+    try:
+        await asyncio.wait([connecting, events.refused], return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        connecting.cancel()
+        raise
+    if not connecting.done():  # nats-py would retry a refused connect until the timeout: fail at once
+        connecting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await connecting
+        await nc.close()
+        raise LogUnavailable(f"{events.refused.result()} at {url}")
+    await connecting
+    return nc
+
+
+async def _first_connect(nc: Client, url: str, name: str, events: _ConnectionEvents, timeout_s: float) -> None:
     try:
         await asyncio.wait_for(
             nc.connect(
@@ -130,7 +153,6 @@ async def connect(url: str, *, name: str, timeout_s: float = CONNECT_TIMEOUT_S) 
     except TimeoutError as exc:
         await nc.close()
         raise LogUnavailable(f"no NATS server answered at {url} within {timeout_s}s") from exc
-    return nc
 
 
 async def provision(js: JetStreamContext, cfg: LogConfig, *, timeout_s: float = CALL_TIMEOUT_S) -> None:

@@ -196,6 +196,20 @@ async def test_credentials_the_server_refuses_fail_an_append_at_once(tmp_path: P
         server.stop()
 
 
+@pytest.mark.parametrize("credentials", ["bob:wrong@", "nobody@", ""])
+async def test_credentials_refused_at_the_first_connect_fail_it_at_once(tmp_path: Path, credentials: str) -> None:
+    """nats-py retries a refused first connect until the caller's timeout; connect fails at once, saying why
+    (`rollbus sessions --nats` with a wrong password, an edge started with stale credentials)."""
+    with ConfiguredNats(tmp_path / "store", ["--user", "bob", "--pass", "s3cret"]) as server:
+        started = time.monotonic()
+        with pytest.raises(LogUnavailable, match=r"refused the edge's credentials \(nats: 'Authorization Violation'\)"):
+            await connect(server.url.replace("nats://", "nats://" + credentials), name="refused", timeout_s=10)
+        assert time.monotonic() - started < 3  # not after the 10 s timeout
+        good = await connect(server.url.replace("nats://", "nats://bob:s3cret@"), name="good")
+        assert good.is_connected
+        await good.close()
+
+
 USERS = """
 authorization {
   users = [

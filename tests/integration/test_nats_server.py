@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import stat
+import subprocess
 import sys
 import time
 import urllib.request
@@ -197,6 +198,7 @@ def test_a_server_orphaned_by_a_killed_owner_is_stopped_before_another_starts_on
     server on the same store would corrupt it. The next start stops the orphan first."""
     orphan = EmbeddedNats(tmp_path / "store", name="first").start()
     orphan_pid, orphan._proc = orphan.pid, None  # its owner is gone: nobody will stop it
+    orphan._unlock_store()  # and the owner's lock on the store went with it
     other = EmbeddedNats(tmp_path / "elsewhere", name="bystander").start()  # another store: left alone
     try:
         with EmbeddedNats(tmp_path / "store", name="second") as second:
@@ -210,3 +212,24 @@ def test_a_server_orphaned_by_a_killed_owner_is_stopped_before_another_starts_on
 def _zombie(pid: int) -> bool:
     """Our own child, killed but not reaped (the test dropped its Popen): it holds no store."""
     return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] == "Z"
+
+
+def test_one_store_takes_one_server(tmp_path: Path) -> None:
+    """A second owner of a store is refused before it touches the store (its orphan check would stop
+    the first's server); once the first stops, the store is free again."""
+    with EmbeddedNats(tmp_path / "store") as first:
+        with pytest.raises(EmbeddedNatsError, match=rf"in use by another process \(pid {os.getpid()}\)"):
+            EmbeddedNats(tmp_path / "store").start()
+        assert first.running and _healthz(first) == 200  # not taken for an orphan and stopped
+    with EmbeddedNats(tmp_path / "store") as second:
+        assert second.running
+
+
+def test_a_store_is_free_once_its_owner_process_dies(tmp_path: Path) -> None:
+    owner = subprocess.run([sys.executable, "-c", (
+        "import os, sys; from stack.nats_server import EmbeddedNats; "
+        "s = EmbeddedNats(sys.argv[1]).start(); os.kill(s.pid, 9); os._exit(0)"), str(tmp_path / "store")],
+        timeout=60)
+    assert owner.returncode == 0
+    with EmbeddedNats(tmp_path / "store") as server:  # the dead owner's lock went with it
+        assert server.running

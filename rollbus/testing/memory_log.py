@@ -1,0 +1,232 @@
+"""The event log in memory: what :class:`edge.publisher.JetStreamLog` and the log's readers
+(:mod:`session_projector.reader`) do, for unit tests that need no NATS.
+
+:class:`InMemoryLog` keeps what JetStream would keep: one stream of messages (subject, headers,
+payload), each payload encoded by the real envelope codec (:mod:`schemas.envelope`), and an object
+store for large values (:mod:`schemas.blobs`). ``tests/contract/log_contract.py`` runs one suite
+against both logs, so that they cannot drift apart. Its append follows JetStream's rules, in
+JetStream's order:
+
+* stream sequence numbers count every message of every session, from 1;
+* ``expected_last`` must be the stream sequence of the session's last message (0: none), else
+  :class:`OwnershipLost`, and nothing is stored. JetStream checks it *before* its duplicate window,
+  so a retry with the ``expected_last`` of the first try is refused as well: a retry after a lost
+  acknowledgement succeeds only inside :class:`JetStreamLog` (which reads the stored message back;
+  :meth:`InMemoryLog.lose_next_ack` plays that);
+* a message whose ``Nats-Msg-Id`` (``<session_id>:<first seq>``) is stored already is not stored
+  again: it is acknowledged as a duplicate, with the stream sequence it was stored at;
+* an append over ``LogConfig.max_event_bytes`` is split into envelopes that fit; a single event that
+  does not fit has its largest values moved to the object store (header ``Rollbus-Blobs``), and is
+  refused with :class:`PayloadTooLarge` (nothing stored) if it still does not fit.
+
+Where it differs: the duplicate window never closes (JetStream forgets a ``Nats-Msg-Id`` after
+``LogConfig.duplicate_window_s``), and the transport's failures (timeouts, no responders, refused
+credentials) do not happen unless a test asks for one (:meth:`InMemoryLog.fail_next`).
+
+The read side mirrors :mod:`session_projector.reader`: :meth:`InMemoryLog.read_session`,
+:meth:`InMemoryLog.load_state` (a :data:`edge.live.Loader`) and :meth:`InMemoryLog.last_stream_seq`
+(a :data:`edge.live.Position`). :func:`in_memory_service` builds an edge service on it the way
+:func:`stack.runtime.build_edge_service` builds one on JetStream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import msgspec
+
+from edge.codec.fidelity import load_codec
+from edge.codec.incremental import TemplateCodec
+from edge.codec.parsers.base import ToolParser
+from edge.engines.base import Engine
+from edge.live import Registry
+from edge.publisher import Appended
+from edge.service import EdgeService
+from edge.settings import Clock, EdgeSettings
+from edge.turns import TurnRunner
+from schemas import blobs, envelope
+from schemas.errors import FoldError, OwnershipLost, PayloadTooLarge, RollbusError, SessionNotFound
+from schemas.events import SCHEMA_VERSION, AnyEvent, Event
+from schemas.log import (
+    HDR_BLOBS,
+    HDR_EXPECTED_LAST_SUBJECT_SEQ,
+    HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
+    HDR_MSG_ID,
+    HDR_SCHEMA,
+    HDR_SEQ,
+    MAX_PAYLOAD,
+    LogConfig,
+    check_session_id,
+    msg_id,
+)
+from session_projector.fold import SessionState, fold
+from session_projector.reader import SessionLog, decode_message
+
+
+class StoredMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """One message of the stream, as JetStream stores it."""
+
+    seq: int  # stream sequence
+    subject: str
+    headers: dict[str, str]
+    data: bytes
+
+
+class _Ack(msgspec.Struct, frozen=True):
+    seq: int
+    duplicate: bool
+
+
+class _Failure(msgspec.Struct, frozen=True):
+    error: RollbusError
+    stored: bool
+
+
+Batch = tuple[Sequence[Event], bytes, int]  # events, their envelope, how many values went to the object store
+
+
+class InMemoryLog:
+    """An :class:`edge.publisher.EventLog` and its readers, in memory (see the module's docstring)."""
+
+    def __init__(self, cfg: LogConfig | None = None) -> None:
+        self.cfg = cfg if cfg is not None else LogConfig()
+        self.messages: list[StoredMessage] = []  # the stream, in order
+        self.pieces: dict[str, bytes] = {}  # the object store: object name -> value
+        self._sessions: dict[str, list[StoredMessage]] = {}
+        self._stored_ids: dict[str, int] = {}  # Nats-Msg-Id -> stream seq (the duplicate window)
+        self._lose_ack = False
+        self._failure: _Failure | None = None
+
+    # --- faults -------------------------------------------------------------------------
+
+    def lose_next_ack(self) -> None:
+        """The next append's first acknowledgement is lost after the message was stored: as
+        :class:`JetStreamLog` recovers from that (its retry is refused, the read-back finds its
+        message), the append succeeds, reported as a duplicate."""
+        self._lose_ack = True
+
+    def fail_next(self, error: RollbusError, *, stored: bool = False) -> None:
+        """The next append raises ``error`` (e.g. :class:`LogUnavailable`: no acknowledgement came),
+        its first envelope stored first when ``stored`` (the outcome the edge cannot know)."""
+        self._failure = _Failure(error, stored)
+
+    # --- the append path ----------------------------------------------------------------
+
+    async def append(self, session_id: str, events: Sequence[Event], expected_last: int) -> Appended:
+        """Append events (consecutive, of one session) after stream sequence ``expected_last``."""
+        batches = self._fitted(events, envelope.encode(events))
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            if failure.stored:
+                batch, payload, moved = batches[0]
+                self._publish(session_id, batch, payload, expected_last, moved)
+            raise failure.error
+        ack = _Ack(expected_last, False)
+        for batch, payload, moved in batches:
+            ack = self._publish(session_id, batch, payload, ack.seq, moved)
+        return Appended(stream=self.cfg.stream, stream_seq=ack.seq, duplicate=ack.duplicate, envelopes=len(batches))
+
+    def _fitted(self, events: Sequence[Event], payload: bytes) -> list[Batch]:
+        """As :meth:`JetStreamLog._fitted`: halves until each fits, large values of a single event kept aside."""
+        limit = self.cfg.max_event_bytes
+        if len(payload) <= limit:
+            return [(events, payload, 0)]
+        if len(events) > 1:
+            middle = len(events) // 2
+            return [*self._fitted(events[:middle], envelope.encode(events[:middle])),
+                    *self._fitted(events[middle:], envelope.encode(events[middle:]))]
+        event, moved = blobs.externalize(events[0], limit)
+        payload = envelope.encode([event])
+        if len(payload) > limit:
+            raise PayloadTooLarge(f"one {type(event).__name__} event is {len(payload)} bytes (limit {limit})")
+        self.pieces.update(moved)  # stored before the envelope, as JetStreamLog does
+        return [([event], payload, len(moved))]
+
+    def _publish(self, session_id: str, batch: Sequence[Event], payload: bytes, expected_last: int,
+                 moved: int = 0) -> _Ack:
+        """What JetStream does with one publish: the expected-last check, then the duplicate window."""
+        if len(payload) > MAX_PAYLOAD:  # the stream's max_msg_size (only with a max_event_bytes above it)
+            raise PayloadTooLarge(f"JetStream refused the envelope: {len(payload)} bytes (max_msg_size {MAX_PAYLOAD})")
+        lost, self._lose_ack = self._lose_ack, False
+        if self.last_seq(session_id) != expected_last:
+            raise OwnershipLost(f"session {session_id} was appended to by another writer")
+        message_id = msg_id(session_id, batch[0].seq)
+        stored = self._stored_ids.get(message_id)
+        if stored is not None:
+            return _Ack(stored, True)
+        headers = {
+            HDR_MSG_ID: message_id,
+            HDR_EXPECTED_LAST_SUBJECT_SEQ: str(expected_last),
+            HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: self.cfg.session_filter(session_id),
+            HDR_SCHEMA: str(SCHEMA_VERSION),
+            HDR_SEQ: f"{batch[0].seq}-{batch[-1].seq}",
+        }
+        if moved:
+            headers[HDR_BLOBS] = str(moved)
+        message = StoredMessage(seq=len(self.messages) + 1, subject=self.cfg.subject(session_id,
+                                envelope.kind_of(batch)), headers=headers, data=payload)
+        self.messages.append(message)
+        self._sessions.setdefault(session_id, []).append(message)
+        self._stored_ids[message_id] = message.seq
+        return _Ack(message.seq, lost)
+
+    # --- the read side ------------------------------------------------------------------
+
+    def last_seq(self, session_id: str) -> int:
+        """Stream sequence of the session's last message; 0 when it has none."""
+        stored = self._sessions.get(session_id)
+        return stored[-1].seq if stored else 0
+
+    async def last_stream_seq(self, session_id: str) -> int:
+        """:meth:`last_seq`, as a :data:`edge.live.Position`."""
+        return self.last_seq(session_id)
+
+    def decode(self, message: StoredMessage) -> list[AnyEvent]:
+        """A message's events, values kept in the object store put back (as ``reader.decode_msg``)."""
+        if HDR_BLOBS not in message.headers:
+            return decode_message(message.data, message.headers)
+        session_id = self.cfg.session_of(message.subject)
+        values = {}
+        for digest in blobs.references(message.data):
+            value = self.pieces.get(blobs.object_name(session_id, digest))
+            if value is None:
+                raise FoldError(f"session {session_id}: a piece of its log is missing from the object store")
+            values[digest] = value
+        return blobs.decode_with(message.data, values, int(message.headers.get(HDR_SCHEMA, SCHEMA_VERSION)))
+
+    async def read_session(self, session_id: str, *, until: int | None = None) -> SessionLog:
+        """Every event of a session, in order (up to stream seq ``until`` when given); raises
+        :class:`SessionNotFound` when it has none."""
+        check_session_id(session_id)
+        last = until if until is not None else self.last_seq(session_id)
+        if last == 0:
+            raise SessionNotFound(f"no session {session_id!r}", param="session_id")
+        events = [event for message in self._sessions.get(session_id, ()) if message.seq <= last
+                  for event in self.decode(message)]
+        return SessionLog(events=events, last_stream_seq=last)
+
+    async def load_state(self, session_id: str, *, until: int | None = None) -> tuple[SessionState, int]:
+        """A session rebuilt from the log alone, and the stream sequence it was read up to (a
+        :data:`edge.live.Loader`)."""
+        session_log = await self.read_session(session_id, until=until)
+        state = fold(session_log.events)
+        if state is None:  # pragma: no cover - read_session never returns an empty log
+            raise SessionNotFound(f"no session {session_id!r}")
+        return state, session_log.last_stream_seq
+
+
+def in_memory_service(engine: Engine, *, log: InMemoryLog | None = None, settings: EdgeSettings | None = None,
+                      codec: tuple[TemplateCodec, ToolParser] | None = None, clock: Clock = time.time) -> EdgeService:
+    """An :class:`EdgeService` on an in-memory log, built as :func:`stack.runtime.build_edge_service` builds
+    one on JetStream, less what needs NATS: no leases (the log's sequence check alone keeps one writer per
+    session), no session index, no projections (a summary is a replay).
+
+    ``log``: a log shared with other services (an edge restarted, or another one); ``codec``: the codec and
+    parser for ``settings.tokenizer`` / ``tool_format`` when already loaded (else :func:`load_codec`)."""
+    settings = settings if settings is not None else EdgeSettings()
+    log = log if log is not None else InMemoryLog(settings.log)
+    template, parser = codec if codec is not None else load_codec(settings.tokenizer, settings.tool_format)
+    registry = Registry(log.load_state, position=log.last_stream_seq, clock=clock)
+    turns = TurnRunner(settings=settings, codec=template, engine=engine, log=log, parser=parser, clock=clock)
+    return EdgeService(settings=settings, registry=registry, log=log, turns=turns, clock=clock)

@@ -76,14 +76,9 @@ from schemas import blobs, envelope
 from schemas.errors import LogUnavailable, OwnershipLost, PayloadTooLarge, RollbusError
 from schemas.events import SCHEMA_VERSION, Event
 from schemas.log import (
-    HDR_BLOBS,
-    HDR_EXPECTED_LAST_SUBJECT_SEQ,
-    HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
     HDR_MSG_ID,
-    HDR_SCHEMA,
-    HDR_SEQ,
     LogConfig,
-    msg_id,
+    append_headers,
 )
 
 log = logging.getLogger(__name__)
@@ -228,15 +223,8 @@ class JetStreamLog:
 
     async def _publish(self, session_id: str, batch: Sequence[Event], payload: bytes, expected_last: int,
                        moved: int = 0) -> Ack:
-        headers = {
-            HDR_MSG_ID: msg_id(session_id, batch[0].seq),
-            HDR_EXPECTED_LAST_SUBJECT_SEQ: str(expected_last),
-            HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: self._cfg.session_filter(session_id),
-            HDR_SCHEMA: str(SCHEMA_VERSION),
-            HDR_SEQ: f"{batch[0].seq}-{batch[-1].seq}",
-        }
-        if moved:
-            headers[HDR_BLOBS] = str(moved)
+        headers = append_headers(self._cfg, session_id, batch[0].seq, batch[-1].seq, expected_last,
+                                 schema=SCHEMA_VERSION, blobs=moved)
         subject = self._cfg.subject(session_id, envelope.kind_of(batch))
         last: BaseException | None = None
         for attempt in range(1, self._attempts + 1):

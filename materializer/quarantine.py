@@ -47,13 +47,10 @@ from schemas.errors import Conflict, FoldError, LogUnavailable, SinkUnavailable
 from schemas.events import SCHEMA_VERSION, SUBJECT_KINDS, SessionQuarantined
 from schemas.log import (
     HDR_BLOBS,
-    HDR_EXPECTED_LAST_SUBJECT_SEQ,
-    HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
-    HDR_MSG_ID,
     HDR_SCHEMA,
     HDR_SEQ,
     LogConfig,
-    msg_id,
+    append_headers,
 )
 from session_projector.fold import SessionState, fold
 from session_projector.reader import iter_envelopes, last_stream_seq
@@ -130,9 +127,7 @@ class QuarantineLog:
     async def _append(self, event: SessionQuarantined, expected_last: int) -> bool:
         """False when the session's log moved past ``expected_last`` (or this very append was stored)."""
         sid = event.session_id
-        headers = {HDR_MSG_ID: msg_id(sid, event.seq), HDR_EXPECTED_LAST_SUBJECT_SEQ: str(expected_last),
-                   HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: self._cfg.session_filter(sid),
-                   HDR_SCHEMA: str(SCHEMA_VERSION), HDR_SEQ: f"{event.seq}-{event.seq}"}
+        headers = append_headers(self._cfg, sid, event.seq, event.seq, expected_last, schema=SCHEMA_VERSION)
         publish = self._js.publish(self._cfg.subject(sid, KIND), envelope.encode([event]), headers=headers,
                                    timeout=self._timeout)
         try:

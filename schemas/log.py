@@ -87,3 +87,19 @@ def check_session_id(session_id: str) -> str:
 
 def msg_id(session_id: str, first_seq: int) -> str:
     return f"{session_id}:{first_seq}"
+
+
+def append_headers(cfg: LogConfig, session_id: str, first_seq: int, last_seq: int, expected_last: int, *,
+                   schema: int, blobs: int = 0) -> dict[str, str]:
+    """The headers of an envelope holding a session's events ``first_seq..last_seq``, appended after
+    stream sequence ``expected_last`` (the log rules above); ``blobs``: its values in the object store."""
+    headers = {
+        HDR_MSG_ID: msg_id(session_id, first_seq),
+        HDR_EXPECTED_LAST_SUBJECT_SEQ: str(expected_last),
+        HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: cfg.session_filter(session_id),
+        HDR_SCHEMA: str(schema),
+        HDR_SEQ: f"{first_seq}-{last_seq}",
+    }
+    if blobs:
+        headers[HDR_BLOBS] = str(blobs)
+    return headers

@@ -46,13 +46,8 @@ import uvloop
 from nats.aio.client import Client
 
 from schemas.log import (
-    HDR_EXPECTED_LAST_SUBJECT_SEQ,
-    HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
-    HDR_MSG_ID,
-    HDR_SCHEMA,
-    HDR_SEQ,
     LogConfig,
-    msg_id,
+    append_headers,
 )
 from stack.nats_server import EmbeddedNats
 from stack.provision import connect, provision
@@ -117,9 +112,7 @@ async def writer(publish: Publish, cfg: LogConfig, bodies: list[bytes]) -> None:
     session_id = secrets.token_hex(16)
     subject, last = cfg.subject(session_id, "turn"), 0
     for seq, body in enumerate(bodies, 1):
-        headers = {HDR_MSG_ID: msg_id(session_id, seq), HDR_EXPECTED_LAST_SUBJECT_SEQ: str(last),
-                   HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: cfg.session_filter(session_id), HDR_SCHEMA: "1",
-                   HDR_SEQ: f"{seq}-{seq}"}
+        headers = append_headers(cfg, session_id, seq, seq, last, schema=1)
         last = await publish(subject, body, headers)
 
 

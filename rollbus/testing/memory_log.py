@@ -50,13 +50,10 @@ from schemas.errors import FoldError, OwnershipLost, PayloadTooLarge, RollbusErr
 from schemas.events import SCHEMA_VERSION, AnyEvent, Event
 from schemas.log import (
     HDR_BLOBS,
-    HDR_EXPECTED_LAST_SUBJECT_SEQ,
-    HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
-    HDR_MSG_ID,
     HDR_SCHEMA,
-    HDR_SEQ,
     MAX_PAYLOAD,
     LogConfig,
+    append_headers,
     check_session_id,
     msg_id,
 )
@@ -155,15 +152,8 @@ class InMemoryLog:
         stored = self._stored_ids.get(message_id)
         if stored is not None:
             return _Ack(stored, True)
-        headers = {
-            HDR_MSG_ID: message_id,
-            HDR_EXPECTED_LAST_SUBJECT_SEQ: str(expected_last),
-            HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: self.cfg.session_filter(session_id),
-            HDR_SCHEMA: str(SCHEMA_VERSION),
-            HDR_SEQ: f"{batch[0].seq}-{batch[-1].seq}",
-        }
-        if moved:
-            headers[HDR_BLOBS] = str(moved)
+        headers = append_headers(self.cfg, session_id, batch[0].seq, batch[-1].seq, expected_last,
+                                 schema=SCHEMA_VERSION, blobs=moved)
         message = StoredMessage(seq=len(self.messages) + 1, subject=self.cfg.subject(session_id,
                                 envelope.kind_of(batch)), headers=headers, data=payload)
         self.messages.append(message)

@@ -24,8 +24,8 @@ from materializer.records import RecordOptions, derive_records
 from schemas import tokens
 from schemas.bodies import Bodies, rebuild
 from schemas.events import AnyEvent, RequestReceived
-from session_projector.fold import fold
-from session_projector.summary import summarize
+from session.fold import fold
+from session.summary import summarize
 
 _IDS = ("token_ids", "prompt_ids")
 

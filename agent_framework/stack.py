@@ -24,13 +24,13 @@ from agent_framework.actors import RunnerWorker, StackActor
 from agent_framework.config import AgentFrameworkConfig, ConfigError
 from agent_framework.export import write_session
 from agent_framework.samples import Prompt
+from eventlog.reader import read_session
 from materializer.ledger import PromptLedger, open_bucket
 from materializer.prompts import TERMINAL, PromptProgress
 from materializer.records import RecordOptions
 from materializer.service import MaterializerOptions
 from schemas.errors import RollbusError
 from schemas.log import LogConfig
-from session_projector.reader import read_session
 from stack.nats_server import EmbeddedNats
 from stack.provision import connect, provision
 from stack.runtime import StackOptions

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas import tokens
-from session_projector.fold import ChainState, Segment
+from session.fold import ChainState, Segment
 
 MIN_TOKENS = 32 * 1024  # shorter chains are joined (cheaply) as before: no buffer to hold
 

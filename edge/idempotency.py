@@ -37,7 +37,7 @@ from edge.codec.conversation import TurnOutcome
 from schemas import tokens
 from schemas.errors import IdempotencyKeyReused, MalformedRequest
 from schemas.events import body_digest
-from session_projector.fold import SessionState
+from session.fold import SessionState
 
 
 class Adoptable(Protocol):

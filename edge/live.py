@@ -36,13 +36,13 @@ import msgspec
 from edge.engine_input import InputBuffer
 from edge.idempotency import InFlight
 from edge.ownership import KvLeases, LeaseHandle
-from edge.publisher import EventLog
 from edge.settings import Clock
+from eventlog.publisher import EventLog
 from schemas.bodies import literal, parts_against
 from schemas.errors import LogUnavailable, OwnershipLost, SessionClosed
 from schemas.events import BodyPart, Event
-from session_projector.fold import SessionState, apply
-from session_projector.summary import SessionSummary, summarize
+from session.fold import SessionState, apply
+from session.summary import SessionSummary, summarize
 
 Draft = Callable[[SessionState], Sequence[Event]]
 Loader = Callable[[str], Awaitable[tuple[SessionState, int]]]

@@ -37,10 +37,10 @@ from edge.codec.strict import check_sampling
 from edge.idempotency import RequestIdentity, identify, recorded_outcome, repeated_request
 from edge.live import LiveSession, Registry
 from edge.ownership import KvLeases
-from edge.publisher import EventLog
 from edge.settings import EdgeSettings
 from edge.streaming import Item, RecordedStream, TurnStream
 from edge.turns import Clock, TurnOutcome, TurnRequest, TurnRunner
+from eventlog.publisher import EventLog
 from reward.intake import parse_reward_info
 from schemas.errors import (
     CapacityExceeded,
@@ -54,9 +54,9 @@ from schemas.errors import (
 from schemas.events import RewardReported, SamplingDefaults, SessionAborted, SessionFinalized, SessionOpened
 from schemas.log import LogConfig, check_session_id
 from schemas.values import INT32_MAX, INT64_MAX, INT64_MIN, check_free_form, is_int
-from session_projector.fold import apply
+from session.fold import apply
+from session.summary import SessionSummary, summarize
 from session_projector.projections import UNAVAILABLE
-from session_projector.summary import SessionSummary, summarize
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """One model turn: select a chain, encode, generate, commit, answer.
 
-The turn is decided from the session's fold state (pure helpers in :mod:`edge.chains`
+The turn is decided from the session's fold state (pure helpers in :mod:`session.chains`
 and :mod:`edge.codec`): :meth:`TurnRunner.begin` selects and plans, the engine samples,
 :meth:`TurnRunner.commit` appends. :meth:`TurnRunner.run` does the three for a plain
 request; :mod:`edge.streaming` does them for a streamed one. The agent gets its answer
@@ -17,7 +17,6 @@ from typing import TypeVar, overload
 
 import msgspec
 
-from edge.chains import Continue, Exhausted, NewChain, Rollback, select_chain
 from edge.codec.conversation import Conversation, Message, TurnOutcome
 from edge.codec.digest import extend, prefix_digests, tools_digest
 from edge.codec.incremental import NoRoom, TemplateCodec, TemplateNotIncremental
@@ -27,8 +26,8 @@ from edge.codec.reply import ReplyParser, call_ids
 from edge.engine_input import MIN_TOKENS, InputBuffer
 from edge.engines.base import Engine, GenerateRequest, GenerateResult, SamplingParams
 from edge.live import LiveSession
-from edge.publisher import EventLog
 from edge.settings import Clock, EdgeSettings
+from eventlog.publisher import EventLog
 from schemas import tokens
 from schemas.errors import EngineError, RollbusError
 from schemas.events import (
@@ -44,7 +43,8 @@ from schemas.events import (
     TurnRolledBack,
     body_digest,
 )
-from session_projector.fold import SessionState
+from session.chains import Continue, Exhausted, NewChain, Rollback, select_chain
+from session.fold import SessionState
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ import msgspec
 
 from materializer.prompts import STATUS_RULES, PromptProgress, StatusRule
 from materializer.records import RecordOptions
-from session_projector.fold import SessionState
+from session.fold import SessionState
 
 log = logging.getLogger(__name__)
 

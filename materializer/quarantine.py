@@ -41,6 +41,7 @@ from nats.js.api import RawStreamMsg
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
+from eventlog.reader import iter_envelopes, last_stream_seq
 from reward.scorer import ScorerError
 from schemas import envelope
 from schemas.errors import Conflict, FoldError, LogUnavailable, SinkUnavailable
@@ -52,8 +53,7 @@ from schemas.log import (
     LogConfig,
     append_headers,
 )
-from session_projector.fold import SessionState, fold
-from session_projector.reader import iter_envelopes, last_stream_seq
+from session.fold import SessionState, fold
 
 STAGES = ("unreadable", "underivable", "invalid", "parquet", "write")
 KIND = SUBJECT_KINDS[SessionQuarantined]

@@ -34,7 +34,7 @@ from reward.precedence import RewardDecision
 from reward.scorer import RewardScorer
 from schemas.errors import FoldError, SessionNotFound
 from schemas.records import TrajectoryRecord
-from session_projector.fold import SessionState
+from session.fold import SessionState
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from reward.precedence import RewardDecision, decide_reward, resolve_reward
 from reward.scorer import RewardScorer, ScoreRequest, ScoreResult
 from schemas import tokens
 from schemas.records import MaterializedMarker, TrajectoryRecord
-from session_projector.fold import ChainState, Segment, SessionState
+from session.fold import ChainState, Segment, SessionState
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import msgspec
 from nats.js.client import JetStreamContext
 
+from eventlog.reader import iter_envelopes, last_stream_seq
 from materializer.metadata import record_options
 from materializer.parquet import ParquetSink
 from materializer.reading import DATA_ERRORS
@@ -36,8 +37,7 @@ from schemas.errors import FoldError
 from schemas.events import AnyEvent
 from schemas.log import LogConfig
 from schemas.records import MaterializedMarker, TrajectoryRecord, record_digest
-from session_projector.fold import SessionState, fold
-from session_projector.reader import iter_envelopes, last_stream_seq
+from session.fold import SessionState, fold
 
 log = logging.getLogger(__name__)
 

@@ -32,6 +32,8 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
+from eventlog.consumer import consume_batches
+from eventlog.reader import load_state
 from materializer.batch import BatchWriter
 from materializer.ledger import Markers, PromptLedger, open_bucket
 from materializer.padding import Padding
@@ -41,8 +43,6 @@ from materializer.records import RecordOptions
 from materializer.validation import bounded
 from reward.scorer import RewardScorer
 from schemas.log import LogConfig
-from session_projector.consumer import consume_batches
-from session_projector.reader import load_state
 from session_projector.service import ReadySignal
 
 if TYPE_CHECKING:  # importing it loads torch, Ray and TransferQueue

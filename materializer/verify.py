@@ -31,7 +31,7 @@ from materializer.records import RecordOptions, derive_records, rederive
 from schemas.errors import LogUnavailable
 from schemas.log import LogConfig
 from schemas.records import MaterializedMarker, record_digest
-from session_projector.fold import SessionState
+from session.fold import SessionState
 from session_projector.projections import bucket, iter_bucket
 
 _marker = msgspec.json.Decoder(MaterializedMarker)

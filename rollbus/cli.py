@@ -33,7 +33,7 @@ import msgspec
 
 from edge.codec.fidelity import load_codec
 from materializer.service import MaterializerOptions
-from rollbus import demo, materialize, replay, rollout, sessions
+from rollbus.commands import demo, materialize, replay, rollout, sessions
 from rollbus.tools import EXIT_ERROR, LOG_LEVEL_HELP, check_nats, number
 from schemas.errors import RollbusError
 from stack.heap import settle_heap

@@ -12,7 +12,7 @@ before the envelope is published, so a reader never meets a reference it cannot 
 Readers decode such an envelope in two passes: :func:`references` lists what to fetch,
 :func:`decode_with` decodes with the fetched values in place. Every other envelope is
 decoded as before, at no extra cost. This module is pure; the fetching and storing is in
-:func:`session_projector.reader.decode_msg` and :mod:`edge.publisher`.
+:func:`eventlog.reader.decode_msg` and :mod:`eventlog.publisher`.
 """
 
 from __future__ import annotations

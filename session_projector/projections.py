@@ -1,7 +1,7 @@
 """Session projections: one compact record per session in the projections KV bucket.
 
 A :class:`Projection` is a session's fold state with its buffers released
-(:func:`session_projector.fold.release_buffers`: no tokens, no reply texts) and the log
+(:func:`session.fold.release_buffers`: no tokens, no reply texts) and the log
 position it was folded up to. The projector service writes them; the edge's
 ``GET /sessions/{id}`` and ``rollbus sessions`` read them, so neither replays the log.
 
@@ -33,11 +33,11 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 
+from eventlog.reader import iter_envelopes, last_stream_seq
 from schemas.errors import Conflict, LogUnavailable
 from schemas.log import LogConfig, check_session_id
-from session_projector.fold import SessionState, fold, release_buffers
-from session_projector.reader import iter_envelopes, last_stream_seq
-from session_projector.summary import SessionSummary, summarize
+from session.fold import SessionState, fold, release_buffers
+from session.summary import SessionSummary, summarize
 
 T = TypeVar("T")
 _KV_OPERATION = "KV-Operation"

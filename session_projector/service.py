@@ -31,13 +31,13 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
 
+from eventlog.consumer import pull_batches, settle
+from eventlog.reader import decode_msg, load_state
 from schemas.errors import LogUnavailable
 from schemas.events import AnyEvent, SessionAborted, SessionFinalized
 from schemas.log import HDR_MSG_ID, LogConfig
-from session_projector.consumer import pull_batches, settle
-from session_projector.fold import SessionState, fold
+from session.fold import SessionState, fold
 from session_projector.projections import ProjectionStore, project
-from session_projector.reader import decode_msg, load_state
 
 log = logging.getLogger(__name__)
 

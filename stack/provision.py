@@ -42,7 +42,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
-from edge.publisher import refusal
+from eventlog.publisher import refusal
 from schemas.errors import LogUnavailable, RollbusError
 from schemas.log import MAX_PAYLOAD, LogConfig
 

@@ -41,16 +41,16 @@ from edge.keeper import SessionKeeper
 from edge.live import Registry
 from edge.metrics import Metrics
 from edge.ownership import KvLeases
-from edge.publisher import JetStreamLog
 from edge.service import EdgeService, KvSessionIndex
 from edge.settings import EdgeSettings
 from edge.turns import Clock, TurnRunner
+from eventlog.publisher import JetStreamLog
+from eventlog.reader import last_stream_seq, load_state
 from materializer.parquet import ParquetSink
 from materializer.service import Materializer, MaterializerOptions
 from reward.scorer import RewardScorer, load_scorer
 from schemas.log import LogConfig
 from session_projector.projections import current_summary, iter_projections
-from session_projector.reader import last_stream_seq, load_state
 from session_projector.service import Projector
 from stack.nats_server import EmbeddedNats, NatsSupervisor
 from stack.provision import connect, provision

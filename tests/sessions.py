@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from edge.publisher import JetStreamLog
+from eventlog.publisher import JetStreamLog
 from schemas.events import ChainStarted, ContextAppended, Event, RequestReceived, TokensGenerated, TurnCompleted
 from tests.helpers import SessionScript
 
@@ -83,7 +83,7 @@ async def append(log: JetStreamLog, script: SessionScript) -> int:
 
 def expected_statuses(scripts: Sequence[SessionScript]) -> dict[str, str]:
     """What each prompt's status must end as: finished when any session has a trajectory, else failure."""
-    from session_projector.fold import fold
+    from session.fold import fold
 
     ok: dict[str, bool] = {}
     for script in scripts:

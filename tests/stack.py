@@ -13,8 +13,8 @@ from pathlib import Path
 from nats.aio.client import Client
 
 from edge.engines.base import Engine
+from eventlog.reader import read_session
 from schemas.events import AnyEvent
-from session_projector.reader import read_session
 from stack.runtime import Stack, StackOptions
 
 

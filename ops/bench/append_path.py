@@ -8,9 +8,9 @@ sequence range), each waiting for its acknowledgement before the next, to a priv
 nats-server (file storage) through:
 
 * ``js.publish``: nats-py's JetStream publish (the baseline);
-* ``acked``: :class:`edge.acks.AckedPublisher`, nats-py's public ``Client`` API (one wildcard
+* ``acked``: :class:`eventlog.acks.AckedPublisher`, nats-py's public ``Client`` API (one wildcard
   reply subscription, ``nc.publish`` with a reply subject, msgspec-decoded acks), when
-  ``edge/acks.py`` is there;
+  ``eventlog/acks.py`` is there;
 * ``direct``: the former ``edge.nats_direct.DirectPublisher`` (a protocol client of our own),
   when ``edge/nats_direct.py`` is there: it was removed after this comparison; to measure it
   again, ``git show 41d31d8:edge/nats_direct.py > edge/nats_direct.py`` for the run (its
@@ -67,7 +67,7 @@ async def js_publish(nc: Client) -> tuple[Publish, Callable[[], Awaitable[None]]
 
 async def acked(nc: Client) -> tuple[Publish, Callable[[], Awaitable[None]]] | None:
     try:
-        from edge.acks import AckedPublisher
+        from eventlog.acks import AckedPublisher
     except ImportError:
         return None
     publisher = AckedPublisher(nc)

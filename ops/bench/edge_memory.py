@@ -31,7 +31,7 @@ from schemas.events import (
     ToolCall,
     TurnCompleted,
 )
-from session_projector.fold import SessionState, apply
+from session.fold import SessionState, apply
 
 PROMPT, CONTEXT, SAMPLED = 560, 50, 120
 

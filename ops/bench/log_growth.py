@@ -53,12 +53,12 @@ import nats
 from _http import Connection
 from edge_overhead import SYSTEM, TASK, TOOLS, Server, cpu_seconds
 
+from eventlog.reader import read_session
 from materializer.records import derive_records
 from schemas.bodies import rebuild
 from schemas.events import ChainStarted, ContextAppended, TokensGenerated
 from schemas.log import LogConfig
-from session_projector.fold import fold
-from session_projector.reader import read_session
+from session.fold import fold
 from stack.nats_server import EmbeddedNats
 
 MAX_TRAJECTORY = 1_000_000

@@ -51,7 +51,7 @@ from materializer.service import MaterializerOptions
 from materializer.tq_fields import fields_of, to_tensordict
 from materializer.transfer_queue import TransferQueueConnection, TransferQueueSink, tq
 from schemas.records import MaterializedMarker, TrajectoryRecord
-from session_projector.fold import fold
+from session.fold import fold
 from stack.heap import settle_heap
 from tests.helpers import SessionScript
 

@@ -7,7 +7,7 @@ the context tokens, ~120 sampled tokens with log probs, the reply), then measure
 * whole-log replay (``session_projector.replay.replay_all``: read, decode, fold every
   session) in events/s, and the same stream read by a bare nats-py ordered consumer that
   only counts messages; the ratio is replay events/s over bare-read events/s (target >= 0.5);
-* one 100-turn session rebuilt from the log (``session_projector.reader.load_state``, what
+* one 100-turn session rebuilt from the log (``eventlog.reader.load_state``, what
   the edge does on takeover and ``rollbus replay`` on one session), in ms (target <= 50).
 
 Each figure is the best of ``--repeat`` runs.
@@ -33,7 +33,8 @@ from nats.aio.client import Client
 from nats.js.api import DeliverPolicy
 from nats.js.client import JetStreamContext
 
-from edge.publisher import JetStreamLog
+from eventlog.publisher import JetStreamLog
+from eventlog.reader import load_state, read_session
 from schemas import tokens
 from schemas.bodies import literal
 from schemas.events import (
@@ -50,7 +51,6 @@ from schemas.events import (
     body_digest,
 )
 from schemas.log import LogConfig
-from session_projector.reader import load_state, read_session
 from session_projector.replay import ReplayStats, replay_all
 from stack.nats_server import EmbeddedNats
 from stack.provision import connect, provision

@@ -36,10 +36,10 @@ from edge.codec.parsers import make_parser
 from edge.codec.tokenizer import load_tokenizer
 from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult
 from edge.live import Registry
-from edge.publisher import Appended
 from edge.service import EdgeService, OpenSession
 from edge.settings import EdgeSettings
 from edge.turns import TurnRunner
+from eventlog.publisher import Appended
 from schemas import envelope
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",

@@ -1,5 +1,5 @@
-"""The event log in memory: what :class:`edge.publisher.JetStreamLog` and the log's readers
-(:mod:`session_projector.reader`) do, for unit tests that need no NATS.
+"""The event log in memory: what :class:`eventlog.publisher.JetStreamLog` and the log's readers
+(:mod:`eventlog.reader`) do, for unit tests that need no NATS.
 
 :class:`InMemoryLog` keeps what JetStream would keep: one stream of messages (subject, headers,
 payload), each payload encoded by the real envelope codec (:mod:`schemas.envelope`), and an object
@@ -23,7 +23,7 @@ Where it differs: the duplicate window never closes (JetStream forgets a ``Nats-
 ``LogConfig.duplicate_window_s``), and the transport's failures (timeouts, no responders, refused
 credentials) do not happen unless a test asks for one (:meth:`InMemoryLog.fail_next`).
 
-The read side mirrors :mod:`session_projector.reader`: :meth:`InMemoryLog.read_session`,
+The read side mirrors :mod:`eventlog.reader`: :meth:`InMemoryLog.read_session`,
 :meth:`InMemoryLog.load_state` (a :data:`edge.live.Loader`) and :meth:`InMemoryLog.last_stream_seq`
 (a :data:`edge.live.Position`). :func:`in_memory_service` builds an edge service on it the way
 :func:`stack.runtime.build_edge_service` builds one on JetStream.
@@ -41,10 +41,11 @@ from edge.codec.incremental import TemplateCodec
 from edge.codec.parsers.base import ToolParser
 from edge.engines.base import Engine
 from edge.live import Registry
-from edge.publisher import Appended
 from edge.service import EdgeService
 from edge.settings import Clock, EdgeSettings
 from edge.turns import TurnRunner
+from eventlog.publisher import Appended
+from eventlog.reader import SessionLog, decode_message
 from schemas import blobs, envelope
 from schemas.errors import FoldError, OwnershipLost, PayloadTooLarge, RollbusError, SessionNotFound
 from schemas.events import SCHEMA_VERSION, AnyEvent, Event
@@ -57,8 +58,7 @@ from schemas.log import (
     check_session_id,
     msg_id,
 )
-from session_projector.fold import SessionState, fold
-from session_projector.reader import SessionLog, decode_message
+from session.fold import SessionState, fold
 
 
 class StoredMessage(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,7 +84,7 @@ Batch = tuple[Sequence[Event], bytes, int]  # events, their envelope, how many v
 
 
 class InMemoryLog:
-    """An :class:`edge.publisher.EventLog` and its readers, in memory (see the module's docstring)."""
+    """An :class:`eventlog.publisher.EventLog` and its readers, in memory (see the module's docstring)."""
 
     def __init__(self, cfg: LogConfig | None = None) -> None:
         self.cfg = cfg if cfg is not None else LogConfig()

@@ -16,7 +16,8 @@ from typing import Protocol
 import msgspec
 import pytest
 
-from edge.publisher import EventLog
+from eventlog.publisher import EventLog
+from eventlog.reader import SessionLog
 from rollbus.testing.memory_log import StoredMessage
 from schemas import envelope, tokens
 from schemas.bodies import literal
@@ -32,8 +33,7 @@ from schemas.log import (
     LogConfig,
     msg_id,
 )
-from session_projector.fold import SessionState, fold
-from session_projector.reader import SessionLog
+from session.fold import SessionState, fold
 from tests.helpers import SessionScript, envelopes
 
 LIMIT = 32 * 1024  # every contract log's max_event_bytes

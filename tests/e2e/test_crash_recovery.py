@@ -27,10 +27,10 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
+from eventlog.reader import load_state
 from materializer.records import derive_records
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply
 from schemas.log import LogConfig
-from session_projector.reader import load_state
 from stack.nats_server import EmbeddedNats
 from stack.provision import connect
 

@@ -44,7 +44,7 @@ from openai import OpenAI
 from edge.codec.tokenizer import Tokenizer
 from materializer.verify import read_marker
 from rollbus.cli import build_parser
-from rollbus.replay import replay_main
+from rollbus.commands.replay import replay_main
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
 from tests.e2e import fuzz_payloads as fp
 from tests.e2e.test_hostile_input import IM_END, Session, anthropic_error, openai_error

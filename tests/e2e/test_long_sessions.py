@@ -21,7 +21,7 @@ import pytest
 from openai import OpenAI
 
 from rollbus.cli import build_parser
-from rollbus.replay import replay_main
+from rollbus.commands.replay import replay_main
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
 from schemas import bodies
 from schemas.events import RequestReceived

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from edge.publisher import Appended, JetStreamLog
+from eventlog.publisher import Appended, JetStreamLog
 from schemas.errors import LogUnavailable
 from schemas.events import Event, RequestReceived, TurnCompleted
 from tests.e2e.test_openai_session import open_session, reply

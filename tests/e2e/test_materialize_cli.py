@@ -10,12 +10,12 @@ from pathlib import Path
 
 import httpx
 
-from edge.publisher import JetStreamLog
+from eventlog.publisher import JetStreamLog
 from materializer.dataset import iter_padded_batches, read_dataset, session_rows
 from materializer.records import derive_records
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
 from schemas.log import LogConfig
-from session_projector.fold import fold
+from session.fold import fold
 from stack.nats_server import EmbeddedNats
 from stack.provision import connect, provision
 from tests.e2e.test_cli import Up

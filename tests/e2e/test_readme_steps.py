@@ -25,8 +25,8 @@ import anthropic
 import pytest
 
 from materializer.dataset import session_rows
-from rollbus.demo import _print_table
-from rollbus.sessions import table
+from rollbus.commands.demo import _print_table
+from rollbus.commands.sessions import table
 from rollbus.testing.scripted import ScriptedReply
 from tests.e2e.conftest import ADMIN_TOKEN
 

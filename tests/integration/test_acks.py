@@ -9,8 +9,8 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 
-from edge.acks import Ack, AckedPublisher, NoResponders, PublishRejected
-from edge.publisher import JetStreamLog
+from eventlog.acks import Ack, AckedPublisher, NoResponders, PublishRejected
+from eventlog.publisher import JetStreamLog
 from schemas.errors import OwnershipLost
 from schemas.log import HDR_EXPECTED_LAST_SUBJECT_SEQ, HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT, HDR_MSG_ID, LogConfig
 from tests.helpers import SessionScript

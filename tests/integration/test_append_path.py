@@ -22,7 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from edge.publisher import JetStreamLog, refusal
+from eventlog.publisher import JetStreamLog, refusal
 from schemas.errors import LogUnavailable, PayloadTooLarge
 from schemas.events import Event, SessionFinalized
 from schemas.log import HDR_MSG_ID, LogConfig

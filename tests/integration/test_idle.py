@@ -10,10 +10,10 @@ import time
 import weakref
 
 from edge.keeper import SessionKeeper
-from edge.publisher import JetStreamLog
+from eventlog.publisher import JetStreamLog
+from eventlog.reader import read_session
 from schemas.events import RewardReported, SessionAborted
 from session_projector.projections import iter_projections
-from session_projector.reader import read_session
 from session_projector.service import Projector
 from tests.integration.edges import Agent, FakeClock, edges
 from tests.integration.projecting import running, wait_projected

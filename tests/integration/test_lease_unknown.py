@@ -14,8 +14,8 @@ from edge.keeper import SessionKeeper
 from edge.live import LiveSession
 from edge.ownership import KvLeases
 from edge.service import EdgeService
+from eventlog.reader import load_state
 from schemas.errors import LogUnavailable
-from session_projector.reader import load_state
 from tests.integration.edges import Agent, FakeClock, edges
 
 TTL = 10.0

@@ -1,5 +1,5 @@
 """The log contract (tests/contract/log_contract.py) against JetStream: ``JetStreamLog`` and the readers of
-:mod:`session_projector.reader` on a real nats-server (the test's own stream)."""
+:mod:`eventlog.reader` on a real nats-server (the test's own stream)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from edge.acks import Ack, AckedPublisher
-from edge.publisher import JetStreamLog
+from eventlog.acks import Ack, AckedPublisher
+from eventlog.publisher import JetStreamLog
+from eventlog.reader import SessionLog, last_stream_seq, load_state, read_session
 from rollbus.testing.memory_log import StoredMessage
 from schemas.log import LogConfig
-from session_projector.fold import SessionState
-from session_projector.reader import SessionLog, last_stream_seq, load_state, read_session
+from session.fold import SessionState
 from tests.contract.log_contract import LIMIT, LogContract
 
 

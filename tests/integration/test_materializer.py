@@ -11,14 +11,14 @@ from collections import Counter
 import msgspec
 import pytest
 
-from edge.publisher import JetStreamLog
+from eventlog.publisher import JetStreamLog
 from materializer.batch import BatchWriter
 from materializer.ledger import Markers, PromptLedger, open_bucket
 from materializer.parquet import ParquetSink
 from materializer.records import derive_records
 from materializer.service import Materializer, MaterializerOptions
 from schemas.records import MaterializedMarker, record_digest
-from session_projector.fold import fold
+from session.fold import fold
 from session_projector.service import Projector
 from tests.helpers import SessionScript
 from tests.sessions import append, expected_statuses, workload
@@ -136,8 +136,8 @@ async def test_a_batch_staged_before_a_crash_is_committed_or_discarded_on_restar
 
 
 async def test_a_batch_that_fails_between_its_markers_is_finished_by_the_next_write(nc, js, log_config, tmp_path):
+    from eventlog.reader import load_state
     from schemas.errors import LogUnavailable
-    from session_projector.reader import load_state
 
     scripts = workload(prompts=2, n=2, seed=8)
     log = JetStreamLog(nc, log_config)
@@ -188,7 +188,7 @@ def prompt_session(uid: str, index: int, *, chains: int = 1, abort: bool = False
 
 
 async def batch_writer(js, cfg, sink, **kwargs) -> BatchWriter:
-    from session_projector.reader import load_state
+    from eventlog.reader import load_state
 
     return BatchWriter(load=lambda sid: load_state(js, cfg, sid),
                        markers=Markers(await open_bucket(js, cfg.markers_bucket), 5.0),

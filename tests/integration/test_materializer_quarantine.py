@@ -14,18 +14,18 @@ from collections.abc import AsyncIterator
 from nats.js.client import JetStreamContext
 
 from edge.metrics import Metrics
-from edge.publisher import JetStreamLog
+from eventlog.publisher import JetStreamLog
+from eventlog.reader import read_session
 from materializer.ledger import Markers, PromptLedger, open_bucket
 from materializer.parquet import ParquetSink
 from materializer.records import derive_records
 from materializer.service import Materializer, MaterializerOptions
 from reward.scorer import FunctionScorer, ScoreRequest, ScorerError
 from rollbus.cli import build_parser
-from rollbus.sessions import sessions_main
+from rollbus.commands.sessions import sessions_main
 from schemas.events import SessionQuarantined
 from schemas.log import LogConfig
-from session_projector.fold import fold
-from session_projector.reader import read_session
+from session.fold import fold
 from session_projector.service import Projector
 from tests.helpers import SessionScript
 from tests.integration.projecting import wait_projected

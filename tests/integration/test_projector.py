@@ -8,12 +8,12 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from edge.publisher import JetStreamLog
+from eventlog.publisher import JetStreamLog
 from schemas.log import LogConfig
-from session_projector.fold import fold
+from session.fold import fold
+from session.summary import summarize
 from session_projector.projections import ProjectionStore, current_summary, read_projection
 from session_projector.service import Projector, ReadySignal
-from session_projector.summary import summarize
 from tests.helpers import SessionScript, append_all, envelopes
 from tests.integration.projecting import running, wait_drained, wait_projected
 

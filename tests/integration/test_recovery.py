@@ -10,14 +10,14 @@ import msgspec
 import numpy as np
 import pytest
 
-from edge.publisher import JetStreamLog
 from edge.turns import TurnOutcome
+from eventlog.publisher import JetStreamLog
+from eventlog.reader import load_state, read_session
 from schemas.errors import IdempotencyKeyReused, OwnershipLost, SessionOwned
 from schemas.events import RewardReported
-from session_projector.fold import fold
-from session_projector.reader import load_state, read_session
+from session.fold import fold
+from session.summary import summarize
 from session_projector.service import Projector
-from session_projector.summary import summarize
 from tests.integration.edges import Agent, FakeClock, edges
 from tests.integration.projecting import running, wait_projected
 

@@ -10,13 +10,13 @@ import msgspec
 import numpy as np
 import pytest
 
-from edge.publisher import JetStreamLog
+from eventlog.publisher import JetStreamLog
 from materializer.records import derive_records
 from rollbus.cli import build_parser
-from rollbus.replay import replay_main
-from rollbus.sessions import sessions_main
+from rollbus.commands.replay import replay_main
+from rollbus.commands.sessions import sessions_main
 from schemas.records import MaterializedMarker, record_digest
-from session_projector.fold import fold
+from session.fold import fold
 from session_projector.service import Projector
 from tests.helpers import SessionScript, append_all, envelopes
 from tests.integration.projecting import running, wait_projected

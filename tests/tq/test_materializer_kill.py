@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import transfer_queue as tq
 
-from edge.publisher import JetStreamLog
+from eventlog.publisher import JetStreamLog
 from materializer.ledger import Markers, open_bucket
 from materializer.parquet import ParquetSink
 from materializer.prompts import RANK
@@ -29,7 +29,7 @@ from materializer.records import derive_records
 from materializer.service import Materializer, MaterializerOptions
 from materializer.transfer_queue import TransferQueueSink
 from schemas.log import LogConfig
-from session_projector.fold import fold
+from session.fold import fold
 from session_projector.service import Projector
 from stack.nats_server import EmbeddedNats
 from stack.provision import connect, provision

@@ -8,12 +8,12 @@ import secrets
 
 import msgspec
 
-from edge.publisher import JetStreamLog
+from eventlog.publisher import JetStreamLog
+from eventlog.reader import read_session
 from materializer.parquet import ParquetSink
 from materializer.service import Materializer, MaterializerOptions
 from materializer.transfer_queue import TransferQueueSink
 from schemas.events import SessionQuarantined
-from session_projector.reader import read_session
 from session_projector.service import Projector
 from tests.helpers import SessionScript
 from tests.integration.test_materializer import _drained

@@ -8,7 +8,7 @@ from materializer.parquet import ParquetSink
 from materializer.records import derive_records
 from materializer.transfer_queue import TransferQueueSink
 from schemas.records import MaterializedMarker
-from session_projector.fold import fold
+from session.fold import fold
 from tests.sessions import workload
 from tests.tq.readers import common_view, parquet_rows, tq_partition
 

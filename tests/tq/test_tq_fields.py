@@ -17,7 +17,7 @@ from materializer.tq_fields import (
     to_tensordict,
 )
 from schemas.records import TrajectoryRecord
-from session_projector.fold import fold
+from session.fold import fold
 from tests.sessions import workload
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import transfer_queue as tq
 
-from edge.publisher import JetStreamLog
+from eventlog.publisher import JetStreamLog
 from materializer.dataset import iter_padded_batches
 from materializer.ledger import PromptLedger, open_bucket
 from materializer.parquet import ParquetSink
@@ -104,7 +104,7 @@ async def test_a_prompt_consumed_before_a_restart_is_not_brought_back(nc, js, lo
     from materializer.ledger import Markers
     from materializer.records import derive_records
     from schemas.records import MaterializedMarker, record_digest
-    from session_projector.fold import fold
+    from session.fold import fold
 
     markers = Markers(await open_bucket(js, log_config.markers_bucket), 5.0)
     state = fold(script.events)

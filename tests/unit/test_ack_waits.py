@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from edge.acks import PROBE_S, Ack, AckWaits, PublishRefused
+from eventlog.acks import PROBE_S, Ack, AckWaits, PublishRefused
 
 
 async def _timed_out(waits: AckWaits, timeout: float) -> float:

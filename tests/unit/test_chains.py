@@ -3,12 +3,12 @@
 import msgspec
 import pytest
 
-from edge.chains import Continue, Exhausted, NewChain, Rollback, select_chain
 from edge.codec import digest
 from edge.codec.conversation import Message, ToolSpec
 from edge.codec.digest import prefix_digests, tools_digest
 from schemas.events import ToolCall
-from session_projector.fold import fold
+from session.chains import Continue, Exhausted, NewChain, Rollback, select_chain
+from session.fold import fold
 from tests.helpers import SessionScript
 
 SYS = Message(role="system", content="be brief")

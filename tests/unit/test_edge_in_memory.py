@@ -36,7 +36,7 @@ from schemas.events import (
     TokensGenerated,
     TurnCompleted,
 )
-from session_projector.fold import apply, fold
+from session.fold import apply, fold
 
 SID = "0123456789abcdef0123456789abcdef"
 IM_END = 151645

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from edge.engine_input import InputBuffer
 from schemas import tokens
-from session_projector.fold import fold
+from session.fold import fold
 from tests.helpers import SessionScript
 
 

@@ -115,7 +115,7 @@ async def test_the_span_reaches_the_trajectory_tags() -> None:
     import msgspec
 
     from materializer.records import derive_records
-    from session_projector.fold import fold
+    from session.fold import fold
     from tests.helpers import SessionScript
 
     script = SessionScript(metadata={"global_steps": 9})

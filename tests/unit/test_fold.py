@@ -2,7 +2,7 @@ import pytest
 
 from schemas import tokens
 from schemas.errors import FoldError, OutOfOrderEvent
-from session_projector.fold import apply, fold
+from session.fold import apply, fold
 from tests.helpers import SessionScript
 
 

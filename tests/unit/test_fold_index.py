@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from schemas import tokens
 from schemas.events import RequestReceived, body_digest
-from session_projector.fold import fold, release_buffers
-from session_projector.summary import summarize
+from session.fold import fold, release_buffers
+from session.summary import summarize
 from tests.helpers import SessionScript
 
 

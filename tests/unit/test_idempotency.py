@@ -9,7 +9,7 @@ import pytest
 from edge.idempotency import InFlight, identify, recorded_outcome, repeated_request, retry_count
 from schemas.errors import IdempotencyKeyReused, MalformedRequest
 from schemas.events import ToolCall, TurnCompleted
-from session_projector.fold import fold
+from session.fold import fold
 from tests.helpers import SessionScript
 
 BODY, OTHER = b'{"messages":[1]}', b'{"messages":[2]}'

@@ -5,11 +5,11 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from eventlog.reader import SessionLog
 from rollbus.testing.memory_log import InMemoryLog, StoredMessage
 from schemas.errors import LogUnavailable
 from schemas.log import LogConfig
-from session_projector.fold import SessionState
-from session_projector.reader import SessionLog
+from session.fold import SessionState
 from tests.contract.log_contract import LIMIT, LogContract, session
 from tests.helpers import envelopes
 

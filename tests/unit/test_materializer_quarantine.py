@@ -14,13 +14,13 @@ from materializer.records import RecordOptions, derive_records
 from materializer.service import backoff
 from materializer.validation import bounded, record_problems, session_problem
 from materializer.verify import compare
-from rollbus.sessions import shown_status, table
+from rollbus.commands.sessions import shown_status, table
 from schemas import envelope
 from schemas.errors import FoldError, LogUnavailable, SessionNotFound
 from schemas.events import SessionQuarantined
 from schemas.records import MaterializedMarker, TrajectoryRecord, records_to_table
-from session_projector.fold import SessionState, fold, release_buffers
-from session_projector.summary import summarize
+from session.fold import SessionState, fold, release_buffers
+from session.summary import summarize
 from tests.helpers import SessionScript
 
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from materializer.padding import Jagged, Padding, RecordTooLong, pad, pad_records
 from materializer.records import derive_records
-from session_projector.fold import fold
+from session.fold import fold
 from tests.helpers import SessionScript
 
 

@@ -14,7 +14,7 @@ from materializer.padding import Padding, RecordTooLong
 from materializer.parquet import ParquetSink, batch_name
 from materializer.records import RecordOptions, derive_records
 from schemas.records import TRAJECTORY_SCHEMA, MaterializedMarker
-from session_projector.fold import fold
+from session.fold import fold
 from tests.helpers import SessionScript
 
 

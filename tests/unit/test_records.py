@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 
 from materializer.records import RecordOptions, derive_records
 from schemas.records import TRAJECTORY_SCHEMA, records_to_table
-from session_projector.fold import fold
+from session.fold import fold
 from tests.helpers import SessionScript
 
 

@@ -9,7 +9,7 @@ import pytest
 from materializer.metadata import read_keys, record_options
 from materializer.prompts import PromptProgress
 from materializer.records import RecordOptions
-from session_projector.fold import fold
+from session.fold import fold
 from tests.helpers import SessionScript
 
 GLOBAL = RecordOptions(trajectory_selection="all", mask_unfinished_episode=False)

@@ -6,7 +6,7 @@ from materializer.records import derive_records
 from schemas import envelope
 from schemas.bodies import received
 from schemas.events import TurnAbandoned
-from session_projector.fold import fold
+from session.fold import fold
 from tests.helpers import SessionScript
 
 

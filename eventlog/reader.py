@@ -22,7 +22,7 @@ from schemas import blobs, envelope
 from schemas.errors import FoldError, LogUnavailable, SessionNotFound
 from schemas.events import SCHEMA_VERSION, AnyEvent
 from schemas.log import HDR_BLOBS, HDR_SCHEMA, LogConfig, check_session_id
-from session_projector.fold import SessionState, fold
+from session.fold import SessionState, fold
 
 
 class SessionLog(msgspec.Struct, frozen=True, kw_only=True):

@@ -5,7 +5,7 @@
 * The per-session expected-last-subject-sequence check (filtered on the session's
   subjects) makes a stale writer fail with :class:`OwnershipLost` instead of
   interleaving.
-* Every publish goes through nats-py's public ``Client`` API (:class:`edge.acks.AckedPublisher`,
+* Every publish goes through nats-py's public ``Client`` API (:class:`eventlog.acks.AckedPublisher`,
   chosen over ``js.publish`` by ``ops/bench/append_path.py``) and is bounded by a timer. A publish
   that timed out may still have been stored, so it is retried with the same headers. JetStream
   checks the expected last sequence before its duplicate window, so a retry of a stored
@@ -42,7 +42,7 @@ fails after the attempts, with that in the message.
 A dead connection is the client's to detect: its pings (``ping_interval`` and
 ``max_outstanding_pings``, set in :func:`stack.provision.connect`) find a half-open link
 within seconds and it reconnects. A publish waiting on the dead link then fails at once
-(:class:`edge.acks.AckedPublisher` sees its connection gone) and its retry goes out on the new
+(:class:`eventlog.acks.AckedPublisher` sees its connection gone) and its retry goes out on the new
 connection, buffered by nats-py while it reconnects.
 """
 
@@ -71,7 +71,7 @@ from nats.errors import (
 )
 from nats.errors import Error as NatsError
 
-from edge.acks import Ack, AckedPublisher, NoResponders, PublishRefused, PublishRejected
+from eventlog.acks import Ack, AckedPublisher, NoResponders, PublishRefused, PublishRejected
 from schemas import blobs, envelope
 from schemas.errors import LogUnavailable, OwnershipLost, PayloadTooLarge, RollbusError
 from schemas.events import SCHEMA_VERSION, Event

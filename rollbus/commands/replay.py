@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import msgspec
 from nats.js.client import JetStreamContext
 
+from eventlog.reader import read_session
 from materializer.records import derive_records
 from materializer.verify import Difference, body_differences, compare, load_markers, read_marker
 from rollbus.tools import EXIT_DIFFERENT, EXIT_ERROR, EXIT_OK, add_connection_args, run_tool
@@ -31,10 +32,10 @@ from schemas.errors import SessionNotFound
 from schemas.events import AnyEvent
 from schemas.log import LogConfig
 from schemas.records import record_digest
-from session_projector.fold import SessionState, fold
-from session_projector.reader import read_session
-from session_projector.replay import ChainView, ReplayStats, chain_tokens, chain_views, replay_all
-from session_projector.summary import summarize
+from session.fold import SessionState, fold
+from session.summary import summarize
+from session.views import ChainView, chain_tokens, chain_views
+from session_projector.replay import ReplayStats, replay_all
 
 
 def register(sub: argparse._SubParsersAction) -> None:

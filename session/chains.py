@@ -22,7 +22,7 @@ from collections.abc import Collection, Sequence
 
 import msgspec
 
-from session_projector.fold import ChainState, SessionState
+from session.fold import ChainState, SessionState
 
 
 class Continue(msgspec.Struct, frozen=True):

@@ -32,8 +32,8 @@ from nats.js.client import JetStreamContext
 
 from rollbus.tools import EXIT_OK, add_connection_args, run_tool
 from schemas.log import LogConfig
+from session.summary import SessionSummary, summarize
 from session_projector.projections import iter_projections
-from session_projector.summary import SessionSummary, summarize
 
 STATUSES = ("open", "finalized", "aborted", "quarantined")
 

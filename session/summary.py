@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from session_projector.fold import SessionState
+from session.fold import SessionState
 
 
 class ChainSummary(msgspec.Struct, frozen=True, kw_only=True):

@@ -13,7 +13,7 @@ so a retried request can be answered with the turn already recorded for it.
 
 :func:`release_buffers` drops what only the edge and the materializer need (token
 buffers, reply texts, the request index) and keeps every counter and status: the fold
-goes on from a released state, and :func:`session_projector.summary.summarize` of it is
+goes on from a released state, and :func:`session.summary.summarize` of it is
 the summary of the full state. That is what the projector stores per session.
 """
 

@@ -1,0 +1,3 @@
+"""The CLI's commands, one module each: ``rollbus demo``, ``materialize``, ``replay``,
+``rollout``, ``sessions``.
+"""

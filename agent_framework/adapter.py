@@ -44,6 +44,7 @@ from agent_framework.dispatch import Dispatcher
 from agent_framework.pool import EdgeError, EdgePool, Placement
 from agent_framework.samples import Prompt, prompts_of
 from agent_framework.session import SessionHandle
+from schemas.metadata import SessionSettings
 
 log = logging.getLogger(__name__)
 
@@ -292,12 +293,13 @@ class AgentFrameworkRolloutAdapter:
 
     def _open_spec(self, prompt: Prompt, index: int, n: int, attempt: int, runner: RunnerConfig) -> dict[str, Any]:
         config = self.config
+        settings = SessionSettings(
+            rollout_n=n, attempt=attempt, global_steps=prompt.global_steps, tq_partition=prompt.partition,
+            prompt_status_rule=config.prompt_status_rule, trajectory_selection=runner.trajectory_selection,
+            mask_unfinished_episode=config.mask_unfinished_episode)
         metadata: dict[str, Any] = {
             **prompt.task, "raw_prompt": prompt.raw_prompt, "tools_kwargs": prompt.tools_kwargs,
-            "agent_name": runner.name, "rollout_n": n, "attempt": attempt, "global_steps": prompt.global_steps,
-            "tq_partition": prompt.partition, "prompt_status_rule": config.prompt_status_rule,
-            "trajectory_selection": runner.trajectory_selection,
-            "mask_unfinished_episode": config.mask_unfinished_episode,
+            "agent_name": runner.name, **settings.to_metadata(),
         }
         if prompt.index is not None:
             metadata["index"] = prompt.index

@@ -42,10 +42,11 @@ from typing import Any, Literal
 
 import msgspec
 
+from schemas.metadata import StatusRule, TrajectorySelection
+
 CUSTOM_KEY = "actor_rollout_ref.rollout.custom.agent_framework"
 
 DispatchMode = Literal["inline_async", "ray_task"]
-StatusRule = Literal["any_success", "all_success"]
 
 
 class ConfigError(ValueError):
@@ -59,7 +60,7 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     tool_config_path: str | None = None
     dispatch_mode: DispatchMode = "inline_async"
     max_concurrent_sessions: int = 0
-    trajectory_selection: Literal["all", "longest"] = "all"
+    trajectory_selection: TrajectorySelection = "all"
 
 
 class Sampling(msgspec.Struct, frozen=True, kw_only=True):

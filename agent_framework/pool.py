@@ -61,8 +61,9 @@ class EdgePool:
         self.urls = list(urls)
         self.active = [0] * len(self.urls)
         self._headers = {"Authorization": f"Bearer {admin_token}"}
-        # Idle connections are dropped before the edge's keep-alive (uvicorn's 5 s) closes them, so a
-        # request never goes out on a connection the server is closing.
+        # Idle connections are dropped (after 2 s) long before the edge closes an idle keep-alive
+        # connection (granian: after its header read timeout, 30 s by default), so a request never
+        # goes out on a connection the server is closing.
         self._client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=256,
                                                                               keepalive_expiry=2.0))
         self._attempts = open_attempts

@@ -23,10 +23,11 @@ from starlette.exceptions import HTTPException
 from edge.codec import anthropic_wire, openai_wire
 from edge.codec.anthropic_wire import AnthropicWire
 from edge.codec.openai_wire import OpenAIWire
+from edge.http_errors import MethodNotAllowed, RouteNotFound, http_error
 from edge.metrics import Metrics
 from edge.routes import admin, reward
 from edge.routes.model import ModelRoutes, is_anthropic_path
-from edge.routes.wire import ErrorEncoder, RouteNotServed, json_response
+from edge.routes.wire import ErrorEncoder, json_response
 from edge.service import EdgeService
 from schemas.errors import MalformedRequest, RollbusError
 
@@ -39,23 +40,26 @@ def error_encoder(path: str) -> ErrorEncoder:
 
 
 def _answer(request: Request, exc: RollbusError, headers: dict[str, str] | None = None) -> Response:
-    response = json_response(error_encoder(request.url.path)(exc), exc.status)
+    response = json_response(error_encoder(request.url.path)(exc), http_error(exc).status)
     response.headers.update(headers or {})
     return response
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
-    """FastAPI's (Starlette's) 404, 405 and other HTTP errors, in the wire's shape."""
+    """FastAPI's (Starlette's) 404, 405 and other HTTP errors, in the wire's shape: another 4xx is
+    answered as a malformed request (400), a 5xx as an internal error (500)."""
     assert isinstance(exc, HTTPException)
     where = f"{request.method} {request.url.path}"
+    error: RollbusError
     if exc.status_code == 404:
-        error = RouteNotServed(f"no route serves {where}", status=404, code="not_found_error")
+        error = RouteNotFound(f"no route serves {where}")
     elif exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "")
-        error = RouteNotServed(f"method {request.method} is not allowed on {request.url.path} (allowed: {allowed})",
-                               status=405, code="method_not_allowed")
+        error = MethodNotAllowed(f"method {request.method} is not allowed on {request.url.path} (allowed: {allowed})")
+    elif exc.status_code < 500:
+        error = MalformedRequest(str(exc.detail))
     else:
-        error = RouteNotServed(str(exc.detail), status=exc.status_code, code="http_error")
+        error = RollbusError("internal error")
     return _answer(request, error, exc.headers)
 
 
@@ -90,7 +94,8 @@ def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True
                   exception_handlers={HTTPException: _http_error, RequestValidationError: _validation_error,
                                       Exception: _server_error})
     app.state.service = service
-    app.state.metrics = metrics or Metrics()
+    # the service's registry (its turns are counted there), unless told another
+    app.state.metrics = metrics if metrics is not None else getattr(service, "metrics", None) or Metrics()
     app.include_router(admin.router)
     app.include_router(reward.router)
 
@@ -100,8 +105,10 @@ def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True
         return Response(content=body, status_code=status, media_type="application/json")
 
     @app.get("/metrics")
-    async def metrics_text() -> Response:
-        return Response(content=app.state.metrics.render(), media_type="text/plain; version=0.0.4")
+    async def metrics_text(request: Request) -> Response:
+        """Prometheus' text format (OpenMetrics when the scraper asks for it), by prometheus-client."""
+        body, content_type = app.state.metrics.render(request.headers.get("accept", ""))
+        return Response(content=body, headers={"content-type": content_type})
 
     adapters = {"v1/chat/completions": OpenAIWire(), "v1/messages": AnthropicWire()}
     return ModelRoutes(app, service, app.state.metrics, adapters)

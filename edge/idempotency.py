@@ -28,7 +28,8 @@ after an edge restart or a takeover too.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Protocol
 
 import msgspec
@@ -148,36 +149,21 @@ class InFlight:
                     original.adopted()
             await asyncio.wait([done for done, _ in running])
 
-    def running(self, identity: RequestIdentity, original: Adoptable | None = None) -> Running:
+    @contextmanager
+    def running(self, identity: RequestIdentity, original: Adoptable | None = None) -> Iterator[None]:
         """Registers a request as running for the block (``with inflight.running(...):``)."""
-        return Running(self._running, identity.tokens(), original)
+        names = identity.tokens()
+        entry = (asyncio.get_running_loop().create_future(), original)
+        for name in names:
+            self._running.setdefault(name, []).append(entry)
+        try:
+            yield
+        finally:
+            entry[0].set_result(None)
+            for name in names:
+                waiting = self._running.get(name, [])
+                if entry in waiting:
+                    waiting.remove(entry)
+                if not waiting:
+                    self._running.pop(name, None)
 
-
-class Running:
-    """:meth:`InFlight.running` as a plain context manager (it is on every turn's path)."""
-
-    __slots__ = ("_entry", "_names", "_original", "_table")
-
-    def __init__(self, table: dict[str, list[tuple[asyncio.Future[None], Adoptable | None]]], names: list[str],
-                 original: Adoptable | None) -> None:
-        self._table = table
-        self._names = names
-        self._original = original
-        self._entry: tuple[asyncio.Future[None], Adoptable | None] | None = None
-
-    def __enter__(self) -> None:
-        entry = self._entry = (asyncio.get_running_loop().create_future(), self._original)
-        for name in self._names:
-            self._table.setdefault(name, []).append(entry)
-
-    def __exit__(self, *exc: object) -> None:
-        entry = self._entry
-        if entry is None:
-            return
-        entry[0].set_result(None)
-        for name in self._names:
-            waiting = self._table.get(name, [])
-            if entry in waiting:
-                waiting.remove(entry)
-            if not waiting:
-                self._table.pop(name, None)

@@ -29,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import msgspec
 
@@ -111,10 +112,17 @@ class LiveSession:
         self._next_request += 1
         return number
 
-    def in_use(self) -> InUse:
+    @contextmanager
+    def in_use(self) -> Iterator[None]:
         """Marks a request in flight (``with live.in_use():``): the session is not idle, and its
         lease is kept renewed."""
-        return InUse(self)
+        self.active += 1
+        self.touched = self._clock()
+        try:
+            yield
+        finally:
+            self.active -= 1
+            self.touched = self._clock()
 
     def idle_for(self) -> float:
         return 0.0 if self.active else self._clock() - self.touched
@@ -155,25 +163,6 @@ class LiveSession:
         self.lost = True
         if self.on_lost is not None:
             self.on_lost(self)
-
-
-class InUse:
-    """:meth:`LiveSession.in_use` as a plain context manager (it is on every request's path)."""
-
-    __slots__ = ("_live",)
-
-    def __init__(self, live: LiveSession) -> None:
-        self._live = live
-
-    def __enter__(self) -> None:
-        live = self._live
-        live.active += 1
-        live.touched = live._clock()
-
-    def __exit__(self, *exc: object) -> None:
-        live = self._live
-        live.active -= 1
-        live.touched = live._clock()
 
 
 class Registry:

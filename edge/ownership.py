@@ -155,7 +155,10 @@ class KvLeases:
         except KeyNotFoundError as exc:
             # A deleted lease leaves a marker: its revision is what the next write must name.
             return None, int(exc.entry.revision or 0) if exc.entry is not None else 0
-        return _decoder.decode(entry.value or b""), int(entry.revision or 0)
+        try:
+            return _decoder.decode(entry.value or b""), int(entry.revision or 0)
+        except msgspec.DecodeError as exc:  # not written by an edge: who holds the session is unknown
+            raise LogUnavailable(f"the lease entry of session {session_id} is not a lease: {exc}") from exc
 
     async def write(self, session_id: str, revision: int) -> tuple[int, float]:
         """Write this edge's lease over ``revision`` (0: the key must not exist); returns the new

@@ -25,7 +25,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -53,7 +53,8 @@ from schemas.errors import (
 )
 from schemas.events import RewardReported, SamplingDefaults, SessionAborted, SessionFinalized, SessionOpened
 from schemas.log import LogConfig, check_session_id
-from schemas.values import INT32_MAX, INT64_MAX, INT64_MIN, check_free_form, is_int
+from schemas.metadata import or_default, read_settings
+from schemas.values import INT32_MAX, check_free_form
 from session.fold import apply
 from session.summary import SessionSummary, summarize
 from session_projector.projections import UNAVAILABLE
@@ -87,29 +88,15 @@ def same_secret(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
 
 
-def _int64(value: Any) -> bool:
-    return is_int(value) and INT64_MIN <= value <= INT64_MAX
-
-
-# The metadata keys the materializer reads (schemas/EVENTS.md, "session_opened metadata"): what
-# each must be, and how a refusal says it. A session is refused rather than its key ignored later.
-_METADATA: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "rollout_n": (lambda v: _int64(v) and v >= 1, f"an integer from 1 to {INT64_MAX}"),
-    "global_steps": (_int64, "a 64-bit integer"),
-    "tq_partition": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
-    "attempt": (_int64, "a 64-bit integer"),
-    "prompt_status_rule": (lambda v: v in ("any_success", "all_success"), "'any_success' or 'all_success'"),
-    "trajectory_selection": (lambda v: v in ("all", "longest"), "'all' or 'longest'"),
-    "mask_unfinished_episode": (lambda v: isinstance(v, bool), "a boolean"),
-}
-
-
 def _check_metadata(metadata: dict[str, Any]) -> None:
+    """Refuse (400) a setting the materializer reads (:mod:`schemas.metadata`) of the wrong type, and
+    any value the log cannot hold: any other key is the task's, any JSON, its integers within 64 bits."""
+    _, invalid = read_settings(metadata)
+    if invalid:
+        bad = invalid[0]
+        raise MalformedRequest(f"metadata.{bad.key} must be {bad.expected}", param=f"metadata.{bad.key}")
     for key, value in metadata.items():
-        rule = _METADATA.get(key)
-        if rule is not None and not rule[0](value):
-            raise MalformedRequest(f"metadata.{key} must be {rule[1]}", param=f"metadata.{key}")
-        check_free_form(value, f"metadata.{key}")  # any other key: any JSON, its integers within 64 bits
+        check_free_form(value, f"metadata.{key}")
 
 
 def _check_open_request(spec: OpenSession) -> str:
@@ -136,15 +123,21 @@ class IndexHolder(msgspec.Struct, frozen=True, kw_only=True):
 _holder_decoder = msgspec.json.Decoder(IndexHolder)
 
 
+def _holder(value: bytes, key: str) -> IndexHolder:
+    try:
+        return _holder_decoder.decode(value)
+    except msgspec.DecodeError as exc:  # not written by an edge: who holds the pair is unknown
+        raise LogUnavailable(f"session index entry {key} is not a session index entry: {exc}") from exc
+
+
 def index_key(uid: str, session_index: int) -> str:
     """The session index key of ``(uid, session_index)``: a digest, safe as a KV key whatever the uid."""
     return hashlib.sha256(msgspec.json.encode([uid, session_index])).hexdigest()
 
 
 def attempt_of(metadata: dict[str, Any]) -> int:
-    """The session's dispatch attempt (``metadata.attempt``, checked to be an int; 0 without it)."""
-    attempt = metadata.get("attempt", 0)
-    return attempt if is_int(attempt) else 0
+    """The session's dispatch attempt (``metadata.attempt``, checked by :func:`_check_metadata`; 0 without it)."""
+    return or_default(read_settings(metadata)[0].attempt, 0)
 
 
 class IndexClaim(Protocol):
@@ -197,7 +190,7 @@ class KvSessionIndex:
                 previous, revision = None, int(exc.entry.revision or 0) if exc.entry is not None else 0
             else:
                 previous, revision = entry.value or b"", int(entry.revision or 0)
-                holder = _holder_decoder.decode(previous)
+                holder = _holder(previous, key)
                 if attempt <= holder.attempt:
                     raise Conflict(
                         f"uid {uid!r} session_index {session_index} is already taken by session "
@@ -209,7 +202,7 @@ class KvSessionIndex:
                 continue
             if previous is not None:
                 log.info("uid %r session_index %d: attempt %d takes over from session %s", uid, session_index,
-                         attempt, _holder_decoder.decode(previous).session_id)
+                         attempt, _holder(previous, key).session_id)
             return _KvClaim(kv, key, new_revision, previous, self._timeout)
         raise Conflict(f"uid {uid!r} session_index {session_index} is being opened concurrently",
                        param="session_index")
@@ -249,6 +242,8 @@ class EdgeService:
         self._clock = clock
         self._leases = leases
         self._index = index
+        self.metrics = turns.metrics  # the turns' registry: the edge's /metrics
+        self.metrics.edge.sessions_open.set_function(registry.__len__)
 
     @property
     def registry(self) -> Registry:
@@ -322,6 +317,7 @@ class EdgeService:
         with live.in_use():
             outcome = await self._recorded(live, identity) if identity.may_repeat else None
             if outcome is not None:
+                self.metrics.edge.replayed(request.wire)
                 return outcome
             with live.inflight.running(identity, request.disconnect):
                 return await self._turns.run(live, request)
@@ -334,6 +330,7 @@ class EdgeService:
         with live.in_use():
             outcome = await self._recorded(live, identity)
         if outcome is not None:
+            self.metrics.edge.replayed(request.wire)
             recorded = RecordedStream(outcome)
             return recorded, recorded.first
         return await TurnStream.open(self._turns, live, request)
@@ -404,6 +401,8 @@ class EdgeService:
         event = event_type(session_id=session_id, seq=0, time=self._clock(), reason=reason)
         await live.commit(self._log, lambda _: [event])
         await self._registry.release(session_id)
+        if status == "aborted":
+            self.metrics.failures.labels("edge", "session_aborted").inc()
         return summarize(live.state)
 
     async def abort_if_idle(self, session_id: str, idle_timeout: float, reason: str = "idle_timeout") -> bool:
@@ -414,4 +413,5 @@ class EdgeService:
         event = SessionAborted(session_id=session_id, seq=0, time=self._clock(), reason=reason)
         await live.commit(self._log, lambda _: [event])
         await self._registry.release(session_id)
+        self.metrics.failures.labels("edge", "session_idle").inc()
         return True

@@ -2,7 +2,8 @@
 
 A :class:`TurnStream` runs the turn on a task of its own (so that a client going away
 cannot cancel an append halfway) and hands wire-neutral events (:mod:`edge.codec.deltas`)
-to the route through a queue:
+to the route through a mailbox, which the route empties one batch (one write) at a time;
+:mod:`edge.routes.sse` writes them:
 
 1. :meth:`TurnStream.open` selects and plans the turn (the chain stays busy until the
    stream ends) and waits for the engine's first tokens, so that a refused request or an
@@ -19,8 +20,9 @@ A failure after the first event (the engine dies mid-stream, the log is unavaila
 ends the stream with an in-stream error event; the turn is not committed (an engine
 failure is audited as ``engine_failed``).
 
-**A client that disconnects mid-stream discards its turn.** The engine request is
-aborted (its stream is closed, which makes SGLang abort it), nothing of the turn reaches
+**A client that disconnects mid-stream discards its turn.** :meth:`TurnStream.abandon`
+cancels the task while it reads the engine's stream (the task records the rest), the engine
+request is aborted (its stream is closed, which makes SGLang abort it), nothing of the turn reaches
 the chain, and ``request_received`` + ``turn_abandoned`` (with the number of tokens
 sampled) are recorded for audit. The chain is left exactly as it was, so the agent's
 retry of the same request continues the same chain. A client that leaves after the last
@@ -33,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from edge.codec.conversation import TurnOutcome
@@ -59,13 +61,46 @@ _END = object()
 _RUNNING: set[asyncio.Task[None]] = set()  # strong references: the loop keeps only weak ones
 
 
+class _Mailbox:
+    """From the producer to the route: :meth:`put` never waits, :meth:`take` waits for one item and
+    returns every item waiting (the frames of one engine chunk go out in one write). Lighter than an
+    ``asyncio.Queue``: one reader, no bound, one future per wait."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list[Any] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def put(self, items: tuple[Any, ...]) -> None:
+        self._items.extend(items)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def take(self) -> list[Any]:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items, self._items = self._items, []
+        return items
+
+
 class TurnStream:
     def __init__(self, runner: TurnRunner, live: LiveSession, request: TurnRequest) -> None:
         self._runner = runner
         self._live = live
         self._request = request
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._reader: asyncio.Task[GenerateResult] | None = None
+        self._mailbox = _Mailbox()
+        self._held: list[Any] = []  # taken with the first event, not yet handed out
+        self._task: asyncio.Task[None] | None = None
+        self._reading = False  # the producer is reading the engine's stream (abandon cancels it then)
         self._gone = False
         self._sampled = 0
 
@@ -73,41 +108,46 @@ class TurnStream:
     async def open(cls, runner: TurnRunner, live: LiveSession, request: TurnRequest) -> tuple[TurnStream, Item]:
         """Start the turn; returns the stream and its first event, or raises why it could not start."""
         stream = cls(runner, live, request)
-        task = asyncio.create_task(stream._produce(), name=f"stream {live.state.session_id}")
+        task = stream._task = asyncio.create_task(stream._produce(), name=f"stream {live.state.session_id}")
         _RUNNING.add(task)
         task.add_done_callback(_RUNNING.discard)
-        first = await stream._queue.get()
+        first, *stream._held = await stream._mailbox.take()
         if isinstance(first, RollbusError):
             raise first
         if first is _END:
             raise RollbusError("stream ended before it started")
         return stream, first
 
-    async def events(self) -> AsyncIterator[list[Item]]:
+    async def events(self, before_wait: Callable[[], None] | None = None) -> AsyncIterator[list[Item]]:
         """The events after the first, in batches of those already waiting (one write each);
-        leaving early (a client gone) abandons the turn."""
+        leaving early (a client gone) abandons the turn. ``before_wait`` is called once, before the
+        first wait for the producer (never when the turn is over before the route is back for more)."""
         try:
+            batch, self._held = self._held, []
             while True:
-                batch = [await self._queue.get()]
-                while not self._queue.empty():
-                    batch.append(self._queue.get_nowait())
+                if not batch:
+                    if before_wait is not None and self._mailbox.empty():
+                        before_wait()
+                        before_wait = None
+                    batch = await self._mailbox.take()
                 if batch[-1] is _END:  # the producer's last item: nothing is put after it
                     if len(batch) > 1:
                         yield batch[:-1]
                     return
                 yield batch
+                batch = []
         finally:
             self.abandon()
 
     def abandon(self) -> None:
         """Give the turn up unless it is already being committed (synchronous: safe while cancelled)."""
         self._gone = True
-        if self._reader is not None and not self._reader.done():
-            self._reader.cancel()
+        if self._reading and self._task is not None:
+            self._reading = False  # cancelled once: a second cancel would read as a shutdown
+            self._task.cancel()
 
     def _put(self, *items: Any) -> None:
-        for item in items:
-            self._queue.put_nowait(item)
+        self._mailbox.put(items)
 
     async def _produce(self) -> None:
         try:
@@ -131,19 +171,20 @@ class TurnStream:
                                       tools=turn.request.conversation.tools)
         decoder = IncrementalDecoder(runner.codec.tokenizer.decode, runner.codec.tokenizer.stop_token_ids)
         iterator = runner.engine.stream(generate)
-        self._reader = asyncio.create_task(self._read(turn, iterator, reply, decoder))
+        self._reading = not self._gone
         try:
-            result = await self._reader
+            result: GenerateResult | None = await self._read(turn, iterator, reply, decoder)
         except asyncio.CancelledError:
-            if not self._gone or _being_cancelled():
-                raise
+            if not self._gone or _cancelled_more_than_once():
+                raise  # not (only) the client leaving: shutdown
+            _uncancel()  # abandoned while the engine sampled: record it below
             result = None
         except EngineError as exc:
             await runner.record_failure(live, turn, exc)
             raise
         finally:
-            if self._reader.done():
-                await _aclose(iterator)
+            self._reading = False
+            await _aclose(iterator)
         if result is None or self._gone:
             await runner.record_abandoned(live, turn, reason=DISCONNECTED, tokens_sampled=self._sampled)
             return
@@ -176,9 +217,15 @@ class TurnStream:
                              created=int(self._runner.clock()), prompt_tokens=prompt)
 
 
-def _being_cancelled() -> bool:
+def _cancelled_more_than_once() -> bool:
     task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+    return task is not None and task.cancelling() > 1
+
+
+def _uncancel() -> None:
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 async def _aclose(iterator: AsyncIterator[Any]) -> None:
@@ -204,7 +251,8 @@ class RecordedStream:
         deltas += [ToolCallReady(index, call) for index, call in enumerate(outcome.tool_calls)]
         self._rest: list[Item] = [*deltas, StreamFinished(outcome)]
 
-    async def events(self) -> AsyncIterator[list[Item]]:
+    async def events(self, before_wait: Callable[[], None] | None = None) -> AsyncIterator[list[Item]]:
+        """All at once: there is nothing to wait for."""
         yield self._rest
 
     def abandon(self) -> None:

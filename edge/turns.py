@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import TypeVar, overload
 
 import msgspec
@@ -26,6 +27,7 @@ from edge.codec.reply import ReplyParser, call_ids
 from edge.engine_input import MIN_TOKENS, InputBuffer
 from edge.engines.base import Engine, GenerateRequest, GenerateResult, SamplingParams
 from edge.live import LiveSession
+from edge.metrics import ABANDONED, ENGINE_ERROR, OK, REFUSED, Metrics
 from edge.settings import Clock, EdgeSettings
 from eventlog.publisher import EventLog
 from schemas import tokens
@@ -90,47 +92,16 @@ class Disconnect:
         if self._sampling is not None and not self._adopted:
             self._sampling.cancel()
 
-    def sampling(self) -> Sampling:
+    @contextmanager
+    def sampling(self) -> Iterator[None]:
         """``with disconnect.sampling():`` around the engine call, which the abort cancels."""
-        return Sampling(self)
-
-
-class Sampling:
-    """:meth:`Disconnect.sampling` as a plain context manager (it is on every plain turn's path)."""
-
-    __slots__ = ("_disconnect",)
-
-    def __init__(self, disconnect: Disconnect) -> None:
-        self._disconnect = disconnect
-
-    def __enter__(self) -> None:
-        self._disconnect._sampling = asyncio.current_task()
-
-    def __exit__(self, *exc: object) -> None:
-        disconnect = self._disconnect
-        disconnect._sampling = None
-        if disconnect._timer is not None:
-            disconnect._timer.cancel()
-
-
-class Begun:
-    """:meth:`TurnRunner.begin`'s context (a plain class: it is on every turn's path)."""
-
-    __slots__ = ("_busy", "_live", "_request", "_runner")
-
-    def __init__(self, runner: TurnRunner, live: LiveSession, request: TurnRequest) -> None:
-        self._runner = runner
-        self._live = live
-        self._request = request
-        self._busy: int | None = None
-
-    async def __aenter__(self) -> PreparedTurn:
-        turn, self._busy = await self._runner._begin(self._live, self._request)
-        return turn
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._busy is not None:
-            self._live.busy.discard(self._busy)
+        self._sampling = asyncio.current_task()
+        try:
+            yield
+        finally:
+            self._sampling = None
+            if self._timer is not None:
+                self._timer.cancel()
 
 
 class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -211,7 +182,8 @@ def _chat_turns(messages: Sequence[Message]) -> int:
 
 class TurnRunner:
     def __init__(self, *, settings: EdgeSettings, codec: TemplateCodec, engine: Engine, log: EventLog,
-                 parser: ToolParser, clock: Clock = time.time) -> None:
+                 parser: ToolParser, clock: Clock = time.time, metrics: Metrics | None = None) -> None:
+        """``metrics``: where turns, tokens and rollbacks are counted (a registry of its own if None)."""
         self._settings = settings
         self.codec = codec
         self._engine = engine
@@ -219,6 +191,8 @@ class TurnRunner:
         self._clock = clock
         self.replies = ReplyParser(parser, starts_in_reasoning=opens_reasoning(codec.generation_prompt))
         self._offloaded = asyncio.Semaphore(OFFLOADED)
+        self.metrics = metrics if metrics is not None else Metrics()
+        self._counted = self.metrics.edge
 
     @property
     def engine(self) -> Engine:
@@ -253,10 +227,16 @@ class TurnRunner:
                 await self.record_abandoned(live, turn, reason=DISCONNECTED, tokens_sampled=0)
             raise
 
-    def begin(self, live: LiveSession, request: TurnRequest) -> Begun:
+    @asynccontextmanager
+    async def begin(self, live: LiveSession, request: TurnRequest) -> AsyncIterator[PreparedTurn]:
         """``async with runner.begin(live, request) as turn:`` selects the chain and plans the turn;
         a continued chain stays busy until the block ends."""
-        return Begun(self, live, request)
+        turn, busy = await self._begin(live, request)
+        try:
+            yield turn
+        finally:
+            if busy is not None:
+                live.busy.discard(busy)
 
     async def _begin(self, live: LiveSession, request: TurnRequest) -> tuple[PreparedTurn, int | None]:
         """The prepared turn, and the chain it keeps busy (marked busy here) if any.
@@ -332,7 +312,12 @@ class TurnRunner:
         events = await live.commit(self._log, draft)
         completed = next(e for e in events if type(e) is TurnCompleted)
         live.bodies.stored(completed.chain, request_no, turn.request.body)
-        return self._outcome(live, request_no, plan, result, parsed, full)
+        outcome = self._outcome(live, request_no, plan, result, parsed, full)
+        self._counted.turn(turn.request.wire, outcome.finish_reason, OK, outcome.prompt_tokens,
+                           outcome.completion_tokens)
+        if plan.rollback is not None:
+            self._counted.rollbacks.inc()
+        return outcome
 
     def _plan(self, state: SessionState, conversation: Conversation, selection: Continue | Rollback | NewChain,
               digests: Sequence[str], inputs: dict[int, InputBuffer] | None = None) -> _Plan:
@@ -432,6 +417,8 @@ class TurnRunner:
     async def record_failure(self, live: LiveSession, turn: PreparedTurn, exc: EngineError) -> None:
         """Audit a failed engine call; the chain is left as it was, free for a retry."""
         chain = turn.plan.chain if turn.plan is not None else None
+        self._counted.turn(turn.request.wire, "none", ENGINE_ERROR)
+        self.metrics.failures.labels("edge", ENGINE_ERROR).inc()
         await self._audit(live, turn, EngineFailed(
             session_id=live.state.session_id, seq=0, time=self._clock(), request_no=turn.request_no, chain=chain,
             error=type(exc).__name__, message=exc.message))
@@ -440,6 +427,8 @@ class TurnRunner:
                                tokens_sampled: int) -> None:
         """Audit a turn given up before its end (its client left); the chain is left as it was."""
         chain = turn.plan.chain if turn.plan is not None else None
+        self._counted.turn(turn.request.wire, "none", ABANDONED)
+        self.metrics.failures.labels("edge", reason).inc()
         await self._audit(live, turn, TurnAbandoned(
             session_id=live.state.session_id, seq=0, time=self._clock(), request_no=turn.request_no, chain=chain,
             reason=reason, tokens_sampled=tokens_sampled))
@@ -455,6 +444,7 @@ class TurnRunner:
     async def refuse(self, live: LiveSession, turn: PreparedTurn) -> TurnOutcome:
         """No room: record the request (and the chain's closing) and answer ``length``."""
         await live.commit(self._log, lambda _: turn.refusal)
+        self._counted.turn(turn.request.wire, "length", REFUSED)
         return TurnOutcome(session_id=live.state.session_id, request_no=turn.request_no, content="",
                            finish_reason="length", prompt_tokens=0, completion_tokens=0, created=int(self._clock()))
 

@@ -18,9 +18,11 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
+from nats.js.errors import ServiceUnavailableError
 
 from schemas.errors import RollbusError
 
@@ -29,6 +31,10 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Msg], Awaitable[None]]
 # Handles a batch; returns the messages that failed (nak'ed and redelivered), the rest are acked.
 BatchHandler = Callable[[list[Msg]], Awaitable[list[Msg]]]
+# A fetch answered "no JetStream now": on a cluster, the consumer's leader is being elected (its node
+# died); the fetch is tried again after RETRY_FETCH_S, as after a timeout.
+_NO_LEADER = (ServiceUnavailableError, NoRespondersError)
+RETRY_FETCH_S = 0.25
 
 
 def _config(durable: str, subject: str, ack_wait: float, max_ack_pending: int) -> ConsumerConfig:
@@ -46,6 +52,9 @@ async def pull_batches(js: JetStreamContext, *, stream: str, durable: str, subje
             try:
                 msgs = await sub.fetch(batch, timeout=0.5)
             except (TimeoutError, NatsTimeoutError):
+                continue
+            except _NO_LEADER:
+                await asyncio.sleep(RETRY_FETCH_S)
                 continue
             yield msgs
     finally:
@@ -107,6 +116,10 @@ async def _gather(sub: JetStreamContext.PullSubscription, max_batch: int, max_de
         try:
             msgs += await sub.fetch(max_batch - len(msgs), timeout=wait)
         except (TimeoutError, NatsTimeoutError):
+            if deadline is None:
+                return msgs
+        except _NO_LEADER:
+            await asyncio.sleep(RETRY_FETCH_S)
             if deadline is None:
                 return msgs
         if deadline is None and msgs:

@@ -12,7 +12,8 @@
   publish is refused as "wrong last sequence": then the session's last message is read,
   and if it is this very envelope (same ``Nats-Msg-Id``) the retry succeeded after all.
 * A single event too large for one message has its largest values moved to the object
-  store first (:mod:`schemas.blobs`), and is refused (413) only if it still does not fit.
+  store first (:mod:`schemas.blobs`), and is refused (413) only if it still does not fit
+  (the one splitting rule for every writer: :func:`schemas.log.fit_envelopes`).
 
 Errors
 ------
@@ -22,6 +23,7 @@ to the domain's errors once, in :data:`APPEND_ERRORS` and :data:`REFUSALS` (as h
 ``map_httpcore_exceptions`` maps httpcore's); in short::
 
     PublishRejected 10071 (wrong last sequence)  OwnershipLost, unless the read-back finds this envelope
+                                                 (LogUnavailable when the read-back is not answered)
     PublishRejected 10054 (over max_msg_size)    PayloadTooLarge
     PublishRejected with code 503                retried (JetStream temporarily unavailable)
     PublishRejected, any other                   LogUnavailable at once
@@ -70,15 +72,17 @@ from nats.errors import (
     StaleConnectionError,
 )
 from nats.errors import Error as NatsError
+from nats.js.errors import NotFoundError
 
 from eventlog.acks import Ack, AckedPublisher, NoResponders, PublishRefused, PublishRejected
-from schemas import blobs, envelope
+from schemas import envelope
 from schemas.errors import LogUnavailable, OwnershipLost, PayloadTooLarge, RollbusError
 from schemas.events import SCHEMA_VERSION, Event
 from schemas.log import (
     HDR_MSG_ID,
     LogConfig,
     append_headers,
+    fit_envelopes,
 )
 
 log = logging.getLogger(__name__)
@@ -183,35 +187,18 @@ class JetStreamLog:
         self._attempts = attempts
 
     async def append(self, session_id: str, events: Sequence[Event], expected_last: int) -> Appended:
-        """Append events (consecutive, of one session) after stream sequence ``expected_last``."""
-        payload = envelope.encode(events)
-        if len(payload) <= self._cfg.max_event_bytes:
-            ack = await self._publish(session_id, events, payload, expected_last)
-            return Appended(stream=ack.stream, stream_seq=ack.seq, duplicate=ack.duplicate, envelopes=1)
-        batches = await self._fitted(events, payload)
-        for batch, batch_payload, moved in batches[:-1]:
-            expected_last = (await self._publish(session_id, batch, batch_payload, expected_last, moved)).seq
-        batch, batch_payload, moved = batches[-1]
-        ack = await self._publish(session_id, batch, batch_payload, expected_last, moved)
-        return Appended(stream=ack.stream, stream_seq=ack.seq, duplicate=ack.duplicate, envelopes=len(batches))
-
-    async def _fitted(self, events: Sequence[Event], payload: bytes) -> list[tuple[Sequence[Event], bytes, int]]:
-        """Envelopes under the limit, in order: split, and a single oversized event's largest values
-        stored in the object store (how many, the third item); an event that still does not fit is
-        refused."""
-        limit = self._cfg.max_event_bytes
-        if len(payload) <= limit:
-            return [(events, payload, 0)]
-        if len(events) > 1:
-            middle = len(events) // 2
-            return [*await self._fitted(events[:middle], envelope.encode(events[:middle])),
-                    *await self._fitted(events[middle:], envelope.encode(events[middle:]))]
-        event, moved = blobs.externalize(events[0], limit)
-        payload = envelope.encode([event])
-        if len(payload) > limit:
-            raise PayloadTooLarge(f"one {type(event).__name__} event is {len(payload)} bytes (limit {limit})")
-        await self._store_pieces(moved)
-        return [([event], payload, len(moved))]
+        """Append events (consecutive, of one session) after stream sequence ``expected_last``: in
+        envelopes under the limit (:func:`schemas.log.fit_envelopes`), their object-store values first."""
+        fitted = fit_envelopes(events, self._cfg.max_event_bytes)
+        pieces = {name: data for fit in fitted for name, data in fit.pieces.items()}
+        if pieces:
+            await self._store_pieces(pieces)
+        for fit in fitted[:-1]:
+            expected_last = (await self._publish(session_id, fit.events, fit.payload, expected_last,
+                                                 len(fit.pieces))).seq
+        last = fitted[-1]
+        ack = await self._publish(session_id, last.events, last.payload, expected_last, len(last.pieces))
+        return Appended(stream=ack.stream, stream_seq=ack.seq, duplicate=ack.duplicate, envelopes=len(fitted))
 
     async def _store_pieces(self, pieces: dict[str, bytes]) -> None:
         try:
@@ -260,12 +247,16 @@ class JetStreamLog:
         await self._publisher.close()
 
     async def _stored_last(self, session_id: str, message_id: str) -> Ack | None:
-        """The session's last message as an acknowledgement, if it carries ``message_id``."""
+        """The session's last message as an acknowledgement, if it carries ``message_id``; a read-back
+        JetStream does not answer is :class:`LogUnavailable` (whether the append was stored is unknown,
+        so it is not taken for another writer's)."""
         try:
-            last = await self._js.get_last_msg(self._cfg.stream, self._cfg.session_filter(session_id))
-        except (NatsError, TimeoutError) as exc:  # unknown: the caller treats the session as lost
-            log.warning("could not read the last message of session %s: %r", session_id, exc)
+            last = await asyncio.wait_for(
+                self._js.get_last_msg(self._cfg.stream, self._cfg.session_filter(session_id)), self._timeout)
+        except NotFoundError:
             return None
+        except (NatsError, TimeoutError) as exc:
+            raise LogUnavailable(f"could not read back the last message of session {session_id}: {exc!r}") from exc
         if last.headers is None or last.headers.get(HDR_MSG_ID) != message_id or last.seq is None:
             return None
         return Ack(stream=self._cfg.stream, seq=last.seq, duplicate=True)

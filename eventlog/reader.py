@@ -8,21 +8,35 @@ direct "last message by subject" lookup, which also tells whether the session ex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import AsyncIterator
 
 import msgspec
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
+from nats.errors import (
+    ConnectionClosedError,
+    ConnectionDrainingError,
+    ConnectionReconnectingError,
+    NoRespondersError,
+    OutboundBufferLimitError,
+    StaleConnectionError,
+)
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from schemas import blobs, envelope
 from schemas.errors import FoldError, LogUnavailable, SessionNotFound
 from schemas.events import SCHEMA_VERSION, AnyEvent
 from schemas.log import HDR_BLOBS, HDR_SCHEMA, LogConfig, check_session_id
 from session.fold import SessionState, fold
+
+# What "JetStream is not there right now" looks like from nats-py (its timeouts are TimeoutErrors): a read
+# that meets one is LogUnavailable (503), never taken for an answer (no session, someone else's lease).
+UNAVAILABLE: tuple[type[Exception], ...] = (
+    TimeoutError, NoRespondersError, ServiceUnavailableError, ConnectionClosedError, ConnectionDrainingError,
+    ConnectionReconnectingError, StaleConnectionError, OutboundBufferLimitError)
 
 
 class SessionLog(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,7 +65,7 @@ async def decode_msg(js: JetStreamContext, cfg: LogConfig, msg: Msg, timeout: fl
                 values[digest] = found.data or b""
     except NotFoundError as exc:
         raise FoldError(f"session {session_id}: a piece of its log is missing from the object store") from exc
-    except (TimeoutError, NatsTimeoutError) as exc:
+    except UNAVAILABLE as exc:
         raise LogUnavailable("the object store did not answer") from exc
     return blobs.decode_with(msg.data, values, int(headers.get(HDR_SCHEMA, SCHEMA_VERSION)))
 
@@ -62,7 +76,7 @@ async def last_stream_seq(js: JetStreamContext, cfg: LogConfig, subject_filter: 
         msg = await asyncio.wait_for(js.get_last_msg(cfg.stream, subject_filter), timeout)
     except NotFoundError:
         return 0
-    except (TimeoutError, NatsTimeoutError) as exc:
+    except UNAVAILABLE as exc:
         raise LogUnavailable("JetStream did not answer a last-message lookup") from exc
     return int(msg.seq or 0)
 
@@ -76,6 +90,16 @@ async def iter_envelopes(
     task, unlike ``next_msg``); the callback waits while the buffer is full, which holds back
     the consumer's flow control, so a slow reader never piles the stream up in memory.
     """
+    async with contextlib.aclosing(iter_messages(js, cfg, subject_filter, until, timeout, start=start)) as messages:
+        async for seq, msg in messages:  # (aclosing: a reader that stops early unsubscribes at once)
+            yield seq, await decode_msg(js, cfg, msg)
+
+
+async def iter_messages(
+    js: JetStreamContext, cfg: LogConfig, subject_filter: str, until: int, timeout: float = 5.0, *, start: int = 1
+) -> AsyncIterator[tuple[int, Msg]]:
+    """(stream seq, message) of every message matching the filter, undecoded, as :func:`iter_envelopes` reads
+    them (an export copies them as they are)."""
     if until <= 0 or start > until:
         return
     reader = _Buffered(timeout)
@@ -84,17 +108,18 @@ async def iter_envelopes(
     try:
         sub = await asyncio.wait_for(js.subscribe(subject_filter, ordered_consumer=True, stream=cfg.stream,
                                                   config=config, cb=reader.put), timeout)
-    except (TimeoutError, NatsTimeoutError) as exc:
+    except UNAVAILABLE as exc:
         raise LogUnavailable(f"could not open a reader on {subject_filter}") from exc
     try:
         while True:
             msg = await reader.get(subject_filter)
             seq = stream_seq(msg)
-            yield seq, await decode_msg(js, cfg, msg)
+            yield seq, msg
             if seq >= until:
                 return
     finally:
-        await sub.unsubscribe()
+        with contextlib.suppress(*UNAVAILABLE):  # a connection that is gone took the subscription with it
+            await sub.unsubscribe()
 
 
 def stream_seq(msg: Msg) -> int:

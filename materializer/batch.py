@@ -38,7 +38,11 @@
    trainer already consumed (and cleared) is not brought back.
 
 A crash anywhere leaves the batch unacknowledged; JetStream redelivers its signals and
-every step above either finds its work done or redoes it with the same result.
+every step above either finds its work done or redoes it with the same result. Several
+materializer processes share the signals (one durable consumer); two that read one session
+before either marked it (a redelivery while the first still works) both stage it, one marker
+wins (created at revision 0), and the other leaves the session's rows out of its file before
+committing it (:meth:`BatchWriter._settle`), so it is in the dataset once.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ import msgspec
 import pyarrow as pa
 
 from materializer.ledger import Markers, PromptLedger
-from materializer.parquet import ParquetSink
+from materializer.parquet import ParquetSink, StagedBatch
 from materializer.prompts import TERMINAL, PromptProgress, SessionOutcome
 from materializer.quarantine import METRIC, METRIC_HELP, Counters, Quarantine, QuarantineLog
 from materializer.reading import Ended, NotEnded, Orphan, SessionReader, StateLoader
@@ -133,10 +137,23 @@ class BatchWriter:
                 log.warning("discarding uncommitted batch %s (%d sessions)", staged.name, len(staged.markers))
                 await asyncio.to_thread(self._parquet.discard, staged.name)
                 continue
-            missing = [m for m in staged.markers if m.session_id not in found]
-            await asyncio.gather(*(self.markers.create_marker(m) for m in missing))
-            await asyncio.to_thread(self._parquet.commit, staged.name)
+            await self._settle(staged, found)
             log.warning("committed batch %s left staged by an interrupted write", staged.name)
+
+    async def _settle(self, staged: StagedBatch, found: dict[str, MaterializedMarker]) -> None:
+        """Write a staged batch's missing markers (``found``: those that exist), then commit it. A session
+        whose marker names another file was written by another materializer that raced on it (both read it
+        before either marked it): its rows leave this file first, so it is in the dataset once."""
+        missing = [m for m in staged.markers if m.session_id not in found]
+        won = await asyncio.gather(*(self.markers.create_marker(m) for m in missing))
+        final = {**found, **{m.session_id: w or m for m, w in zip(missing, won, strict=True)}}
+        lost = {m.session_id for m in staged.markers if final[m.session_id].parquet_file != staged.name}
+        if lost:
+            log.warning("batch %s: %d sessions were written by another materializer first; left out", staged.name,
+                        len(lost))
+            if await asyncio.to_thread(self._parquet.drop, staged.name, lost) is None:
+                return
+        await asyncio.to_thread(self._parquet.commit, staged.name)
 
     async def _register(self, ended: list[Ended], known: dict[str, MaterializedMarker]) -> dict[str, _Entry]:
         """Every prompt of the batch with its progress, at the newest attempt the batch has for it;
@@ -222,6 +239,8 @@ class BatchWriter:
         self.quarantined[quarantine.stage] += 1
         if self._metrics is not None:
             self._metrics.inc(METRIC, 1.0, METRIC_HELP, stage=quarantine.stage)
+            self._metrics.inc("rollbus_failures_total", component="materializer",
+                              reason=f"quarantined_{quarantine.stage}")
 
     def _marker(self, e: Ended, verdict: str) -> MaterializedMarker:
         written = verdict != "duplicate"
@@ -233,7 +252,7 @@ class BatchWriter:
             status=status, uid=e.state.uid,
             session_index=e.state.session_index, attempt=e.attempt, reward=e.reward.reward if e.reward else None,
             reward_source=e.reward.source if e.reward else None,
-            reward_extra_info=dict(e.reward.extra) if e.reward else {}, options=msgspec.structs.asdict(e.keys.options))
+            reward_extra_info=dict(e.reward.extra) if e.reward else {}, options=e.keys.options)
 
     async def _commit(self, plan: Plan, table: pa.Table | None, orphans: list[Orphan]) -> None:
         """Stage the batch's records (``table``: see :meth:`_fit`), write every marker (the commit record),
@@ -247,12 +266,14 @@ class BatchWriter:
             records = [r for e, _ in with_records for r in e.records]
             staged = await asyncio.to_thread(self._parquet.stage, records,
                                              [self._marker(e, v) for e, v in with_records], table=table)
-            markers += staged.markers  # now naming the staged file
             self.records += len(records)
         await asyncio.gather(*(self.markers.create_marker(m) for m in markers))
-        if staged is not None:
-            await asyncio.to_thread(self._parquet.commit, staged.name)
+        if staged is not None:  # its markers (now naming the staged file), then the commit
+            await self._settle(staged, {})
         self.sessions += len(plan) + len(orphans)
+        if self._metrics is not None:
+            self._metrics.inc("rollbus_records_materialized_total", float(len(records) if with_records else 0))
+            self._metrics.inc("rollbus_materializer_sessions_total", float(len(plan) + len(orphans)))
 
     async def _count(self, entries: dict[str, _Entry], plan: Plan,
                      known: dict[str, MaterializedMarker]) -> None:

@@ -37,8 +37,6 @@ _progress = msgspec.json.Decoder(PromptProgress)
 class RevisionConflict(Conflict):
     """Someone else wrote the key since it was read (or created it first)."""
 
-    code = "revision_conflict"
-
 
 async def _bounded(call: Awaitable[T], what: str, timeout: float) -> T:
     try:
@@ -80,14 +78,18 @@ class Markers(_Store):
         found = await asyncio.gather(*(self.get(sid) for sid in ids))
         return {sid: _marker.decode(hit[0]) for sid, hit in zip(ids, found, strict=True) if hit is not None}
 
-    async def create_marker(self, marker: MaterializedMarker) -> None:
-        """Write a marker once; an identical existing one is fine (a retried write), another one is a conflict."""
+    async def create_marker(self, marker: MaterializedMarker) -> MaterializedMarker | None:
+        """Write a marker once (compare-and-set on revision 0). None: this marker stands (written now, or an
+        identical one by a retried write). Returns the existing marker when another writer's won with the same
+        records in another Parquet file (two materializers raced on the session): the caller must then keep
+        its copy of the session out of the dataset. Different records are a conflict."""
         try:
             await self.create(marker.session_id, msgspec.json.encode(marker))
         except RevisionConflict:
             existing = await self.get(marker.session_id)
-            if existing is None or _marker.decode(existing[0]).digests != marker.digests:
+            if existing is None or (winner := _marker.decode(existing[0])).digests != marker.digests:
                 raise
+            return winner if winner.parquet_file != marker.parquet_file else None
         return None
 
 

@@ -24,25 +24,22 @@ The prompt-level keys (``rollout_n``, ``global_steps``, ``tq_partition``,
 ``prompt_status_rule``) are read from the first session of an attempt the materializer
 sees and kept in the prompt's progress; the other sessions of that attempt follow it.
 A value of the wrong type is logged as a warning and the default used: one badly opened
-session never fails a batch.
+session never fails a batch. The keys and their types are :class:`schemas.metadata.SessionSettings`
+(the edge refuses a session that has one of the wrong type; a log written by anyone may still).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 import msgspec
 
-from materializer.prompts import STATUS_RULES, PromptProgress, StatusRule
+from materializer.prompts import PromptProgress, StatusRule
 from materializer.records import RecordOptions
+from schemas.metadata import SessionSettings, or_default, read_settings
 from session.fold import SessionState
 
 log = logging.getLogger(__name__)
-
-SELECTIONS: tuple[str, ...] = ("all", "longest")
-T = TypeVar("T")
 
 
 class SessionKeys(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,41 +58,36 @@ class SessionKeys(msgspec.Struct, frozen=True, kw_only=True):
                               rule=self.rule, partition=self.partition)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _pick(state: SessionState, key: str, default: T, ok: Callable[[Any], bool], accepted: str) -> T:
-    """``metadata[key]`` when present and ``ok``, else ``default`` (with a warning when present)."""
-    if key not in state.metadata:
-        return default
-    value = state.metadata[key]
-    if ok(value):
-        return value
-    log.warning("session %s: %s=%r is not %s; using %r", state.session_id, key, value, accepted, default)
-    return default
+def session_settings(state: SessionState) -> SessionSettings:
+    """The settings of the session's metadata; each invalid one is a warning and left unset (the default)."""
+    settings, invalid = read_settings(state.metadata)
+    for bad in invalid:
+        log.warning("session %s: %s=%r is not %s; using the default", state.session_id, bad.key, bad.value,
+                    bad.expected)
+    return settings
 
 
 def read_keys(state: SessionState, *, rollout_n: int, partition: str, options: RecordOptions) -> SessionKeys:
     """The session's keys, with the materializer's defaults for the absent or invalid ones."""
+    settings = session_settings(state)
     return SessionKeys(
-        rollout_n=_pick(state, "rollout_n", rollout_n, lambda v: _is_int(v) and v >= 1, "a positive integer"),
-        global_steps=_pick(state, "global_steps", 0, _is_int, "an integer"),
-        partition=_pick(state, "tq_partition", partition, lambda v: isinstance(v, str) and bool(v),
-                        "a partition name"),
-        attempt=_pick(state, "attempt", 0, _is_int, "an integer"),
-        rule=_pick(state, "prompt_status_rule", "any_success", lambda v: v in STATUS_RULES,
-                   " or ".join(STATUS_RULES)),
-        options=record_options(state, options),
+        rollout_n=or_default(settings.rollout_n, rollout_n),
+        global_steps=or_default(settings.global_steps, 0),
+        partition=or_default(settings.tq_partition, partition),
+        attempt=or_default(settings.attempt, 0),
+        rule=or_default(settings.prompt_status_rule, "any_success"),
+        options=_with_settings(options, settings),
     )
 
 
 def record_options(state: SessionState, options: RecordOptions) -> RecordOptions:
     """``options`` with this session's ``trajectory_selection`` and ``mask_unfinished_episode``."""
-    selection = _pick(state, "trajectory_selection", options.trajectory_selection, lambda v: v in SELECTIONS,
-                      " or ".join(SELECTIONS))
-    mask = _pick(state, "mask_unfinished_episode", options.mask_unfinished_episode,
-                 lambda v: isinstance(v, bool), "a boolean")
+    return _with_settings(options, session_settings(state))
+
+
+def _with_settings(options: RecordOptions, settings: SessionSettings) -> RecordOptions:
+    selection = or_default(settings.trajectory_selection, options.trajectory_selection)
+    mask = or_default(settings.mask_unfinished_episode, options.mask_unfinished_episode)
     if (selection, mask) == (options.trajectory_selection, options.mask_unfinished_episode):
         return options
     return RecordOptions(trajectory_selection=selection, mask_unfinished_episode=mask)

@@ -27,8 +27,7 @@ from schemas.records import TrajectoryRecord
 
 
 class RecordTooLong(RollbusError):
-    status = 400
-    code = "record_too_long"
+    """Records longer than the padded lengths, under ``overflow="error"``."""
 
 
 class Padding(msgspec.Struct, frozen=True, kw_only=True):

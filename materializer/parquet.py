@@ -2,7 +2,8 @@
 
 One file per materialized batch (the records of many sessions, in row groups of up to
 ``row_group_rows``), all written with :data:`TRAJECTORY_SCHEMA`. A file's name is derived
-from the ids of the sessions it holds, so the same batch always has the same name.
+from the ids of the sessions it holds and the sink that staged it, so two sinks' copies of one
+batch (two materializers that raced on it) never pass for one another.
 
 Exactly once, with the session markers as the commit record:
 
@@ -17,17 +18,32 @@ markers exist was committed (step 2 began after step 1 finished), so the materia
 writes its missing markers and commits it; a file with no marker is discarded, and its
 sessions, never acknowledged, come back and are written again. A reader therefore sees
 only whole batches, and every session in at most one file.
+
+Several materializer processes may share one ``--data-dir`` (they share the work of one
+durable consumer, see :mod:`materializer.service`). Each sink stages in a directory of its
+own, ``.<dir>-staging/<owner>/``, which it holds an exclusive ``flock`` on for as long as it
+lives, so no process's recovery ever discards another's batch in flight. A staging directory
+nobody holds (its process died; the kernel released the lock) is adopted by the next sink
+that lists what is staged: its batches move into the adopter's directory and are committed
+or discarded there. Two sinks that raced on one session (each staged it, one marker won) are
+settled by :meth:`drop`: the loser's file loses those rows before it is committed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
+import shutil
+import uuid
+import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from materializer.dataset import read_dataset
@@ -51,9 +67,25 @@ class StagedBatch(msgspec.Struct, frozen=True, kw_only=True):
         return [m.session_id for m in self.markers]
 
 
-def batch_name(session_ids: Iterable[str]) -> str:
+def batch_name(session_ids: Iterable[str], owner: str = "") -> str:
+    """``owner``: the staging sink's id (a batch staged by another sink gets another name)."""
     digest = hashlib.sha256("\n".join(sorted(session_ids)).encode()).hexdigest()[:24]
-    return f"part-{digest}.parquet"
+    return f"part-{digest}-{owner[:12]}.parquet" if owner else f"part-{digest}.parquet"
+
+
+def _hold(directory: Path) -> int | None:
+    """An exclusive lock on a staging directory (a descriptor kept open while held); None if a live
+    process holds it."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except FileNotFoundError:  # adopted and removed meanwhile
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -69,11 +101,17 @@ class ParquetSink:
 
     def __init__(self, directory: Path, *, padding: Padding | None = None, row_group_rows: int = 1024) -> None:
         self.directory = directory
-        self.staging = directory.parent / f".{directory.name}-staging"
+        self.staging_root = directory.parent / f".{directory.name}-staging"
+        self.owner = uuid.uuid4().hex
+        self.staging = self.staging_root / self.owner  # this sink's own, locked while it lives
         self.padding = padding
         self.row_group_rows = row_group_rows
         directory.mkdir(parents=True, exist_ok=True)
         self.staging.mkdir(parents=True, exist_ok=True)
+        lock = _hold(self.staging)
+        if lock is None:  # cannot happen: the name is fresh
+            raise OSError(f"{self.staging}: locked by another process")
+        weakref.finalize(self, os.close, lock)  # released when the sink is collected, or by the kernel at exit
 
     def table(self, records: list[TrajectoryRecord]) -> pa.Table:
         """The records as they are stored: unpadded, or padded when the sink pads."""
@@ -101,7 +139,7 @@ class ParquetSink:
               table: pa.Table | None = None) -> StagedBatch:
         """Write a batch into staging; ``markers`` (one per session in ``records``) get the file's name.
         ``table``: the records' table already built (:meth:`fit`)."""
-        name = batch_name(m.session_id for m in markers)
+        name = batch_name((m.session_id for m in markers), self.owner)
         markers = [msgspec.structs.replace(m, parquet_file=name) for m in markers]
         table = table if table is not None else self.table(records)
         meta = {**(table.schema.metadata or {}), MARKERS_METADATA: msgspec.json.encode(markers)}
@@ -127,8 +165,56 @@ class ParquetSink:
     def discard(self, name: str) -> None:
         (self.staging / name).unlink(missing_ok=True)
 
+    def drop(self, name: str, session_ids: set[str]) -> StagedBatch | None:
+        """Rewrite a staged batch without these sessions' rows (another sink's markers won them); None when
+        nothing is left (the file is discarded). The name stays: this batch's markers name it."""
+        path = self.staging / name
+        table = pq.read_table(path)
+        meta = table.schema.metadata or {}
+        markers = [m for m in _markers.decode(meta[MARKERS_METADATA]) if m.session_id not in session_ids]
+        if not markers:
+            self.discard(name)
+            return None
+        keep = pc.invert(pc.is_in(table.column("session_id"), value_set=pa.array(sorted(session_ids), pa.string())))
+        table = table.filter(keep).replace_schema_metadata({**meta, MARKERS_METADATA: msgspec.json.encode(markers)})
+        tmp = self.staging / f".{name}.tmp"
+        with tmp.open("wb") as f:
+            pq.write_table(table, f, compression="zstd", row_group_size=self.row_group_rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.staging)
+        return StagedBatch(name=name, markers=markers)
+
+    def adopt(self) -> int:
+        """Move into this sink's staging the batches of staging directories nobody holds (their sinks'
+        processes died) and of the flat layout of older versions; returns how many batches moved."""
+        moved = 0
+        for other in sorted(self.staging_root.iterdir()):
+            if other == self.staging or not other.is_dir():
+                continue
+            lock = _hold(other)
+            if lock is None:  # a live sink's
+                continue
+            try:
+                for path in other.glob("part-*.parquet"):
+                    os.replace(path, self.staging / path.name)
+                    moved += 1
+                shutil.rmtree(other, ignore_errors=True)
+            finally:
+                os.close(lock)
+        for path in self.staging_root.glob("part-*.parquet"):  # staged by a version before per-sink staging
+            with contextlib.suppress(FileNotFoundError):  # another sink adopted it first
+                os.replace(path, self.staging / path.name)
+                moved += 1
+        if moved:
+            _fsync_dir(self.staging)
+        return moved
+
     def staged(self) -> list[StagedBatch]:
-        """Batches left in staging by a process that stopped between stage and commit."""
+        """Batches left in staging by a process that stopped between stage and commit (this sink's, and
+        those it adopted from dead sinks' staging directories)."""
+        self.adopt()
         for tmp in self.staging.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)  # a write cut short: no marker can name it
         found = []

@@ -34,9 +34,9 @@ from typing import Literal
 
 import msgspec
 
+from schemas.metadata import StatusRule
+
 PromptStatus = Literal["pending", "running", "finished", "failure"]
-StatusRule = Literal["any_success", "all_success"]
-STATUS_RULES: tuple[str, ...] = ("any_success", "all_success")
 # "newer": a session of a later attempt than the progress's; the caller starts the prompt again first (for_attempt)
 Admission = Literal["new", "known", "duplicate", "late", "stale", "newer"]
 RANK: dict[str, int] = {"": 0, "pending": 1, "running": 2, "finished": 3, "failure": 3}

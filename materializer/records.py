@@ -31,27 +31,18 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Literal
 
-import msgspec
 import numpy as np
 
-from reward.intake import unfinished
+from reward.intake import reward_info_of
 from reward.precedence import RewardDecision, decide_reward, resolve_reward
 from reward.scorer import RewardScorer, ScoreRequest, ScoreResult
 from schemas import tokens
-from schemas.records import MaterializedMarker, TrajectoryRecord
+from schemas.metadata import or_default, read_settings
+from schemas.records import MaterializedMarker, RecordOptions, TrajectoryRecord
 from session.fold import ChainState, Segment, SessionState
 
 log = logging.getLogger(__name__)
-
-TrajectorySelection = Literal["all", "longest"]
-
-
-class RecordOptions(msgspec.Struct, frozen=True, kw_only=True):
-    mask_unfinished_episode: bool = False  # zero the masks when reward_info says finished=false
-    trajectory_selection: TrajectorySelection = "all"
-
 
 def session_reward(state: SessionState) -> RewardDecision:
     """The task-posted reward when there is one, else 0 with a warning (no scorer)."""
@@ -83,20 +74,18 @@ _UNSCORED = RewardDecision(reward=0.0, extra={}, source="default")
 def rederive(state: SessionState, marker: MaterializedMarker) -> list[TrajectoryRecord]:
     """The records a marker describes, derived again from the session (``rollbus replay --verify``):
     with the marker's options, and with its reward when a scorer decided it (a scorer is not rerun)."""
-    options = msgspec.convert(marker.options, RecordOptions) if marker.options else RecordOptions()
+    options = marker.options
     reward = None
     if marker.reward_source == "scorer" and marker.reward is not None:
-        posted = state.reward.extra if state.reward is not None else {}
         reward = RewardDecision(reward=marker.reward, extra=dict(marker.reward_extra_info), source="scorer",
-                                unfinished=unfinished(posted))
+                                unfinished=reward_info_of(state.reward).unfinished)
     return derive_records(state, options, reward)
 
 
 def score_request(state: SessionState, final: TrajectoryRecord) -> ScoreRequest:
-    posted = state.reward
     return ScoreRequest(session_id=state.session_id, uid=state.uid, session_index=state.session_index,
                         agent_name=state.agent_name, metadata=dict(state.metadata),
-                        reward_info=dict(posted.extra) if posted is not None else {}, trajectory=final)
+                        reward_info=reward_info_of(state.reward), trajectory=final)
 
 
 def _selected(state: SessionState, options: RecordOptions) -> list[tuple[int, ChainState]]:
@@ -152,8 +141,8 @@ def _weight_steps(chain: ChainState, global_steps: int) -> tuple[int, int]:
 
 
 def _global_steps(state: SessionState) -> int:
-    value = state.metadata.get("global_steps", 0)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    """The session's ``global_steps`` setting (0 when absent or invalid: :mod:`materializer.metadata` warns)."""
+    return or_default(read_settings(state.metadata)[0].global_steps, 0)
 
 
 def _record(state: SessionState, chain: ChainState, index: int, reward: RewardDecision,

@@ -125,7 +125,7 @@ class Rematerializer:
                 session_id=session_id, stream_seq=self.progress.position, uid=state.uid,
                 session_index=state.session_index, digests={r.key: record_digest(r) for r in records},
                 sinks=(self._sink.name,), reward=reward.reward, reward_source=reward.source,
-                reward_extra_info=dict(reward.extra), options=msgspec.structs.asdict(options)))
+                reward_extra_info=dict(reward.extra), options=options))
 
     def _skip(self, session_id: str, reason: str) -> None:
         log.error("session %s cannot be materialized (%s); skipped", session_id, bounded(reason))

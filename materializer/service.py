@@ -7,6 +7,14 @@ Each batch is written by :class:`BatchWriter` (exactly once, see :mod:`materiali
 and only then acknowledged. On start, batches a previous process left in Parquet staging
 are committed or discarded (:meth:`Materializer.recover`).
 
+Scale-out: every materializer process pulls from the same durable consumer (``durable``), so
+JetStream hands each ready signal to one of them, and one nobody acknowledged within ``ack_wait``
+(its process died) to another: the work is shared by session with nothing to configure (no
+partition count, no second copy of the signals in a work queue). A session two processes hold at
+once is still written once: its marker is created at revision 0 and the loser drops its copy
+(:mod:`materializer.batch`); each process stages Parquet in a directory of its own, and adopts a
+dead one's (:mod:`materializer.parquet`). See ``ops/README.md``.
+
 Failures, by kind (:meth:`Materializer.write`):
 
 - a session that cannot be materialized is quarantined within its batch, which is written
@@ -33,6 +41,7 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
 from eventlog.consumer import consume_batches
+from eventlog.lag import Watched
 from eventlog.reader import load_state
 from materializer.batch import BatchWriter
 from materializer.ledger import Markers, PromptLedger, open_bucket
@@ -108,6 +117,12 @@ class Materializer:
         """Commit or discard the Parquet batches a previous process left staged (see BatchWriter.recover)."""
         await (await self.writer()).recover()
 
+    @property
+    def watched(self) -> Watched:
+        """Its durable consumer of ready signals, for its lag (``edge.metrics.watch_lag``)."""
+        return Watched(name="materializer", stream=self._cfg.ready_stream, durable=self._options.durable,
+                       subject=self._cfg.ready_subjects)
+
     async def run(self, stop: asyncio.Event) -> None:
         self._stop = stop
         await self.recover()
@@ -127,6 +142,8 @@ class Materializer:
             failed = await self.write(list(by_session))
         except TRANSIENT as exc:
             self._transient_failures += 1
+            if self._metrics is not None:
+                self._metrics.inc("rollbus_failures_total", component="materializer", reason="transient")
             delay = backoff(self._transient_failures, self._options.retry_delay, self._options.max_retry_delay)
             log.warning("batch of %d sessions not written (%s); retrying in %.1fs", len(by_session), exc, delay)
             with contextlib.suppress(TimeoutError):  # a stop cuts the wait short

@@ -9,6 +9,9 @@
 - every other key is *reward extra info*, carried with each trajectory of the session
   (verl reads it as ``extra_fields["reward_extra_info"]``, e.g. for DAPO group filtering).
 
+The log keeps the posted map as it came (``reward_reported``: ``reward`` apart, every other key
+in ``extra``); :func:`reward_info_of` reads it as a typed :class:`schemas.events.RewardInfo`.
+
 Every value must be one the log and the records can hold: an integer (the reward's, or any
 inside the extra info) within 64 bits, nothing nested deeper than ``schemas.values.MAX_DEPTH``.
 """
@@ -20,6 +23,7 @@ from typing import Any
 import msgspec
 
 from schemas.errors import MalformedRequest
+from schemas.events import RewardInfo, RewardReported
 from schemas.values import INT64_MAX, INT64_MIN, check_free_form
 
 REWARD_KEY = "reward"
@@ -28,6 +32,8 @@ NOT_EXTRA = frozenset({REWARD_KEY, FINISHED_KEY})
 
 
 class PostedReward(msgspec.Struct, frozen=True, kw_only=True):
+    """A validated ``reward_info``, as its ``reward_reported`` event holds it (typed: :func:`reward_info_of`)."""
+
     reward: float | None
     extra: dict[str, Any]  # every posted key but ``reward`` (``finished`` included, as posted)
 
@@ -49,11 +55,12 @@ def parse_reward_info(reward_info: dict[str, Any]) -> PostedReward:
     return PostedReward(reward=None if reward is None else float(reward), extra=extra)
 
 
-def reward_extra_info(extra: dict[str, Any]) -> dict[str, Any]:
-    """The posted keys that travel with the records as reward extra info."""
-    return {k: v for k, v in extra.items() if k not in NOT_EXTRA}
-
-
-def unfinished(extra: dict[str, Any]) -> bool:
-    """The task said the episode did not finish (``finished: false``; absent means unknown)."""
-    return extra.get(FINISHED_KEY) is False
+def reward_info_of(posted: RewardReported | PostedReward | None) -> RewardInfo:
+    """The typed reward info of a posted reward (none posted: nothing known). A ``finished`` that is not
+    a bool (a log not written by the edge) is not known either; it is never reward extra info."""
+    if posted is None:
+        return RewardInfo()
+    finished = posted.extra.get(FINISHED_KEY)
+    reward = None if posted.reward is None else float(posted.reward)
+    return RewardInfo(reward=reward, finished=finished if isinstance(finished, bool) else None,
+                      extra={k: v for k, v in posted.extra.items() if k not in NOT_EXTRA})

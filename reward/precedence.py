@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from reward.intake import reward_extra_info, unfinished
+from reward.intake import reward_info_of
 from reward.scorer import RewardScorer, ScoreResult
 from schemas.events import RewardReported
 
@@ -31,22 +31,22 @@ class RewardDecision(msgspec.Struct, frozen=True, kw_only=True):
 
 def task_reward(posted: RewardReported | None) -> RewardDecision | None:
     """The task-posted reward, when the task posted a number."""
-    if posted is None or posted.reward is None:
+    info = reward_info_of(posted)
+    if info.reward is None:
         return None
-    return RewardDecision(reward=float(posted.reward), extra=reward_extra_info(posted.extra), source="task",
-                          unfinished=unfinished(posted.extra))
+    return RewardDecision(reward=info.reward, extra=info.extra, source="task", unfinished=info.unfinished)
 
 
 def scored_reward(posted: RewardReported | None, result: ScoreResult) -> RewardDecision:
-    extra = posted.extra if posted is not None else {}
-    return RewardDecision(reward=float(result.reward), extra={**reward_extra_info(extra), **result.extra},
-                          source="scorer", unfinished=unfinished(extra))
+    info = reward_info_of(posted)
+    return RewardDecision(reward=float(result.reward), extra={**info.extra, **result.extra}, source="scorer",
+                          unfinished=info.unfinished)
 
 
 def default_reward(posted: RewardReported | None, session_id: str) -> RewardDecision:
     log.warning("session %s: no reward reported and no reward scorer; using 0.0", session_id)
-    extra = posted.extra if posted is not None else {}
-    return RewardDecision(reward=0.0, extra=reward_extra_info(extra), source="default", unfinished=unfinished(extra))
+    info = reward_info_of(posted)
+    return RewardDecision(reward=0.0, extra=info.extra, source="default", unfinished=info.unfinished)
 
 
 def decide_reward(posted: RewardReported | None, session_id: str) -> RewardDecision:

@@ -24,14 +24,12 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 
 from schemas.errors import RollbusError
+from schemas.events import RewardInfo
 from schemas.records import TrajectoryRecord
 
 
 class ScorerError(RollbusError):
     """The reward scorer failed or answered nonsense; the session is retried later."""
-
-    status = 502
-    code = "reward_scorer_error"
 
 
 class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,7 +38,7 @@ class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     session_index: int
     agent_name: str
     metadata: dict[str, Any]  # the task metadata the session was opened with (data_source, reward_model, ...)
-    reward_info: dict[str, Any]  # what the task posted besides a reward (may be empty)
+    reward_info: RewardInfo  # what the task posted (its reward None: else no scorer is asked)
     trajectory: TrajectoryRecord  # the session's final trajectory, its reward still 0
 
 

@@ -11,6 +11,8 @@
     rollbus sessions      sessions with status, model turns, chains, reward (from the projections)
     rollbus materialize   rebuild training records from the log (--from-log)
     rollbus rollout       the verl rollout adapter over a prompts dataset (no trainer)
+    rollbus export        sessions' raw log to JSON lines or Parquet (audit); rollbus import loads one back
+    rollbus view          the trajectory viewer: a web page of sessions, chains and tokens
 
 A user's mistake (a busy port, no NATS server at ``--nats``, a missing ``--model``, an
 unwritable ``--data-dir``, a bad flag) is answered with one line on stderr and exit status
@@ -33,16 +35,19 @@ import msgspec
 
 from edge.codec.fidelity import load_codec
 from materializer.service import MaterializerOptions
-from rollbus.commands import demo, materialize, replay, rollout, sessions
-from rollbus.tools import EXIT_ERROR, LOG_LEVEL_HELP, check_nats, number
+from rollbus.commands import demo, export, materialize, replay, rollout, sessions, view
+from rollbus.tools import EXIT_ERROR, LOG_LEVEL_HELP, check_nats, duration, number, size
 from schemas.errors import RollbusError
+from schemas.log import MAX_PAYLOAD, LogConfig
 from stack.heap import settle_heap
+from stack.nats_server import FSYNC_MODES
+from stack.provision import Retention, bytes_text
 from stack.runtime import COMPONENTS, Stack, StackOptions, check_options, engine_summary, model_defaults
 from stack.user_error import UserError, one_line
 
 # Commands beyond the stack itself: each module has ``register(subparsers)`` and sets
 # ``run(args) -> int`` as the parser default.
-TOOL_COMMANDS = [demo, replay, sessions, materialize, rollout]
+TOOL_COMMANDS = [demo, replay, sessions, materialize, rollout, view, export]
 
 STATE_FILE = "edge.json"  # <data-dir>/edge.json: where a running `rollbus up` can be reached
 
@@ -68,6 +73,9 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
                         help="the log's NATS server (required)" if nats_required else
                              "use this NATS server instead of starting an embedded one")
     parser.add_argument("--log-level", default="INFO", metavar="LEVEL", help=LOG_LEVEL_HELP)
+    parser.add_argument("--replicas", type=number(int, at_least=1, at_most=5), default=None, metavar="N",
+                        help="cluster nodes that keep the log's streams and buckets (3 on a three-node NATS "
+                             "cluster, see ops/README.md); applied to existing ones too [new: 1; existing: as is]")
     if not edge:
         return
     parser.add_argument("--host", default="127.0.0.1", help="address the edge listens on [127.0.0.1]")
@@ -128,16 +136,68 @@ def _materializer_options(args: argparse.Namespace) -> MaterializerOptions:
         ack_wait=args.ack_wait)
 
 
+def _log_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("log")
+    group.add_argument("--retention-max-age", type=duration, default=0.0, metavar="DURATION",
+                       help="delete the log's envelopes older than this (30d, 12h; sessions lose their start: "
+                            "export them first); 0: never [0]")
+    group.add_argument("--retention-max-bytes", type=size, default=0, metavar="SIZE",
+                       help="the log's size limit (500GiB, 2TB): past it appends are refused (503), nothing is "
+                            "deleted; 0: only JetStream's store limit [0]")
+    group.add_argument("--fsync", choices=FSYNC_MODES, default="default",
+                       help="always: the embedded nats-server syncs every write to disk before acknowledging it "
+                            "(survives a host crash; see ops/bench/fsync_cost.py); default: every 2 min [default]")
+
+
+def _retention(args: argparse.Namespace) -> Retention | None:
+    """The log's limits from ``rollbus up``'s flags (other commands leave them as they are)."""
+    if not hasattr(args, "retention_max_age"):
+        return None
+    window = LogConfig().duplicate_window_s
+    if 0 < args.retention_max_age < window:
+        raise UserError(f"--retention-max-age must be 0 (unlimited) or at least the duplicate window, {window:g}s")
+    if 0 < args.retention_max_bytes < MAX_PAYLOAD:
+        raise UserError(f"--retention-max-bytes must be 0 (unlimited) or at least {MAX_PAYLOAD} (one envelope)")
+    return Retention(max_age_s=args.retention_max_age, max_bytes=args.retention_max_bytes)
+
+
+PROJECTOR_METRICS_PORT = 9310  # where `rollbus projector` serves /metrics by default
+MATERIALIZER_METRICS_PORT = 9311  # and `rollbus materializer`
+
+
+def _metrics_port(text: str) -> int | None:
+    """``--metrics-port``: a port, 0 (any free one) or ``off``."""
+    if text.lower() == "off":
+        return None
+    try:
+        return int(number(int, at_least=0, at_most=65535)(text))
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (a port 0-65535, or off)") from None
+
+
+def _metrics_flags(parser: argparse.ArgumentParser, default: int) -> None:
+    group = parser.add_argument_group("metrics")
+    group.add_argument("--metrics-port", type=_metrics_port, default=default, metavar="PORT",
+                       help=f"serve Prometheus metrics at http://HOST:PORT/metrics; 0: any free port (printed); "
+                            f"off: none [{default}]")
+    group.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                       help="address /metrics listens on [127.0.0.1]")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="rollbus", description="Event-sourced trajectory gateway for agentic RL.")
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="run the whole stack in the foreground")
     _common(up, edge=True, nats_required=False)
+    _log_flags(up)
     _materializer_flags(up)
     _common(sub.add_parser("edge", help="run the HTTP edge alone"), edge=True, nats_required=True)
-    _common(sub.add_parser("projector", help="run the session projector alone"), edge=False, nats_required=True)
+    projector = sub.add_parser("projector", help="run the session projector alone")
+    _common(projector, edge=False, nats_required=True)
+    _metrics_flags(projector, PROJECTOR_METRICS_PORT)
     alone = sub.add_parser("materializer", help="run the materializer alone")
     _common(alone, edge=False, nats_required=True)
+    _metrics_flags(alone, MATERIALIZER_METRICS_PORT)
     _materializer_flags(alone)
     for command in TOOL_COMMANDS:
         command.register(sub)
@@ -167,6 +227,11 @@ def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOpti
         lease_ttl=args.lease_ttl if edge else 15.0,
         idle_timeout=args.idle_timeout if edge else 3600.0,
         materializer=_materializer_options(args) if "materializer" in components else MaterializerOptions(),
+        metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
+        metrics_port=None if edge else getattr(args, "metrics_port", None),  # the edge serves its own
+        retention=_retention(args),
+        replicas=args.replicas,
+        fsync=getattr(args, "fsync", "default"),
     )
 
 
@@ -175,9 +240,12 @@ def _announce(stack: Stack) -> None:
     print(f"rollbus {' + '.join(options.components)} running", flush=True)
     nats_kind = "external" if options.nats_url else f"embedded, store {options.data_dir / 'nats'}"
     print(f"  nats:         {stack.nats_url} ({nats_kind})")
+    print(f"  log limits:   {(options.retention or Retention()).describe()}{_store_limit(stack)}")
+    print(f"  fsync:        {_fsync_summary(stack)}")
     if stack.url:
         print(f"  edge:         {stack.url}")
         print(f"  admin token:  {options.admin_token}")
+        print(f"  metrics:      {stack.url}/metrics")
         print(f"  engine:       {engine_summary(options)}")
         print(f"  tokenizer:    {options.tokenizer} (tool format {options.tool_format})")
     if "materializer" in options.components:
@@ -186,7 +254,27 @@ def _announce(stack: Stack) -> None:
         if mo.transfer_queue:
             where = f"joined Ray at {mo.ray_address}" if mo.ray_address else "hosted by this process"
             print(f"  transferqueue: partition {mo.tq_partition} ({where})")
+    if stack.metrics_server is not None:
+        print(f"  metrics:      {stack.metrics_server.url}")
     print("  Ctrl-C (SIGINT) or SIGTERM stops it", flush=True)
+
+
+def _store_limit(stack: Stack) -> str:
+    if stack.nats is None:
+        return ""
+    try:
+        limit = stack.nats.jetstream_config().get("max_storage")
+    except RollbusError:
+        return ""
+    return f"; JetStream store limit {bytes_text(limit)}" if isinstance(limit, int) and limit > 0 else ""
+
+
+def _fsync_summary(stack: Stack) -> str:
+    if stack.nats is None:
+        return "as the NATS server at --nats is configured (its jetstream sync_interval)"
+    if stack.options.fsync == "always":
+        return "always (sync_interval: always: every write is on disk before it is acknowledged)"
+    return "default (JetStream syncs to disk every 2 min; --fsync always: before every acknowledgement)"
 
 
 def _write_state(stack: Stack) -> Path | None:

@@ -17,6 +17,7 @@ import errno
 import json
 import math
 import os
+import re
 import socket
 import sys
 from collections.abc import Awaitable, Callable
@@ -61,6 +62,29 @@ def number(kind: type[int] | type[float], *, at_least: float | None = None, abov
 
     parse.__name__ = kind.__name__  # argparse names the type in its own messages
     return parse
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30,
+               "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def duration(text: str) -> float:
+    """An argparse ``type``: seconds from ``30d``, ``12h``, ``90m``, ``45s``, ``2w`` or a bare number of seconds
+    (``0``: none); a negative, unitless-unknown or non-finite value is refused in one line."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([smhdw]?)\s*", text.lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a duration (e.g. 30d, 12h, 90m, 45s; 0: unlimited): {text!r}")
+    return float(match[1]) * _DURATION_UNITS[match[2] or "s"]
+
+
+def size(text: str) -> int:
+    """An argparse ``type``: bytes from ``500GiB``, ``500G`` (both 1024-based), ``2TB`` (1000-based) or a bare
+    number (``0``: none)."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-z]*)\s*", text.lower())
+    if match is None or match[2] not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"not a size (e.g. 500GiB, 2TB, 1048576; 0: unlimited): {text!r}")
+    return int(float(match[1]) * _SIZE_UNITS[match[2]])
 
 
 def add_connection_args(parser: argparse.ArgumentParser) -> None:

@@ -3,25 +3,30 @@
 ::
 
     RollbusError
-    ├── MalformedRequest          400  the request does not decode or makes no sense
-    │   ├── ContextTooLong        400  the prompt alone exceeds the trajectory length
-    │   └── IdempotencyKeyReused  400  an Idempotency-Key repeated with a different body
-    ├── Unauthorized              401  missing or wrong api key / admin token
-    ├── SessionNotFound           404
-    ├── SessionClosed             409  finalized or aborted
-    ├── Conflict                  409  e.g. a reward after materialization
-    │   ├── OwnershipLost         409  another writer appended to this session
-    │   └── SessionOwned          409  another edge holds the session's lease (Retry-After)
-    ├── PayloadTooLarge           413
-    ├── CapacityExceeded          429  too many open sessions or requests
-    ├── EngineError               502  the engine answered nonsense or failed
-    │   ├── EngineRefused         400  the engine refused the input (its HTTP 400, e.g. too long)
-    │   ├── EngineUnavailable     503  refused, unhealthy
-    │   └── EngineTimeout         504
-    ├── LogUnavailable            503  JetStream did not acknowledge
-    ├── SinkUnavailable           503  a record sink (TransferQueue) did not take a write
-    └── FoldError                      an event that does not fit the state (a bug or a corrupt log)
-        └── OutOfOrderEvent            an event whose sequence is not the next one
+    ├── MalformedRequest          the request does not decode or makes no sense
+    │   ├── ContextTooLong        the prompt alone exceeds the trajectory length
+    │   └── IdempotencyKeyReused  an Idempotency-Key repeated with a different body
+    ├── Unauthorized              missing or wrong api key / admin token
+    ├── SessionNotFound
+    ├── SessionClosed             finalized or aborted
+    ├── Conflict                  e.g. a reward after materialization
+    │   ├── OwnershipLost         another writer appended to this session
+    │   └── SessionOwned          another edge holds the session's lease (``retry_after``)
+    ├── PayloadTooLarge
+    ├── CapacityExceeded          too many open sessions or requests (``retry_after`` when known)
+    ├── EngineError               the engine answered nonsense or failed
+    │   ├── EngineRefused         the engine refused the input (its HTTP 400, e.g. too long)
+    │   ├── EngineUnavailable     refused, unhealthy
+    │   └── EngineTimeout
+    ├── LogUnavailable            JetStream did not answer or acknowledge (reading or writing)
+    ├── SinkUnavailable           a record sink (TransferQueue) did not take a write
+    └── FoldError                 an event that does not fit the state (a bug or a corrupt log)
+        └── OutOfOrderEvent       an event whose sequence is not the next one
+
+The classes carry no HTTP status and no wire error type: those are the edge's, in one table
+keyed by class (:data:`edge.http_errors.ERRORS`, which also lists each one's status). What
+an error carries is domain data: its message, the request field it is about (``param``) and,
+for the two that know one, how many seconds until a retry may succeed (``retry_after``).
 """
 
 from __future__ import annotations
@@ -30,9 +35,7 @@ from __future__ import annotations
 class RollbusError(Exception):
     """Base of every rollbus error."""
 
-    status: int = 500
-    code: str = "internal_error"
-    retry_after: float | None = None  # seconds; answered as a Retry-After header when set
+    retry_after: float | None = None  # seconds until a retry may succeed, when the error knows
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -41,46 +44,39 @@ class RollbusError(Exception):
 
 
 class MalformedRequest(RollbusError):
-    status = 400
-    code = "invalid_request_error"
+    """The request does not decode or makes no sense."""
 
 
 class ContextTooLong(MalformedRequest):
-    code = "context_length_exceeded"
+    """The prompt alone exceeds the trajectory length."""
 
 
 class IdempotencyKeyReused(MalformedRequest):
-    code = "idempotency_key_reused"
+    """An Idempotency-Key repeated with a different body."""
 
 
 class Unauthorized(RollbusError):
-    status = 401
-    code = "authentication_error"
+    """A missing or wrong api key or admin token."""
 
 
 class SessionNotFound(RollbusError):
-    status = 404
-    code = "not_found_error"
+    """No such session."""
 
 
 class SessionClosed(RollbusError):
-    status = 409
-    code = "session_closed"
+    """The session is finalized or aborted."""
 
 
 class Conflict(RollbusError):
-    status = 409
-    code = "conflict"
+    """The request conflicts with the session's state (e.g. a reward after materialization)."""
 
 
 class OwnershipLost(Conflict):
-    code = "ownership_lost"
+    """Another writer appended to this session, or took its lease."""
 
 
 class SessionOwned(Conflict):
     """Another live edge holds the session's lease; it can be taken over once the lease lapses."""
-
-    code = "session_owned_elsewhere"
 
     def __init__(self, message: str, *, retry_after: float, param: str | None = None) -> None:
         super().__init__(message, param=param)
@@ -88,52 +84,47 @@ class SessionOwned(Conflict):
 
 
 class PayloadTooLarge(RollbusError):
-    status = 413
-    code = "request_too_large"
+    """A body, or an event, over its size limit."""
 
 
 class CapacityExceeded(RollbusError):
-    status = 429
-    code = "rate_limit_error"
+    """Too many open sessions or requests."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.retry_after = None if retry_after is None else max(0.0, retry_after)
 
 
 class EngineError(RollbusError):
-    status = 502
-    code = "engine_error"
+    """The engine answered nonsense or failed."""
 
 
 class EngineRefused(EngineError):
     """The engine refused the request's input (SGLang or vLLM answered 400, e.g. a prompt longer than
-    the model's context): the agent's request cannot succeed as it is, so it is answered 400 (not a
-    5xx, which the SDKs would retry). ``message`` carries the engine's own words, bounded."""
-
-    status = 400
-    code = "invalid_request_error"
+    the model's context): the agent's request cannot succeed as it is, so the edge answers it as the
+    agent's mistake (not a 5xx, which the SDKs would retry). ``message`` carries the engine's own
+    words, bounded."""
 
 
 class EngineUnavailable(EngineError):
-    status = 503
-    code = "engine_unavailable"
+    """The engine refused the connection or is unhealthy."""
 
 
 class EngineTimeout(EngineError):
-    status = 504
-    code = "engine_timeout"
+    """The engine did not answer in time."""
 
 
 class LogUnavailable(RollbusError):
-    status = 503
-    code = "log_unavailable"
+    """JetStream (the log, its KV buckets or object store) did not answer, acknowledge or hold still."""
 
 
 class SinkUnavailable(RollbusError):
-    status = 503
-    code = "sink_unavailable"
+    """A record sink (TransferQueue) did not take a write."""
 
 
 class FoldError(RollbusError):
-    code = "fold_error"
+    """An event that does not fit the state (a bug or a corrupt log)."""
 
 
 class OutOfOrderEvent(FoldError):
-    code = "out_of_order_event"
+    """An event whose sequence is not the next one."""

@@ -143,8 +143,25 @@ class EngineFailed(Event, tag="engine_failed", kw_only=True):
     message: str
 
 
+class RewardInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A task's ``reward_info``, typed (:func:`reward.intake.reward_info_of`). On the wire
+    (``POST .../reward_info {"reward_info": {"reward": 1.0, "acc": 1.0, "finished": true}}``) and in
+    the log (:class:`RewardReported`: ``reward`` apart, every other key in ``extra`` as posted) it
+    stays one flat map; ``reward`` and ``finished`` are rollbus's, every other key is free-form."""
+
+    reward: float | None = None  # None: the task reported extra info only
+    finished: bool | None = None  # the episode's completion, as the task said it (None: not said)
+    extra: dict[str, Any] = {}  # reward extra info: every other posted key, free-form by contract
+
+    @property
+    def unfinished(self) -> bool:
+        """The task said the episode did not finish (``finished: false``; absent means unknown)."""
+        return self.finished is False
+
+
 class RewardReported(Event, tag="reward_reported", kw_only=True):
-    """A reward posted to the session (``reward`` absent: the task reported extra info only)."""
+    """A reward posted to the session (``reward`` absent: the task reported extra info only); ``extra``
+    holds every other posted key, ``finished`` included, as posted (typed: :class:`RewardInfo`)."""
 
     reward: float | None = None
     extra: dict[str, Any] = {}

@@ -3,16 +3,20 @@
 One JetStream stream (file storage) holds every session; a session's events are under
 ``<prefix>.<session_id>.>``. ``Nats-Msg-Id = <session_id>:<first seq>`` makes a retried
 publish idempotent, and the expected-last-subject-sequence headers (filtered on the
-session's subjects) make the edge the only writer of a session.
+session's subjects) make the edge the only writer of a session. An append that would
+exceed the payload limit is split by one rule, :func:`fit_envelopes`, for every writer.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import msgspec
 
-from schemas.errors import SessionNotFound
+from schemas import blobs, envelope
+from schemas.errors import PayloadTooLarge, SessionNotFound
+from schemas.events import Event
 
 # Lowercase hex (uuid4().hex) or a lowercased ULID: safe as one NATS subject token.
 SESSION_ID_RE = re.compile(r"^[0-9a-z]{16,64}$")
@@ -103,3 +107,31 @@ def append_headers(cfg: LogConfig, session_id: str, first_seq: int, last_seq: in
     if blobs:
         headers[HDR_BLOBS] = str(blobs)
     return headers
+
+
+class Envelope(msgspec.Struct, frozen=True):
+    """One message of an append: its events, their encoded envelope, and the values it refers to in
+    the object store (object name -> bytes), which are stored before the message is published."""
+
+    events: Sequence[Event]
+    payload: bytes
+    pieces: dict[str, bytes] = {}
+
+
+def fit_envelopes(events: Sequence[Event], limit: int, payload: bytes | None = None) -> list[Envelope]:
+    """``events`` (consecutive, of one session) as envelopes of at most ``limit`` bytes, in order:
+    halved until each fits; a single event that does not fit has its largest values moved to the
+    object store (:func:`schemas.blobs.externalize`), and is refused with :class:`PayloadTooLarge`
+    if it still does not fit (nothing is stored then: the caller stores and publishes only after).
+    ``payload``: ``envelope.encode(events)`` when the caller has it already."""
+    payload = envelope.encode(events) if payload is None else payload
+    if len(payload) <= limit:
+        return [Envelope(events, payload)]
+    if len(events) > 1:
+        middle = len(events) // 2
+        return [*fit_envelopes(events[:middle], limit), *fit_envelopes(events[middle:], limit)]
+    event, pieces = blobs.externalize(events[0], limit)
+    payload = envelope.encode([event])
+    if len(payload) > limit:
+        raise PayloadTooLarge(f"one {type(event).__name__} event is {len(payload)} bytes (limit {limit})")
+    return [Envelope([event], payload, pieces)]

@@ -19,6 +19,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from schemas.metadata import TrajectorySelection
+
 IntArray = npt.NDArray[np.int32]
 MaskArray = npt.NDArray[np.int8]
 FloatArray = npt.NDArray[np.float32]
@@ -89,6 +91,13 @@ class TrajectoryRecord(msgspec.Struct, frozen=True, kw_only=True):
         return tags
 
 
+class RecordOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """How a session's chains become records (:mod:`materializer.records`); a marker keeps the ones used."""
+
+    mask_unfinished_episode: bool = False  # zero the masks when reward_info says finished=false
+    trajectory_selection: TrajectorySelection = "all"
+
+
 class MaterializedMarker(msgspec.Struct, frozen=True, kw_only=True):
     """What the materializer recorded for a session (markers bucket, key = session id).
 
@@ -109,7 +118,9 @@ class MaterializedMarker(msgspec.Struct, frozen=True, kw_only=True):
     reward: float | None = None
     reward_source: str | None = None  # "task" | "scorer" | "default"
     reward_extra_info: dict[str, Any] = {}  # as in the records (with a scorer's, which a re-derivation cannot rerun)
-    options: dict[str, Any] = {}  # the record options the records were derived with (the session's own overrides)
+    # the record options the records were derived with (the session's own overrides; the defaults in a
+    # marker written before markers kept them)
+    options: RecordOptions = RecordOptions()
 
     @property
     def succeeded(self) -> bool:

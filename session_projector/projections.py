@@ -26,15 +26,14 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 import msgspec
-from nats.errors import ConnectionClosedError, ConnectionDrainingError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
-from eventlog.reader import iter_envelopes, last_stream_seq
-from schemas.errors import Conflict, LogUnavailable
+from eventlog.reader import UNAVAILABLE, iter_envelopes, last_stream_seq
+from schemas.errors import Conflict, FoldError, LogUnavailable
 from schemas.log import LogConfig, check_session_id
 from session.fold import SessionState, fold, release_buffers
 from session.summary import SessionSummary, summarize
@@ -73,12 +72,11 @@ def encode(projection: Projection) -> bytes:
 
 
 def decode(data: bytes) -> Projection:
-    return _decoder.decode(data)
-
-
-# What "JetStream is not there right now" looks like from nats-py (its timeouts are TimeoutErrors).
-UNAVAILABLE = (TimeoutError, NoRespondersError, ServiceUnavailableError, ConnectionClosedError,
-               ConnectionDrainingError)
+    """A stored projection; :class:`FoldError` when it does not decode (the log can rebuild it)."""
+    try:
+        return _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise FoldError(f"a stored projection does not decode: {exc}") from exc
 
 
 async def _bounded(call: Awaitable[T], timeout: float, what: str) -> T:

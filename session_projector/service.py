@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from typing import Protocol
 
 import msgspec
 from nats.aio.msg import Msg
@@ -32,6 +33,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
 
 from eventlog.consumer import pull_batches, settle
+from eventlog.lag import Watched
 from eventlog.reader import decode_msg, load_state
 from schemas.errors import LogUnavailable
 from schemas.events import AnyEvent, SessionAborted, SessionFinalized
@@ -47,21 +49,48 @@ class ReadySignal(msgspec.Struct, frozen=True, kw_only=True):
     stream_seq: int  # the finalize envelope's position: the session's log is complete up to here
 
 
+class Counters(Protocol):
+    """Where the projector counts (``edge.metrics.Metrics`` is one)."""
+
+    def inc(self, name: str, amount: float = 1.0, help_text: str = "", **labels: str) -> None: ...
+
+
+ENVELOPES = "rollbus_projector_envelopes_total"
+REBUILDS = "rollbus_projector_rebuilds_total"
+READY = "rollbus_projector_ready_signals_total"
+FAILURES = "rollbus_failures_total"
+
+
+class _Uncounted:
+    def inc(self, name: str, amount: float = 1.0, help_text: str = "", **labels: str) -> None:
+        return None
+
+
 class Projector:
     def __init__(self, js: JetStreamContext, cfg: LogConfig, *, durable: str = "rollbus-projections",
-                 batch: int = 256, cache: int = 1024) -> None:
+                 batch: int = 256, cache: int = 1024, metrics: Counters | None = None) -> None:
+        """``metrics``: where envelopes, rebuilds, ready signals and retried sessions are counted."""
         self._js = js
         self._cfg = cfg
         self._durable = durable
         self._batch = batch
+        self._metrics: Counters = metrics if metrics is not None else _Uncounted()
         self.store = ProjectionStore(js, cfg, cache=cache)
         self.rebuilt = 0  # sessions rebuilt from the log to close a gap (observability, tests)
+
+    @property
+    def watched(self) -> Watched:
+        """Its durable consumer, for its lag (``edge.metrics.watch_lag``)."""
+        return Watched(name="projector", stream=self._cfg.stream, durable=self._durable, subject=self._cfg.subjects)
 
     async def run(self, stop: asyncio.Event) -> None:
         async for msgs in pull_batches(self._js, stream=self._cfg.stream, durable=self._durable,
                                        subject=self._cfg.subjects, stop=stop, batch=self._batch):
             for group in _by_session(self._cfg, msgs):
-                await settle(group, self._project(group))
+                if await settle(group, self._project(group)):
+                    self._metrics.inc(ENVELOPES, len(group))
+                else:
+                    self._metrics.inc(FAILURES, 1.0, component="projector", reason="retried")
 
     async def _project(self, msgs: Sequence[Msg]) -> None:
         session_id = self._cfg.session_of(msgs[0].subject)
@@ -86,6 +115,7 @@ class Projector:
             log.info("session %s: projection at #%d, envelope starts at #%d; rebuilding from the log",
                      session_id, expected - 1, events[0].seq)
             self.rebuilt += 1
+            self._metrics.inc(REBUILDS)
             rebuilt, _ = await load_state(self._js, self._cfg, session_id, until=position)
             return rebuilt, position
         return fold(events, state), position
@@ -97,6 +127,7 @@ class Projector:
             await asyncio.wait_for(self._js.publish(subject, msgspec.json.encode(ready), headers=headers), 10)
         except (TimeoutError, NatsTimeoutError) as exc:
             raise LogUnavailable(f"ready signal for {ready.session_id} not acknowledged") from exc
+        self._metrics.inc(READY)
         log.info("session %s ready to materialize", ready.session_id)
 
 

@@ -84,7 +84,18 @@ already in our environment). The command line is the same either way. Why:
 
 ``GOGC`` is left at its default: under the limit a lower one mostly trades CPU for
 memory that the limit already bounds. Nothing in nats-server's configuration file
-bounds the caches (their expiry and the block size are fixed), so there is none.
+bounds the caches (their expiry and the block size are fixed).
+
+Durability
+----------
+
+By default JetStream acknowledges a write once it is in the OS's page cache and syncs its
+files to disk every 2 minutes: a killed server loses nothing, but a host crash (power, a
+kernel panic) can lose up to 2 minutes of acknowledged events. ``fsync="always"`` writes a
+configuration file, ``<store_dir>.conf``, with ``jetstream { sync_interval: always }``, and
+the server syncs every write before acknowledging it (its ``/varz`` then says
+``"sync_always": true``); what that costs is measured by ``ops/bench/fsync_cost.py``. It is
+the only setting in the file: the command line's flags say the rest.
 """
 
 from __future__ import annotations
@@ -120,6 +131,8 @@ _BINARY_NAME = "nats-server.exe" if sys.platform == "win32" else "nats-server"
 _POLL_S = 0.01
 _LOG_TAIL_LINES = 20
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+FSYNC_MODES = ("default", "always")  # see "Durability" in the module docstring
+Fsync = Literal["default", "always"]
 
 
 def _alive(pid: int) -> bool:
@@ -241,9 +254,14 @@ class EmbeddedNats:
         stop_timeout_s: float = 10.0,
         memory_limit: int | None = DEFAULT_MEMORY_LIMIT,
         die_with_parent: bool = False,
+        fsync: Fsync = "default",
     ) -> None:
         """``die_with_parent``: the server gets SIGTERM when the thread calling :meth:`start` exits (Linux;
-        see "Supervision" in the module docstring): call it from a thread that outlives the server."""
+        see "Supervision" in the module docstring): call it from a thread that outlives the server.
+        ``fsync``: ``"always"`` syncs every write to disk before it is acknowledged (see "Durability")."""
+        if fsync not in FSYNC_MODES:
+            raise ValueError(f"fsync is one of {', '.join(FSYNC_MODES)}, not {fsync!r}")
+        self.fsync: Fsync = fsync
         self.store_dir = Path(store_dir).resolve()
         self.name = name
         self.port = port  # -1: any free port; fixed, a restarted server is found by reconnecting clients
@@ -339,9 +357,37 @@ class EmbeddedNats:
             for ports_file in self.store_dir.parent.glob(f"*_{pid}.ports"):
                 ports_file.unlink(missing_ok=True)
 
+    @property
+    def config_path(self) -> Path:
+        return self.store_dir.parent / f"{self.store_dir.name}.conf"
+
+    def _config_args(self) -> list[str]:
+        """``-c <store>.conf`` holding the settings that have no flag (``sync_interval``); none by default."""
+        if self.fsync == "default":
+            return []
+        self.config_path.write_text("# written by rollbus (stack/nats_server.py): the flags say the rest\n"
+                                    "jetstream {\n  sync_interval: always\n}\n")
+        return ["-c", str(self.config_path)]
+
+    def jetstream_config(self, timeout_s: float = 2.0) -> dict[str, object]:
+        """The running server's JetStream settings, from ``/varz`` (``store_dir``, ``max_storage``,
+        ``sync_interval`` in ns, ``sync_always``, ...)."""
+        parts = urlsplit(self.monitoring_url)
+        conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=timeout_s)
+        try:
+            conn.request("GET", "/varz")
+            varz = json.loads(conn.getresponse().read())
+        except (OSError, ValueError) as exc:
+            raise EmbeddedNatsError(f"nats-server's /varz did not answer: {exc}") from exc
+        finally:
+            conn.close()
+        config = varz.get("jetstream", {}).get("config", {}) if isinstance(varz, dict) else {}
+        return dict(config) if isinstance(config, dict) else {}
+
     def _command(self, binary: Path) -> list[str]:
         return [
             str(binary),
+            *self._config_args(),
             "--name", self.name,
             "-a", "127.0.0.1",
             "-p", str(self.port),

@@ -39,11 +39,12 @@ from edge.engines import LOCAL_MODELS, local_model, make_engine
 from edge.engines.base import Engine
 from edge.keeper import SessionKeeper
 from edge.live import Registry
-from edge.metrics import Metrics
+from edge.metrics import LAG_INTERVAL_S, Metrics, MetricsServer, TimedEngine, TimedLog, watch_lag
 from edge.ownership import KvLeases
 from edge.service import EdgeService, KvSessionIndex
 from edge.settings import EdgeSettings
 from edge.turns import Clock, TurnRunner
+from eventlog.lag import Watched
 from eventlog.publisher import JetStreamLog
 from eventlog.reader import last_stream_seq, load_state
 from materializer.parquet import ParquetSink
@@ -52,8 +53,8 @@ from reward.scorer import RewardScorer, load_scorer
 from schemas.log import LogConfig
 from session_projector.projections import current_summary, iter_projections
 from session_projector.service import Projector
-from stack.nats_server import EmbeddedNats, NatsSupervisor
-from stack.provision import connect, provision
+from stack.nats_server import EmbeddedNats, Fsync, NatsSupervisor
+from stack.provision import Retention, connect, provision
 from stack.user_error import UserError, check_writable_dir, one_line
 
 if TYPE_CHECKING:
@@ -137,6 +138,12 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     disconnect_grace: float = 10.0
     rollback_rewritten_turns: bool = True
     materializer: MaterializerOptions = MaterializerOptions()
+    metrics_host: str = "127.0.0.1"  # a projector or materializer run alone: where it serves /metrics
+    metrics_port: int | None = None  # None: no /metrics (the edge serves its own); 0: any free port
+    lag_interval: float = LAG_INTERVAL_S  # seconds between samples of the consumers' lag
+    retention: Retention | None = None  # the log's limits, applied at start; None: a new log's defaults, kept
+    replicas: int | None = None  # cluster nodes per stream and bucket, applied at start; None: 1 or as they are
+    fsync: Fsync = "default"  # the embedded nats-server's sync_interval ("always": every write, before its ack)
 
 
 def model_defaults(engine: str, model: str | None, tokenizer: str | None,
@@ -173,6 +180,9 @@ def check_model(model: str | None) -> None:
 
 def check_options(options: StackOptions) -> None:
     """Refuse, before anything starts, an engine selection that cannot work (no model is loaded here)."""
+    if options.fsync != "default" and options.nats_url:
+        raise StartupError(f"--fsync {options.fsync} sets the embedded nats-server's sync_interval; for the server "
+                           "at --nats, put jetstream { sync_interval: always } in its configuration")
     if "edge" not in options.components:
         return
     if options.engine != "local":
@@ -204,19 +214,21 @@ def build_engine(options: StackOptions) -> Engine:
 
 
 def build_edge_service(settings: EdgeSettings, nc: Client, engine: Engine, *,
-                       clock: Clock = time.time) -> EdgeService:
+                       clock: Clock = time.time, metrics: Metrics | None = None) -> EdgeService:
     """An :class:`EdgeService` writing to JetStream (through ``nc``) under leases, taking unknown sessions over
-    from it."""
+    from it; its appends and engine calls timed in ``metrics`` (a registry of its own if None)."""
     cfg = settings.log
     codec, parser = load_codec(settings.tokenizer, settings.tool_format)  # refuses a mismatched pair
     js = nc.jetstream()
-    event_log = JetStreamLog(nc, cfg)
+    metrics = metrics if metrics is not None else Metrics()
+    event_log = TimedLog(JetStreamLog(nc, cfg), metrics)
     leases = KvLeases(js, cfg, edge_id=settings.edge_id, url=settings.public_url, ttl=settings.lease_ttl_s,
                       clock=clock)
     registry = Registry(lambda session_id: load_state(js, cfg, session_id), leases=leases,
                         position=lambda session_id: last_stream_seq(js, cfg, cfg.session_filter(session_id)),
                         summaries=lambda session_id: current_summary(js, cfg, session_id), clock=clock)
-    turns = TurnRunner(settings=settings, codec=codec, engine=engine, log=event_log, parser=parser, clock=clock)
+    turns = TurnRunner(settings=settings, codec=codec, engine=TimedEngine(engine, metrics), log=event_log,
+                       parser=parser, clock=clock, metrics=metrics)
     return EdgeService(settings=settings, registry=registry, log=event_log, turns=turns, leases=leases, clock=clock,
                        index=KvSessionIndex(js, cfg))
 
@@ -328,7 +340,8 @@ class Stack:
         self._given_engine = engine
         self._given_scorer = scorer
         self.stop_event = asyncio.Event()
-        self.metrics = Metrics()  # the edge's /metrics, the materializer's counters too
+        self.metrics = Metrics()  # the edge's /metrics, the projector's and materializer's too
+        self.metrics_server: MetricsServer | None = None  # a consumer run alone: its own /metrics
         self.nats: EmbeddedNats | None = None
         self.nats_supervisor: NatsSupervisor | None = None  # restarts self.nats when it dies
         self.nc: Client | None = None
@@ -374,17 +387,33 @@ class Stack:
             self._lock = lock
         if "edge" in options.components:
             self._sock = bind(options.host, options.port, listen=False)
+        elif options.metrics_port is not None:  # a consumer alone: prometheus-client's server for its /metrics
+            try:
+                self.metrics_server = self.metrics.serve(options.metrics_host, options.metrics_port)
+            except OSError as exc:
+                raise StartupError(f"--metrics-port {options.metrics_port}: cannot listen on {options.metrics_host} "
+                                   f"({one_line(exc.strerror or str(exc)).lower()}); pass another --metrics-port, "
+                                   "or 0 for any free one") from exc
         if options.nats_url is None:
             # die_with_parent: the supervisor forks the server from its own thread, which outlives it
-            self.nats = EmbeddedNats(options.data_dir / "nats", name="rollbus", die_with_parent=True)
+            self.nats = EmbeddedNats(options.data_dir / "nats", name="rollbus", die_with_parent=True,
+                                     fsync=options.fsync)
             self.nats_supervisor = await asyncio.to_thread(NatsSupervisor(self.nats).start)
         self.nc = await connect(self.nats_url, name="rollbus-" + "-".join(options.components))
         js = self.nc.jetstream()
-        await provision(js, options.log)
+        await provision(js, options.log, retention=options.retention, replicas=options.replicas)
+        watched: list[Watched] = []
         if "projector" in options.components:
-            self._spawn(Projector(js, options.log).run(self.stop_event), "projector")
+            self.metrics.declare("projector")
+            projector = Projector(js, options.log, metrics=self.metrics)
+            watched.append(projector.watched)
+            self._spawn(projector.run(self.stop_event), "projector")
         if "materializer" in options.components:
-            self._spawn((await self._materializer(js)).run(self.stop_event), "materializer")
+            materializer = await self._materializer(js)
+            watched.append(materializer.watched)
+            self._spawn(materializer.run(self.stop_event), "materializer")
+        if watched:
+            self._spawn(watch_lag(self.metrics, js, watched, self.stop_event, interval=options.lag_interval), "lag")
         if "edge" in options.components:
             await self._start_edge(self.nc, js)
         self._ready = True
@@ -401,6 +430,7 @@ class Stack:
             self._tq_connection = connection
             tq = TransferQueueSink(mo.tq_partition)
         scorer = self._given_scorer or (load_scorer(mo.reward_scorer) if mo.reward_scorer else None)
+        self.metrics.declare("materializer")
         return Materializer(js, self.options.log, sink, options=mo, tq=tq, scorer=scorer, metrics=self.metrics)
 
     async def _start_edge(self, nc: Client, js: JetStreamContext) -> None:
@@ -419,7 +449,7 @@ class Stack:
                                 lease_ttl_s=options.lease_ttl, idle_timeout_s=options.idle_timeout,
                                 disconnect_grace_s=options.disconnect_grace,
                                 rollback_rewritten_turns=options.rollback_rewritten_turns)
-        service = self._service = build_edge_service(settings, nc, self._engine)
+        service = self._service = build_edge_service(settings, nc, self._engine, metrics=self.metrics)
         self._spawn(build_keeper(service, js).run(self.stop_event), "keeper")
         app = create_app(service, ready=self.ready, failing=self.failing, metrics=self.metrics)
         self._server = EdgeServer(app, sock)  # the socket listens: clients wait in its backlog until served
@@ -447,6 +477,8 @@ class Stack:
         elif self._sock is not None:  # start() failed before the edge served on it
             self._sock.close()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.metrics_server is not None:
+            await asyncio.to_thread(self.metrics_server.stop)
         if self._service is not None:
             with contextlib.suppress(Exception):  # leases lapse anyway
                 await asyncio.wait_for(self._service.registry.close(), 5)

@@ -52,6 +52,7 @@ from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamF
 from edge.codec.digest import decode_expanding_history, tools_digest
 from edge.codec.prefix import KnownPrefix, cut_holds, learn, skip_known
 from edge.codec.strict import check_sampling, decode_strict
+from edge.http_errors import http_error
 from schemas import wire_anthropic as w
 from schemas.errors import MalformedRequest, RollbusError
 from schemas.events import ToolCall
@@ -60,8 +61,6 @@ from schemas.values import check_free_form
 log = logging.getLogger(__name__)
 _encoder = msgspec.json.Encoder()
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}
 
 
@@ -345,20 +344,32 @@ def encode_message(outcome: TurnOutcome, conversation: Conversation) -> bytes:
 
 
 def encode_error(exc: RollbusError) -> bytes:
-    """Anthropic's shape has no ``param``: the field is named at the head of the message."""
-    kind = _ERROR_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "api_error")
+    """Anthropic's shape has no ``param``: the field is named at the head of the message. ``type``
+    from the edge's table (:mod:`edge.http_errors`)."""
+    kind = http_error(exc).anthropic_type
     message = f"{exc.param}: {exc.message}" if exc.param else exc.message
     return _encoder.encode(w.ErrorResponse(error=w.ErrorBody(type=kind, message=message)))
 
 
+_TEXT_BLOCKS: dict[str, tuple[w.BlockOut, w.TextDelta | w.ThinkingDelta]] = {  # a block's start, an empty delta
+    "text": (w.TextOut(text=""), w.TextDelta(text="")),
+    "thinking": (w.ThinkingOut(thinking=""), w.ThinkingDelta(thinking="")),
+}
+
+
 class AnthropicStream:
     """``message_start``, content blocks (thinking, text, tool_use) as they come, then
-    ``message_delta`` and ``message_stop``."""
+    ``message_delta`` and ``message_stop``.
+
+    A text or thinking delta (most of a stream) is written from a template: the bytes of its
+    ``content_block_delta`` event around the text, encoded once from the event struct when its block
+    opens, with only the text encoded per event (the same bytes the struct encodes to)."""
 
     def __init__(self, conversation: Conversation) -> None:
         self._conversation = conversation
         self._index = -1
         self._open: str | None = None  # type of the block being written
+        self._head = self._tail = b""  # the open text/thinking block's delta event: head + text + tail
 
     def _send(self, event: w.StreamEvent) -> bytes:
         return sse(_encoder.encode(event), type(event).__struct_config__.tag)  # type: ignore[arg-type]
@@ -377,13 +388,21 @@ class AnthropicStream:
         self._open = kind
         return out + self._send(w.ContentBlockStart(index=self._index, content_block=start))
 
+    def _text_block(self, kind: str, text: str) -> bytes:
+        """A text or thinking delta, its block opened first when it is not the open one."""
+        out = b""
+        if self._open != kind:
+            start, empty = _TEXT_BLOCKS[kind]
+            out = self._block(kind, start)
+            probe = self._send(w.ContentBlockDelta(index=self._index, delta=empty))
+            self._head, _, self._tail = probe.rpartition(b'""')  # the empty text: the event's last string
+        return b"".join((out, self._head, _encoder.encode(text), self._tail))
+
     def event(self, event: StreamEvent) -> bytes:
         if isinstance(event, ReasoningDelta):
-            return self._block("thinking", w.ThinkingOut(thinking="")) + self._send(
-                w.ContentBlockDelta(index=self._index, delta=w.ThinkingDelta(thinking=event.text)))
+            return self._text_block("thinking", event.text)
         if isinstance(event, ContentDelta):
-            return self._block("text", w.TextOut(text="")) + self._send(
-                w.ContentBlockDelta(index=self._index, delta=w.TextDelta(text=event.text)))
+            return self._text_block("text", event.text)
         if isinstance(event, ToolCallReady):
             call = event.call
             out = self._block(f"tool_use:{event.index}", w.ToolUseOut(id=call.id, name=call.name, input={}))

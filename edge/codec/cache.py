@@ -26,7 +26,6 @@ class BoundedCache(Generic[K, V]):
         self._bytes = 0
         self._max_items = max_items
         self._max_bytes = max_bytes
-        self.get = self._data.get  # the hot call, without a Python frame (the dict is never replaced)
 
     def __len__(self) -> int:
         """Entries held besides the pinned ones."""
@@ -35,7 +34,7 @@ class BoundedCache(Generic[K, V]):
     def __iter__(self) -> Iterator[K]:
         return (key for key in self._data if key not in self._pinned)
 
-    def get(self, key: K) -> V | None:  # replaced per instance by the dict's own ``get``
+    def get(self, key: K) -> V | None:
         return self._data.get(key)
 
     def put(self, key: K, value: V, size: int = 0) -> V:

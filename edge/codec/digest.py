@@ -56,27 +56,13 @@ def _field(value: bytes) -> bytes:
 
 
 _EXTENDED: BoundedCache[tuple[bytes, Message], bytes] = BoundedCache()
-_BY_MESSAGE: BoundedCache[tuple[bytes, int], tuple[Message, bytes]] = BoundedCache()
 
 
 def extend(previous: bytes, message: Message) -> bytes:
-    """The digest of a history one message longer. Cached, since every request repeats its
-    history: by the message object first (the wire adapters hand back the same objects for the
-    messages they have seen, and finding those costs no hashing of the message; an entry holds its
-    message, so the id cannot be reused while the entry lives), then by value (a conversation
-    built some other way has new, equal messages)."""
-    known = _BY_MESSAGE.get((previous, id(message)))
-    if known is not None and known[0] is message:
-        return known[1]
-    return _extend_by_value(previous, message)
-
-
-def _extend_by_value(previous: bytes, message: Message) -> bytes:
-    """:func:`extend` past its lookup by object: by value, else hashed; remembered by object."""
+    """The digest of a history one message longer. Cached, since every request repeats its history."""
     digest = _EXTENDED.get((previous, message))
     if digest is None:
         digest = _EXTENDED.put((previous, message), _extend(previous, message), len(message.content))
-    _BY_MESSAGE.put((previous, id(message)), (message, digest), 64)
     return digest
 
 
@@ -91,26 +77,10 @@ def _extend(previous: bytes, message: Message) -> bytes:
     return h.digest()
 
 
-_BY_OBJECT: BoundedCache[int, tuple[Sequence[ToolSpec], bytes]] = BoundedCache(max_items=1024)
-
-
 def tools_digest(tools: Sequence[ToolSpec]) -> bytes:
-    """Digest of the tool specs (key order and JSON formatting do not matter). The wire adapters
-    hand back one tuple per distinct tools JSON, so its digest is remembered by object (the cache
-    holds the tuple, so its id cannot be reused while the entry lives)."""
+    """Digest of the tool specs (key order and JSON formatting do not matter)."""
     if not tools:
         return _NO_TOOLS
-    if not isinstance(tools, tuple):  # a list could change after its digest was remembered
-        return _tools_digest(tools)
-    known = _BY_OBJECT.get(id(tools))
-    if known is not None and known[0] is tools:
-        return known[1]
-    digest = _tools_digest(tools)
-    _BY_OBJECT.put(id(tools), (tools, digest))
-    return digest
-
-
-def _tools_digest(tools: Sequence[ToolSpec]) -> bytes:
     canonical = _json_encoder.encode([[t.name, t.description or "", t.parameters or {}] for t in tools])
     digest = _tools_cache.get(canonical)
     if digest is None:
@@ -134,9 +104,8 @@ def decode_history(root: bytes, raws: Iterable[bytes], decode: Callable[[int, by
     messages: list[Message] = []
     digests: list[bytes] = []
     current = root
-    known_as = _BY_RAW.get
     for index, raw in enumerate(raws, first_index):
-        known = known_as((current, raw))
+        known = _BY_RAW.get((current, raw))
         if known is None:
             message = decode(index, raw)
             known = _BY_RAW.put((current, raw), (message, extend(current, message)), 2 * len(raw))
@@ -166,10 +135,9 @@ def decode_expanding_history(root: bytes, raws: Iterable[tuple[int, bytes]],
     messages: list[Message] = []
     digests: list[str] = []
     current = root
-    known_as = _BY_INDEXED_RAW.get
     for index, raw in raws:
         key = (current, index, raw)
-        known = known_as(key)
+        known = _BY_INDEXED_RAW.get(key)
         if known is None:
             decoded = decode(index, raw)
             chain: list[str] = []
@@ -188,9 +156,7 @@ def prefix_digests(root: bytes, messages: Sequence[Message]) -> list[bytes]:
     """``out[i]`` is the digest of ``messages[: i + 1]`` under ``root`` (the tools digest)."""
     out: list[bytes] = []
     current = root
-    by_message = _BY_MESSAGE.get  # extend's first lookup, inline: a resent history is all hits
     for message in messages:
-        known = by_message((current, id(message)))
-        current = known[1] if known is not None and known[0] is message else _extend_by_value(current, message)
+        current = extend(current, message)
         out.append(current)
     return out

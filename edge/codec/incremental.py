@@ -51,8 +51,6 @@ _TRICKY = ("  \n x\t <b>&amp;</b> {{ y }}\n\n ", "", "\u00e9\u4e2d\U0001f600 ")
 class TemplateNotIncremental(MalformedRequest):
     """The chat template is not prefix-stable for these messages: increments would be wrong."""
 
-    code = "template_not_incremental"
-
 
 class NoRoom(Exception):
     """The text needs more tokens than the room left: known from its lower bound

@@ -24,6 +24,7 @@ from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamF
 from edge.codec.digest import decode_history, tools_digest
 from edge.codec.prefix import KnownPrefix, cut_holds, learn, skip_known
 from edge.codec.strict import TOO_DEEP, check_json_text, check_max_tokens, check_sampling, decode_strict
+from edge.http_errors import http_error
 from schemas.errors import MalformedRequest, RollbusError
 from schemas.events import ToolCall
 from schemas.values import check_free_form
@@ -50,11 +51,6 @@ from schemas.wire_openai import (
 )
 
 _encoder = msgspec.json.Encoder()
-
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                405: "invalid_request_error", 409: "conflict_error", 413: "invalid_request_error",
-                429: "rate_limit_error"}
-
 
 def _text(content: str | list[ContentPart] | None, where: str) -> str:
     if content is None or isinstance(content, str):
@@ -238,19 +234,28 @@ def encode_completion(outcome: TurnOutcome, *, model: str, logprobs: bool, token
 
 
 def encode_error(exc: RollbusError) -> bytes:
-    body = ErrorBody(message=exc.message, type=_ERROR_TYPES.get(exc.status, "api_error"), param=exc.param,
-                     code=exc.code)
+    """OpenAI's error shape; ``type`` and ``code`` from the edge's table (:mod:`edge.http_errors`)."""
+    row = http_error(exc)
+    body = ErrorBody(message=exc.message, type=row.openai_type, param=exc.param, code=row.code)
     return _encoder.encode(ErrorResponse(error=body))
 
 
+_EMPTY_CONTENT = b'"content":""'  # a text delta's place in its chunk
+
+
 class OpenAIStream:
-    """The ``chat.completion.chunk`` events of one streamed turn."""
+    """The ``chat.completion.chunk`` events of one streamed turn.
+
+    A text delta (content or reasoning, most of a stream) is written from a template: the bytes of
+    the turn's chunk around its delta, encoded once from the chunk struct when the stream starts,
+    with only the delta's text encoded per event (the same bytes the struct encodes to)."""
 
     def __init__(self, conversation: Conversation, token_text: TokenText) -> None:
         self._conversation = conversation
         self._token_text = token_text
         self._id = ""
         self._created = 0
+        self._head = self._tail = b""  # a text delta's chunk: head + b'"content":' + text + tail
 
     def _chunk(self, delta: Delta, finish_reason: str | None = None, logprobs: ChoiceLogprobs | None = None) -> bytes:
         choice = ChunkChoice(index=0, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
@@ -260,9 +265,9 @@ class OpenAIStream:
 
     def event(self, event: StreamEvent) -> bytes:
         if isinstance(event, ContentDelta):
-            return self._chunk(Delta(content=event.text))
+            return b"".join((self._head, b'"content":', _encoder.encode(event.text), self._tail))
         if isinstance(event, ReasoningDelta):
-            return self._chunk(Delta(reasoning_content=event.text))
+            return b"".join((self._head, b'"reasoning_content":', _encoder.encode(event.text), self._tail))
         if isinstance(event, ToolCallReady):
             call = event.call
             head = ToolCallDelta(index=event.index, id=call.id, type="function",
@@ -271,6 +276,8 @@ class OpenAIStream:
             return self._chunk(Delta(tool_calls=[head])) + self._chunk(Delta(tool_calls=[body]))
         if isinstance(event, StreamStarted):
             self._id, self._created = _completion_id(event.session_id, event.request_no), event.created
+            head, _, tail = self._chunk(Delta(content="")).rpartition(_EMPTY_CONTENT)  # no JSON string holds it
+            self._head, self._tail = head, tail
             return self._chunk(Delta(role="assistant", content=""))
         return self._finish(event)
 

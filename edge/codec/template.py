@@ -32,8 +32,6 @@ _TEMPLATES_DIR = "templates"
 class ChatTemplateError(MalformedRequest):
     """The chat template does not compile, or refused to render these messages."""
 
-    code = "chat_template_error"
-
 
 _TOJSON_CACHE: BoundedCache[tuple[bytes, bool, int | None, tuple[str, str] | None, bool], str] = BoundedCache(
     max_items=4096)

@@ -18,26 +18,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from starlette.responses import Response, StreamingResponse
+from prometheus_client import Counter
+from starlette.responses import Response
 
-from edge.codec.adapter import StreamEncoder, WireAdapter
+from edge.codec.adapter import WireAdapter
+from edge.http_errors import MethodNotAllowed, http_error
 from edge.idempotency import retry_count
-from edge.metrics import CounterKey, Metrics
-from edge.routes.wire import RouteNotServed, bearer, error_response, json_response, receive_body
+from edge.metrics import Metrics
+from edge.routes.sse import SSEReply
+from edge.routes.wire import bearer, error_response, json_response, receive_body
 from edge.service import EdgeService
-from edge.streaming import Item, RecordedStream, TurnStream
 from edge.turns import Disconnect, TurnRequest
-from schemas.errors import RollbusError
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _PREFIX = "/sessions/"
 _ANTHROPIC = "v1/messages"
 
@@ -48,9 +48,9 @@ def is_anthropic_path(path: str) -> bool:
 
 
 async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: str, scope: Scope, receive: Receive,
-                       disconnect: Disconnect) -> bytes | Response:
-    """One model request: the plain reply's body, or a streaming response. A plain request is
-    watched for its client leaving (``disconnect``)."""
+                       disconnect: Disconnect) -> bytes | SSEReply:
+    """One model request: the plain reply's body, or a streamed one's events (:mod:`edge.routes.sse`). A
+    plain request is watched for its client leaving (``disconnect``)."""
     headers = _headers(scope)
     settings = service.settings
     body = await receive_body(receive, headers, settings.max_request_bytes, settings.body_timeout_s)
@@ -61,8 +61,7 @@ async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: s
                        disconnect=None if conversation.stream else disconnect)
     if conversation.stream:
         stream, first = await service.stream(session_id, bearer(headers), turn)
-        events = _sse(adapter.stream(conversation, service.token_strings), first, stream)
-        return StreamingResponse(events, media_type="text/event-stream", headers=_SSE_HEADERS)
+        return SSEReply(adapter.stream(conversation, service.token_strings), first, stream)
     unwatch = _watch(receive, disconnect)
     try:
         outcome = await service.complete(session_id, bearer(headers), turn)
@@ -112,8 +111,9 @@ class ModelRoutes:
         self._service = service
         self._metrics = metrics
         self._adapters = adapters
-        self._counters: dict[tuple[str, int], CounterKey] = {}  # requests by route and status
-        self._latency = metrics.histogram("rollbus_http_request_seconds", "HTTP request latency")
+        self._requests = metrics.edge.http_requests
+        self._counters: dict[tuple[str, int], Counter] = {}  # requests' counters by route and status (children)
+        self._latency = metrics.edge.http_seconds
 
     def __getattr__(self, name: str) -> Any:  # ``state``, ``router``, ... of the wrapped app
         return getattr(self.app, name)
@@ -136,8 +136,8 @@ class ModelRoutes:
         started = time.perf_counter()
         disconnect = Disconnect(self._service.settings.disconnect_grace_s)
         try:
-            reply: bytes | Response = await handle_model(self._service, adapter, session_id, scope, receive,
-                                                         disconnect)
+            reply: bytes | SSEReply | Response = await handle_model(self._service, adapter, session_id, scope,
+                                                                    receive, disconnect)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if not disconnect.gone or task is None or task.cancelling() > 1:
@@ -152,37 +152,24 @@ class ModelRoutes:
                         "headers": [(b"content-type", b"application/json"),
                                     (b"content-length", str(len(reply)).encode())]})
             await send({"type": "http.response.body", "body": reply})
+        elif isinstance(reply, SSEReply):
+            status = 200
+            await reply(receive, send)
         else:
             status = reply.status_code
             await reply(scope, receive, send)
         counted = self._counters.get((tail, status))
         if counted is None:
-            counted = self._counters[(tail, status)] = self._metrics.key(
-                "rollbus_http_requests_total", help_text="HTTP requests by route and status",
-                route=f"/sessions/{{session_id}}/{tail}", status=str(status))
-        self._metrics.add(counted)
+            counted = self._counters[(tail, status)] = self._requests.labels(f"/sessions/{{session_id}}/{tail}",
+                                                                              str(status))
+        counted.inc()
         self._latency.observe(time.perf_counter() - started)
 
 
 async def _method_not_allowed(adapter: WireAdapter, scope: Scope, receive: Receive, send: Send) -> None:
-    error = RouteNotServed(f"method {scope['method']} is not allowed on {scope['path']} (allowed: POST)",
-                           status=405, code="method_not_allowed")
-    response = json_response(adapter.encode_error(error), 405)
+    error = MethodNotAllowed(f"method {scope['method']} is not allowed on {scope['path']} (allowed: POST)")
+    response = json_response(adapter.encode_error(error), http_error(error).status)
     response.headers["Allow"] = "POST"
     await response(scope, receive, send)
 
-
-async def _sse(encoder: StreamEncoder, first: Item, stream: TurnStream | RecordedStream) -> AsyncIterator[bytes]:
-    events = stream.events()
-    try:
-        yield _encode(encoder, first)
-        async for batch in events:
-            yield b"".join(_encode(encoder, item) for item in batch)
-    finally:
-        await events.aclose()  # a client gone: the stream abandons its turn (synchronously)
-        stream.abandon()
-
-
-def _encode(encoder: StreamEncoder, item: Item) -> bytes:
-    return encoder.error(item) if isinstance(item, RollbusError) else encoder.event(item)
 

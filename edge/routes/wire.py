@@ -1,15 +1,15 @@
-"""Turning domain errors into HTTP, in one place, in each route's wire shape.
+"""Answering errors as HTTP in each route's wire shape.
 
 Every router is built with :func:`wire_route` and the error encoder of its wire, so a
 route answers in its own shape without looking at the URL. Only ``RollbusError`` is
-mapped: anything else is a bug, logged and answered 500 in the same shape.
+mapped, by the edge's one table (:mod:`edge.http_errors`: status, wire types, Retry-After):
+anything else is a bug, logged and answered 500 in the same shape.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, MutableMapping
 from typing import Any, TypeVar
@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
+from edge.http_errors import http_error, retry_after_headers
 from edge.service import same_secret
 from schemas.errors import MalformedRequest, PayloadTooLarge, RollbusError, Unauthorized
 
@@ -25,16 +26,6 @@ log = logging.getLogger(__name__)
 ErrorEncoder = Callable[[RollbusError], bytes]
 T = TypeVar("T")
 JSON = "application/json"
-
-
-class RouteNotServed(RollbusError):
-    """A path (404) or method (405) no route serves, answered in the shape of the wire the path
-    belongs to (see ``edge.app``)."""
-
-    def __init__(self, message: str, *, status: int, code: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
 
 
 def json_response(body: bytes, status: int = 200) -> Response:
@@ -52,11 +43,9 @@ def wire_route(encode_error: ErrorEncoder) -> type[APIRoute]:
             async def handle(request: Request) -> Response:
                 started = time.perf_counter()
                 response = await guarded(handler(request), f"{request.method} {request.url.path}", encode_error)
-                metrics = request.app.state.metrics
-                metrics.inc("rollbus_http_requests_total", help_text="HTTP requests by route and status",
-                            route=path, status=str(response.status_code))
-                metrics.observe("rollbus_http_request_seconds", time.perf_counter() - started,
-                                help_text="HTTP request latency")
+                metrics = request.app.state.metrics.edge  # edge.metrics.EdgeMetrics
+                metrics.http_requests.labels(path, str(response.status_code)).inc()
+                metrics.http_seconds.observe(time.perf_counter() - started)
                 return response
 
             return handle
@@ -79,12 +68,11 @@ def error_response(exc: Exception, where: str, encode_error: ErrorEncoder) -> Re
     if not isinstance(exc, RollbusError):
         log.exception("unhandled error in %s", where)
         return json_response(encode_error(RollbusError("internal error")), 500)
-    if exc.status >= 500:
-        log.warning("%s -> %d: %s", where, exc.status, exc.message)
-    response = json_response(encode_error(exc), exc.status)
-    if exc.retry_after is not None:  # honoured by the openai and anthropic SDKs' retries
-        response.headers["Retry-After"] = str(math.ceil(exc.retry_after))
-        response.headers["retry-after-ms"] = str(math.ceil(exc.retry_after * 1000))
+    row = http_error(exc)
+    if row.status >= 500:
+        log.warning("%s -> %d: %s", where, row.status, exc.message)
+    response = json_response(encode_error(exc), row.status)
+    response.headers.update(retry_after_headers(exc, row))  # honoured by the openai and anthropic SDKs' retries
     return response
 
 

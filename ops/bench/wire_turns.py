@@ -3,15 +3,19 @@
 Every turn goes through the whole edge (HTTP decode, chain selection, incremental
 encoding, reply parsing, drafting and envelope encoding, the wire's answer) with the
 two pieces of I/O replaced by instant in-process stand-ins: an engine that replays
-scripted tokens (in chunks of 4 when streaming) and a log that encodes envelopes and
-acknowledges them. So the numbers are the edge's CPU per turn, not the engine's or NATS'.
+scripted tokens (in chunks of 4 when streaming) and the in-memory log
+(:class:`rollbus.testing.memory_log.InMemoryLog`: the real envelope codec and JetStream's
+append rules, without NATS). So the numbers are the edge's CPU per turn, not the engine's or
+NATS'; they are process CPU time (``time.process_time``), which a machine busy with other
+work disturbs far less than the wall clock.
 
 Modes: ``openai`` (plain, the baseline), ``openai-stream``, ``anthropic``,
 ``anthropic-stream``; each session is a 3-turn tool conversation. Ratios are against
-``openai`` measured in the same run. ``--baseline-tree PATH`` also runs ``openai`` with
-the code at PATH (e.g. main's checkout) in a subprocess, and prints this tree's ratio
-to it. Modes (and the baseline) run in interleaved rounds; each prints its best round,
-the least disturbed by whatever else the machine is doing.
+``openai`` measured in the same run (``anthropic-stream``'s also against ``anthropic``).
+``--baseline-tree PATH`` also runs ``openai`` with the code at PATH (e.g. main's checkout)
+in a subprocess, and prints this tree's ratio to it. The modes (each with an edge of its own)
+take turns session by session, so that a round of each ran on the same machine; each prints
+its best round, the least disturbed by whatever else the machine is doing.
 
     python ops/bench/wire_turns.py --sessions 100 --rounds 5 --baseline-tree ../main
 """
@@ -20,12 +24,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
@@ -35,12 +40,8 @@ from edge.codec.incremental import TemplateCodec
 from edge.codec.parsers import make_parser
 from edge.codec.tokenizer import load_tokenizer
 from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult
-from edge.live import Registry
-from edge.service import EdgeService, OpenSession
-from edge.settings import EdgeSettings
-from edge.turns import TurnRunner
-from eventlog.publisher import Appended
-from schemas import envelope
+from edge.service import EdgeService, OpenedSession, OpenSession
+from rollbus.testing.memory_log import in_memory_service
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
                                            "parameters": {"type": "object",
@@ -51,36 +52,33 @@ REPLIES = ['Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"
 MODES = ("openai", "openai-stream", "anthropic", "anthropic-stream")
 
 
-class MemoryLog:
-    async def append(self, session_id: str, events: Any, expected_last: int) -> Appended:
-        envelope.encode(events)
-        return Appended(stream="mem", stream_seq=expected_last + 1, duplicate=False, envelopes=1)
-
-
 class ReplayEngine:
-    """Answers each request with the reply for its turn, at once."""
+    """Answers each request with the reply for its turn, at once (results and chunks made up front,
+    so that neither mode pays for the stand-in)."""
 
     name = "replay"
 
     def __init__(self, replies: list[list[int]]) -> None:
-        self._replies = replies
+        self._results = [GenerateResult(token_ids=tuple(ids), logprobs=tuple(-0.1 for _ in ids), finish_reason="stop")
+                         for ids in replies]
+        self._chunks = [[GenerateChunk(token_ids=r.token_ids[i:i + 4], logprobs=r.logprobs[i:i + 4])
+                         for i in range(0, len(r.token_ids), 4)] for r in self._results]
         self._turn: dict[str, int] = {}
 
-    def _ids(self, request: GenerateRequest) -> list[int]:
+    def _index(self, request: GenerateRequest) -> int:
         session = request.request_id.rsplit(":", 1)[0]
         turn = self._turn.get(session, 0)
         self._turn[session] = turn + 1
-        return self._replies[turn % len(self._replies)]
+        return turn % len(self._results)
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        ids = tuple(self._ids(request))
-        return GenerateResult(token_ids=ids, logprobs=tuple(-0.1 for _ in ids), finish_reason="stop")
+        return self._results[self._index(request)]
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk | GenerateResult]:
-        ids = tuple(self._ids(request))
-        for start in range(0, len(ids), 4):
-            yield GenerateChunk(token_ids=ids[start:start + 4], logprobs=tuple(-0.1 for _ in ids[start:start + 4]))
-        yield GenerateResult(token_ids=ids, logprobs=tuple(-0.1 for _ in ids), finish_reason="stop")
+        index = self._index(request)
+        for chunk in self._chunks[index]:
+            yield chunk
+        yield self._results[index]
 
     async def aclose(self) -> None:
         return None
@@ -89,16 +87,7 @@ class ReplayEngine:
 def _build() -> tuple[EdgeService, Any]:
     tokenizer = load_tokenizer("builtin:qwen2.5")
     replies = [[*tokenizer.encode(text), tokenizer.eos_token_id] for text in REPLIES]
-    settings = EdgeSettings()
-    codec = TemplateCodec(tokenizer)
-    log = MemoryLog()
-
-    async def missing(session_id: str) -> Any:
-        raise KeyError(session_id)
-
-    turns = TurnRunner(settings=settings, codec=codec, engine=ReplayEngine(replies), log=log,
-                       parser=make_parser("hermes"))
-    service = EdgeService(settings=settings, registry=Registry(missing), log=log, turns=turns)
+    service = in_memory_service(ReplayEngine(replies), codec=(TemplateCodec(tokenizer), make_parser("hermes")))
     return service, create_app(service)
 
 
@@ -111,16 +100,17 @@ async def _openai_session(client: httpx.AsyncClient, base: str, key: str, stream
     for _ in REPLIES:
         body = {"model": "m", "messages": messages, "tools": TOOLS, "stream": stream}
         response = await client.post(f"{base}/v1/chat/completions", json=body, headers={"x-api-key": key})
-        message = _accumulate_openai(response.text) if stream else _assistant_openai(response.json())
+        message = _accumulate_openai(response.content) if stream else _assistant_openai(response.json())
         messages.append(message)
         for call in message.get("tool_calls", ()):
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": "42"})
 
 
-def _accumulate_openai(text: str) -> dict[str, Any]:
+def _accumulate_openai(body: bytes) -> dict[str, Any]:
+    """The assistant message of a streamed reply (its bytes parsed as the plain reply's are: no text decoding)."""
     content, calls = [], {}
-    for line in text.splitlines():
-        if not line.startswith("data: {"):
+    for line in body.splitlines():
+        if not line.startswith(b"data: {"):
             continue
         for choice in json.loads(line[6:])["choices"]:
             delta = choice["delta"]
@@ -143,7 +133,7 @@ async def _anthropic_session(client: httpx.AsyncClient, base: str, key: str, str
     for _ in REPLIES:
         body = {"model": "m", "max_tokens": 1024, "messages": messages, "tools": tools, "stream": stream}
         response = await client.post(f"{base}/v1/messages", json=body, headers={"x-api-key": key})
-        blocks = _accumulate_anthropic(response.text) if stream else response.json()["content"]
+        blocks = _accumulate_anthropic(response.content) if stream else response.json()["content"]
         messages.append({"role": "assistant", "content": blocks})
         uses = [b for b in blocks if b["type"] == "tool_use"]
         if uses:
@@ -151,10 +141,10 @@ async def _anthropic_session(client: httpx.AsyncClient, base: str, key: str, str
                 {"type": "tool_result", "tool_use_id": u["id"], "content": "42"} for u in uses]})
 
 
-def _accumulate_anthropic(text: str) -> list[dict[str, Any]]:
+def _accumulate_anthropic(body: bytes) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
-    for line in text.splitlines():
-        if not line.startswith("data: "):
+    for line in body.splitlines():
+        if not line.startswith(b"data: "):
             continue
         event = json.loads(line[6:])
         if event["type"] == "content_block_start":
@@ -168,19 +158,35 @@ def _accumulate_anthropic(text: str) -> list[dict[str, Any]]:
     return blocks
 
 
-async def measure(mode: str, sessions: int) -> float:
-    """Seconds per turn for ``sessions`` 3-turn sessions run one after another."""
-    service, app = _build()
+async def _drive(mode: str, client: httpx.AsyncClient, session: OpenedSession) -> None:
     drive = _openai_session if mode.startswith("openai") else _anthropic_session
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://edge") as client:
-        opened = [await service.open_session(OpenSession()) for _ in range(sessions + 5)]
-        for warm in opened[:5]:
-            await drive(client, f"/sessions/{warm.session_id}", warm.api_key, mode.endswith("stream"))
-        started = time.perf_counter()
-        for session in opened[5:]:
-            await drive(client, f"/sessions/{session.session_id}", session.api_key, mode.endswith("stream"))
-        return (time.perf_counter() - started) / (sessions * len(REPLIES))
+    await drive(client, f"/sessions/{session.session_id}", session.api_key, mode.endswith("stream"))
+
+
+async def measure(modes: Sequence[str], sessions: int, rounds: int) -> dict[str, list[float]]:
+    """CPU seconds per turn of each mode (each with an edge of its own), per round of ``sessions``
+    3-turn sessions. The modes take turns session by session, so that the same round of every mode
+    ran on the same machine, whatever else it was doing meanwhile."""
+    async with contextlib.AsyncExitStack() as stack:
+        edges = []
+        for mode in modes:
+            service, app = _build()
+            client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://edge")
+            edges.append((mode, service, await stack.enter_async_context(client)))
+        spent: dict[str, list[float]] = {mode: [] for mode in modes}
+        for round_no in range(-1, rounds):  # round -1 warms up
+            totals = dict.fromkeys(modes, 0.0)
+            for _ in range(sessions if round_no >= 0 else 5):
+                for mode, service, client in edges:
+                    session = await service.open_session(OpenSession())
+                    started = time.process_time()
+                    await _drive(mode, client, session)
+                    await asyncio.sleep(0)  # what the session's last turn left to the loop counts as its own
+                    totals[mode] += time.process_time() - started
+            if round_no >= 0:
+                for mode in modes:
+                    spent[mode].append(totals[mode] / (sessions * len(REPLIES)))
+        return spent
 
 
 def _baseline(tree: str, sessions: int) -> float:
@@ -199,21 +205,19 @@ def main() -> None:
     parser.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw:
-        print(asyncio.run(measure(args.modes[0], args.sessions)))
+        print(asyncio.run(measure(args.modes[:1], args.sessions, 1))[args.modes[0]][0])
         return
-    rounds: dict[str, list[float]] = {mode: [] for mode in args.modes}
-    baseline: list[float] = []
-    for _ in range(args.rounds):
-        for mode in args.modes:
-            rounds[mode].append(asyncio.run(measure(mode, args.sessions)))
-        if args.baseline_tree:
-            baseline.append(_baseline(args.baseline_tree, args.sessions))
+    rounds = asyncio.run(measure(args.modes, args.sessions, args.rounds))
+    baseline = [_baseline(args.baseline_tree, args.sessions) for _ in range(args.rounds if args.baseline_tree else 0)]
     best = {mode: min(times) for mode, times in rounds.items()}
     base = best.get("openai")
-    print(f"edge cost per turn ({args.sessions} sessions x {len(REPLIES)} turns, instant engine and log, "
+    print(f"edge CPU per turn ({args.sessions} sessions x {len(REPLIES)} turns, instant engine and log, "
           f"best of {args.rounds} rounds)")
     for mode, seconds in best.items():
         ratio = f"  x{seconds / base:.2f} vs openai" if base else ""
+        plain = mode.removesuffix("-stream")
+        if mode != plain and plain != "openai" and plain in best:
+            ratio += f"  x{seconds / best[plain]:.2f} vs {plain}"
         print(f"  {mode:18s} {seconds * 1e6:8.0f} us{ratio}")
     if baseline and base:
         other = min(baseline)

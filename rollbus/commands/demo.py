@@ -26,6 +26,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ import openai
 from openai import AsyncOpenAI
 
 from materializer.dataset import session_rows
+from rollbus.progress import Progress, summary
 from rollbus.tools import LOG_LEVEL_HELP, number
 from stack.runtime import Stack, StackOptions, check_options, engine_summary, model_defaults
 from stack.user_error import UserError, one_line
@@ -207,7 +209,8 @@ async def _run(endpoint: Endpoint, args: argparse.Namespace) -> int:
             jobs += [_agent(admin, uid, i, n, a, b, args.max_tokens) for i in range(n)]
         started = time.perf_counter()
         try:
-            results = await asyncio.gather(*jobs)
+            with Progress("demo", unit="sessions", total=len(jobs)) as progress:
+                results = await asyncio.gather(*(_counted(job, progress) for job in jobs))
         except httpx.HTTPError as exc:
             raise UserError(f"the edge at {endpoint.url} stopped answering ({one_line(str(exc))})") from exc
         except openai.APIError as exc:
@@ -224,7 +227,17 @@ async def _run(endpoint: Endpoint, args: argparse.Namespace) -> int:
     _print_table(rows)
     done = len({row["session_id"] for row in rows})
     print(f"records: {endpoint.trajectories}/ ({done} of {len(results)} sessions materialized)")
+    summary("demo", [("sessions", str(len(results))), ("rewarded 1.0", str(sum(r["reward"] == 1.0 for r in results))),
+                     ("trajectories", str(sum(r["trajectories"] for r in results))), ("records", str(len(rows))),
+                     ("materialized", f"{done} of {len(results)} sessions"),
+                     ("elapsed", f"{time.perf_counter() - started:.1f}s")])
     return 0 if done == len(results) else 1
+
+
+async def _counted(job: Awaitable[dict[str, Any]], progress: Progress) -> dict[str, Any]:
+    result = await job
+    progress.update(progress.done + 1)
+    return result
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -8,8 +8,9 @@
 
 The log comes from ``--nats URL``, else the running ``rollbus up`` of ``--data-dir``, else
 an embedded nats-server on ``<data-dir>/nats`` (which must hold a log). Progress goes to
-stderr once a second; ``--diff`` then compares the new output with an earlier one, key by
-key, and prints ``identical`` or ``different`` last.
+stderr (a bar on a terminal, else a line every 5 s and one at the end, then a summary table);
+``--diff`` then compares the new output with an earlier one, key by key, and prints
+``identical`` or ``different`` last.
 
 Exit status (:data:`EXIT_STATUS`): 0 when every session was read, whether or not the diff
 found differences (read its last line); 1 when some sessions' events were unreadable; 2
@@ -23,9 +24,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -36,6 +37,8 @@ from materializer.parquet import ParquetSink
 from materializer.records import RecordOptions
 from materializer.rematerialize import Progress, Rematerializer
 from reward.scorer import RewardScorer, load_scorer
+from rollbus.progress import Progress as Shown
+from rollbus.progress import rate_text, summary
 from rollbus.tools import LOG_LEVEL_HELP, check_nats
 from schemas.log import LogConfig
 from stack.nats_server import EmbeddedNats
@@ -97,7 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmd.set_defaults(run=lambda args: asyncio.run(run(args)))
 
 
-def _running_nats(data_dir: Path) -> str | None:
+def running_nats(data_dir: Path) -> str | None:
     state = data_dir / "edge.json"
     try:
         info = json.loads(state.read_text())
@@ -125,12 +128,16 @@ def _check(args: argparse.Namespace) -> RewardScorer | None:
         raise UserError(f"--reward-scorer {args.reward_scorer}: {exc}") from exc
 
 
-def _report(progress: Progress) -> None:
+def _line(progress: Progress) -> str:
     elapsed = max(time.monotonic() - progress.started, 1e-9)
     share = 100.0 * progress.position / max(progress.last, 1)
-    print(f"\r  log {progress.position}/{progress.last} ({share:.0f}%)  sessions {progress.sessions}  "
-          f"records {progress.records}  {progress.sessions / elapsed:.0f} sessions/s", end="", file=sys.stderr,
-          flush=True)
+    return (f"  log {progress.position}/{progress.last} ({share:.0f}%)  sessions {progress.sessions}  "
+            f"records {progress.records}  {progress.sessions / elapsed:.0f} sessions/s")
+
+
+def _reporter(shown: Shown, progress: Progress) -> None:
+    shown.update(progress.position, total=progress.last,
+                 detail=f"{progress.sessions} sessions, {progress.records} records")
 
 
 def _embedded_store(data_dir: Path) -> Path:
@@ -147,7 +154,7 @@ def _embedded_store(data_dir: Path) -> Path:
 
 async def run(args: argparse.Namespace) -> int:
     scorer = _check(args)
-    url = args.nats or _running_nats(args.data_dir)
+    url = args.nats or running_nats(args.data_dir)
     store = None
     if url is not None:
         await check_nats(url, where="" if args.nats else f" (the running stack's, in {args.data_dir / 'edge.json'})")
@@ -172,11 +179,17 @@ async def _rematerialize(args: argparse.Namespace, url: str, scorer: RewardScore
                             sessions_per_file=args.sessions_per_file)
     nc = await connect(url, name="rollbus-materialize")
     try:
-        progress = await worker.run(nc.jetstream(), LogConfig(), report=_report)
+        with Shown("materialize", unit="envelopes", line=lambda: _line(worker.progress)) as shown:
+            progress = await worker.run(nc.jetstream(), LogConfig(), report=functools.partial(_reporter, shown),
+                                        every=0.2)
     finally:
         await nc.close()
     elapsed = time.monotonic() - progress.started
-    print(file=sys.stderr)
+    summary("materialize", [("log envelopes", str(progress.position)), ("finalized sessions", str(progress.sessions)),
+                            ("records", str(progress.records)), ("files", str(progress.files)),
+                            ("aborted", str(progress.aborted)), ("still open", str(progress.open)),
+                            ("unreadable", str(progress.errors)),
+                            ("rate", rate_text(progress.sessions, elapsed, "sessions"))])
     print(f"rematerialized {progress.sessions} finalized sessions into {progress.records} records "
           f"({progress.files} files) in {args.out} in {elapsed:.1f}s; {progress.aborted} aborted, "
           f"{progress.open} still open, {progress.errors} unreadable")

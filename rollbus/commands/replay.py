@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from collections.abc import Sequence
 
 import msgspec
@@ -26,12 +25,13 @@ from nats.js.client import JetStreamContext
 from eventlog.reader import read_session
 from materializer.records import derive_records
 from materializer.verify import Difference, body_differences, compare, load_markers, read_marker
+from rollbus.progress import PLAIN_EVERY_S, Progress, rate_text, summary
 from rollbus.tools import EXIT_DIFFERENT, EXIT_ERROR, EXIT_OK, add_connection_args, run_tool
 from schemas.bodies import rebuild
 from schemas.errors import SessionNotFound
 from schemas.events import AnyEvent
 from schemas.log import LogConfig
-from schemas.records import record_digest
+from schemas.records import MaterializedMarker, record_digest
 from session.fold import SessionState, fold
 from session.summary import summarize
 from session.views import ChainView, chain_tokens, chain_views
@@ -179,13 +179,32 @@ class _Tally(msgspec.Struct, kw_only=True):
     unreadable: int = 0
 
 
-async def verify_all(js: JetStreamContext, cfg: LogConfig, *, as_json: bool, progress_s: float = 1.0) -> int:
-    """One pass over the log, every finalized session compared with its marker."""
+async def verify_all(js: JetStreamContext, cfg: LogConfig, *, as_json: bool, progress_s: float = PLAIN_EVERY_S
+                     ) -> int:
+    """One pass over the log, every finalized session compared with its marker; progress on stderr (a bar on a
+    terminal, else a line every ``progress_s`` and one at the end), then the summary table there."""
     markers = await load_markers(js, cfg)
     stats, tally = ReplayStats(), _Tally()
     differences: list[Difference] = []
     seen: set[str] = set()
-    next_report = time.monotonic() + progress_s
+    progress = Progress("verify", unit="envelopes", every_s=progress_s,
+                        line=lambda: _progress_line(stats, tally, len(differences)))
+    with progress:
+        await _verify_sessions(js, cfg, markers, stats, tally, differences, seen, progress)
+    differences += [Difference(session_id=sid, kind="orphan_marker", detail="no such session in the log")
+                    for sid in sorted(markers.keys() - seen)]
+    _report(tally, differences, as_json=as_json)
+    summary("verify", [("envelopes read", str(stats.envelopes)), ("sessions", str(tally.sessions)),
+                       ("finalized checked", str(tally.finalized)), ("records in markers", str(tally.records)),
+                       ("open", str(tally.open)), ("aborted", str(tally.aborted)),
+                       ("unreadable", str(tally.unreadable)), ("differences", str(len(differences))),
+                       ("rate", rate_text(stats.envelopes, progress.elapsed_s, "envelopes"))])
+    return EXIT_DIFFERENT if differences else EXIT_OK
+
+
+async def _verify_sessions(js: JetStreamContext, cfg: LogConfig, markers: dict[str, MaterializedMarker],
+                           stats: ReplayStats, tally: _Tally, differences: list[Difference], seen: set[str],
+                           progress: Progress) -> None:
     async for replayed in replay_all(js, cfg, stats, check_bodies=True):
         tally.sessions += 1
         seen.add(replayed.session_id)
@@ -204,20 +223,13 @@ async def verify_all(js: JetStreamContext, cfg: LogConfig, *, as_json: bool, pro
             tally.open += state.status == "open"
             tally.aborted += state.status == "aborted"
             differences += compare(state, markers.get(state.session_id))
-        if time.monotonic() >= next_report:
-            _progress(stats, tally, len(differences))
-            next_report = time.monotonic() + progress_s
-    differences += [Difference(session_id=sid, kind="orphan_marker", detail="no such session in the log")
-                    for sid in sorted(markers.keys() - seen)]
-    _progress(stats, tally, len(differences))
-    _report(tally, differences, as_json=as_json)
-    return EXIT_DIFFERENT if differences else EXIT_OK
+        progress.update(stats.envelopes, total=stats.last_stream_seq,
+                        detail=f"{tally.sessions} sessions, {len(differences)} differences")
 
 
-def _progress(stats: ReplayStats, tally: _Tally, differences: int) -> None:
-    print(f"verify: {stats.envelopes} envelopes read (the log ends at {stats.last_stream_seq}), "
-          f"{tally.sessions} sessions, {tally.finalized} finalized checked, {differences} differences",
-          file=sys.stderr, flush=True)
+def _progress_line(stats: ReplayStats, tally: _Tally, differences: int) -> str:
+    return (f"verify: {stats.envelopes} envelopes read (the log ends at {stats.last_stream_seq}), "
+            f"{tally.sessions} sessions, {tally.finalized} finalized checked, {differences} differences")
 
 
 def _report(tally: _Tally, differences: list[Difference], *, as_json: bool) -> None:

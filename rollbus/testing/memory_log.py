@@ -17,7 +17,8 @@ JetStream's order:
   again: it is acknowledged as a duplicate, with the stream sequence it was stored at;
 * an append over ``LogConfig.max_event_bytes`` is split into envelopes that fit; a single event that
   does not fit has its largest values moved to the object store (header ``Rollbus-Blobs``), and is
-  refused with :class:`PayloadTooLarge` (nothing stored) if it still does not fit.
+  refused with :class:`PayloadTooLarge` (nothing stored) if it still does not fit: the one rule both
+  logs follow, :func:`schemas.log.fit_envelopes`.
 
 Where it differs: the duplicate window never closes (JetStream forgets a ``Nats-Msg-Id`` after
 ``LogConfig.duplicate_window_s``), and the transport's failures (timeouts, no responders, refused
@@ -53,9 +54,11 @@ from schemas.log import (
     HDR_BLOBS,
     HDR_SCHEMA,
     MAX_PAYLOAD,
+    Envelope,
     LogConfig,
     append_headers,
     check_session_id,
+    fit_envelopes,
     msg_id,
 )
 from session.fold import SessionState, fold
@@ -78,9 +81,6 @@ class _Ack(msgspec.Struct, frozen=True):
 class _Failure(msgspec.Struct, frozen=True):
     error: RollbusError
     stored: bool
-
-
-Batch = tuple[Sequence[Event], bytes, int]  # events, their envelope, how many values went to the object store
 
 
 class InMemoryLog:
@@ -112,37 +112,22 @@ class InMemoryLog:
 
     async def append(self, session_id: str, events: Sequence[Event], expected_last: int) -> Appended:
         """Append events (consecutive, of one session) after stream sequence ``expected_last``."""
-        batches = self._fitted(events, envelope.encode(events))
+        fitted = fit_envelopes(events, self.cfg.max_event_bytes)
+        for fit in fitted:
+            self.pieces.update(fit.pieces)  # stored before the envelopes, as JetStreamLog does
         failure, self._failure = self._failure, None
         if failure is not None:
             if failure.stored:
-                batch, payload, moved = batches[0]
-                self._publish(session_id, batch, payload, expected_last, moved)
+                self._publish(session_id, fitted[0], expected_last)
             raise failure.error
         ack = _Ack(expected_last, False)
-        for batch, payload, moved in batches:
-            ack = self._publish(session_id, batch, payload, ack.seq, moved)
-        return Appended(stream=self.cfg.stream, stream_seq=ack.seq, duplicate=ack.duplicate, envelopes=len(batches))
+        for fit in fitted:
+            ack = self._publish(session_id, fit, ack.seq)
+        return Appended(stream=self.cfg.stream, stream_seq=ack.seq, duplicate=ack.duplicate, envelopes=len(fitted))
 
-    def _fitted(self, events: Sequence[Event], payload: bytes) -> list[Batch]:
-        """As :meth:`JetStreamLog._fitted`: halves until each fits, large values of a single event kept aside."""
-        limit = self.cfg.max_event_bytes
-        if len(payload) <= limit:
-            return [(events, payload, 0)]
-        if len(events) > 1:
-            middle = len(events) // 2
-            return [*self._fitted(events[:middle], envelope.encode(events[:middle])),
-                    *self._fitted(events[middle:], envelope.encode(events[middle:]))]
-        event, moved = blobs.externalize(events[0], limit)
-        payload = envelope.encode([event])
-        if len(payload) > limit:
-            raise PayloadTooLarge(f"one {type(event).__name__} event is {len(payload)} bytes (limit {limit})")
-        self.pieces.update(moved)  # stored before the envelope, as JetStreamLog does
-        return [([event], payload, len(moved))]
-
-    def _publish(self, session_id: str, batch: Sequence[Event], payload: bytes, expected_last: int,
-                 moved: int = 0) -> _Ack:
+    def _publish(self, session_id: str, fit: Envelope, expected_last: int) -> _Ack:
         """What JetStream does with one publish: the expected-last check, then the duplicate window."""
+        batch, payload = fit.events, fit.payload
         if len(payload) > MAX_PAYLOAD:  # the stream's max_msg_size (only with a max_event_bytes above it)
             raise PayloadTooLarge(f"JetStream refused the envelope: {len(payload)} bytes (max_msg_size {MAX_PAYLOAD})")
         lost, self._lose_ack = self._lose_ack, False
@@ -153,7 +138,7 @@ class InMemoryLog:
         if stored is not None:
             return _Ack(stored, True)
         headers = append_headers(self.cfg, session_id, batch[0].seq, batch[-1].seq, expected_last,
-                                 schema=SCHEMA_VERSION, blobs=moved)
+                                 schema=SCHEMA_VERSION, blobs=len(fit.pieces))
         message = StoredMessage(seq=len(self.messages) + 1, subject=self.cfg.subject(session_id,
                                 envelope.kind_of(batch)), headers=headers, data=payload)
         self.messages.append(message)

@@ -231,6 +231,17 @@ class LogContract:
         with pytest.raises(SessionNotFound):
             await backend.read(A)
 
+    async def test_an_append_refused_as_too_large_keeps_no_values_of_its_other_events_either(
+            self, backend: Backend) -> None:
+        script = SessionScript(session_id=A)
+        request = big_request(A, 2, 4 * LIMIT)  # fits, once its body is kept aside
+        script.events.append(request)
+        script.reward(1.0, **{f"key{i}": "v" * 100 for i in range(2 * LIMIT // 100)})  # cannot fit
+        with pytest.raises(PayloadTooLarge):
+            await backend.log.append(A, script.events, 0)
+        assert await backend.stored() == []
+        assert await backend.piece(f"{A}/{body_digest(request.parts[0].data)}") is None
+
     async def test_the_loader_rebuilds_the_fold_of_the_appended_events(self, backend: Backend) -> None:
         script = session()
         groups = envelopes(script.events)

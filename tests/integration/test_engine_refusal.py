@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from edge.engines.http import REFUSAL_CHARS, HttpEngine
+from edge.http_errors import HttpError, http_error
 from rollbus.testing.scripted import ScriptedReply, ScriptedServer
 from schemas.errors import EngineError, EngineRefused, EngineUnavailable
 from tests.integration.test_engines_http import BACKENDS, STREAMED, TOKENS, Backend, request, run
@@ -40,7 +41,8 @@ async def test_a_refused_input_is_engine_refused_with_the_engines_message(server
     with pytest.raises(EngineRefused) as caught:
         await run(engine, request(), streamed)
     refused = caught.value
-    assert refused.status == 400 and refused.code == "invalid_request_error"
+    assert http_error(refused) == HttpError(400, "invalid_request_error", "invalid_request_error",
+                                            "invalid_request_error")
     assert TOO_LONG in refused.message
     assert server.url not in refused.message  # the agent is not told where the engine runs
     assert server.served == 1  # not retried
@@ -63,4 +65,4 @@ async def test_other_failures_are_not_refusals(server, engine, fault, error, str
     server.push(ScriptedReply(TOKENS, fault=fault))
     with pytest.raises(EngineError) as caught:
         await run(engine, request(), streamed)
-    assert type(caught.value) is error and caught.value.status >= 500
+    assert type(caught.value) is error and http_error(caught.value).status >= 500

@@ -219,14 +219,14 @@ async def test_a_session_s_metadata_chooses_its_record_options_and_its_marker_sa
     writer = await batch_writer(js, log_config, sink, rollout_n=4)
     with caplog.at_level(logging.WARNING, logger="materializer.metadata"):
         await writer.write(await appended(nc, log_config, *scripts))
-    assert "trajectory_selection='shortest' is not all or longest" in caplog.text
+    assert "trajectory_selection='shortest' is not 'all' or 'longest'" in caplog.text
     rows = {row["key"]: row for row in sink.read().to_pylist()}
     assert sorted(rows) == ["u1_0_1", "u1_1_0", "u1_1_1", "u1_2_0", "u1_2_1", "u1_3_0"]  # only 0 chose longest
     assert rows["u1_3_0"]["loss_mask"] == [0] and rows["u1_1_0"]["loss_mask"] == [1]
     markers = await writer.markers.get_many(s.session_id for s in scripts)
     options = [markers[s.session_id].options for s in scripts]
-    assert [o["trajectory_selection"] for o in options] == ["longest", "all", "all", "all"]
-    assert [o["mask_unfinished_episode"] for o in options] == [False, False, False, True]
+    assert [o.trajectory_selection for o in options] == ["longest", "all", "all", "all"]
+    assert [o.mask_unfinished_episode for o in options] == [False, False, False, True]
     for script in scripts:  # what rollbus replay --verify does: the marker's options, whatever the global ones
         assert compare(fold(script.events), markers[script.session_id]) == []
 

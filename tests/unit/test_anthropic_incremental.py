@@ -60,9 +60,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     """Empties every cache the decoding goes through (called once now; call it again to start over)."""
     def clear() -> None:
         monkeypatch.setattr(digest, "_BY_INDEXED_RAW", BoundedCache())
-        monkeypatch.setattr(digest, "_BY_MESSAGE", BoundedCache())
         monkeypatch.setattr(digest, "_EXTENDED", BoundedCache())
-        monkeypatch.setattr(digest, "_BY_OBJECT", BoundedCache(max_items=1024))
         monkeypatch.setattr(a, "_TOOLS", BoundedCache(max_items=1024))
     clear()
     return clear

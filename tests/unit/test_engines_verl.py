@@ -11,6 +11,7 @@ import pytest
 
 from edge.engines import Engine, GenerateChunk, GenerateRequest, GenerateResult, SamplingParams
 from edge.engines.verl import VerlEngine
+from edge.http_errors import http_error
 from schemas.errors import EngineError, EngineRefused, EngineTimeout, EngineUnavailable
 
 IM_END = 151645
@@ -169,7 +170,7 @@ async def test_a_prompt_too_long_for_verls_server_is_refused_with_its_words() ->
     error = ValueError("Prompt length (40000) exceeds the model's maximum context length (32768).")
     with pytest.raises(EngineRefused) as caught:
         await VerlEngine(FakeLLMServerClient(error=error)).generate(request())
-    assert caught.value.status == 400
+    assert http_error(caught.value).status == 400
     assert str(caught.value) == ("verl rollout server refused the request: Prompt length (40000) exceeds the "
                                  "model's maximum context length (32768).")
 

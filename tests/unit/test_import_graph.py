@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = {"schemas": 0, "session": 1, "eventlog": 2, "session_projector": 3, "edge": 3, "materializer": 3,
-          "reward": 3, "stack": 4, "agent_framework": 5, "rollbus": 6}
+          "reward": 3, "stack": 4, "agent_framework": 5, "viewer": 5, "rollbus": 6}
 TEST_DOUBLES = "rollbus.testing"
 
 

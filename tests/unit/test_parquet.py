@@ -39,7 +39,7 @@ def _stage(sink, states, options=RecordOptions()):
 def test_a_batch_is_invisible_until_committed_then_read_by_pyarrow_and_polars(tmp_path):
     sink = ParquetSink(tmp_path / "trajectories", row_group_rows=2)
     staged, records = _stage(sink, [_session(n) for n in range(4)])
-    assert staged.name == batch_name(f"{n:032x}" for n in range(4)) and staged.name.startswith("part-")
+    assert staged.name == batch_name((f"{n:032x}" for n in range(4)), sink.owner) and staged.name.startswith("part-")
     assert read_dataset(sink.directory).num_rows == 0
     assert [b.name for b in sink.staged()] == [staged.name]
     assert all(m.parquet_file == staged.name for m in sink.staged()[0].markers)

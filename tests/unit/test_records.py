@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from materializer.records import RecordOptions, derive_records
+from schemas.events import RewardInfo
 from schemas.records import TRAJECTORY_SCHEMA, records_to_table
 from session.fold import fold
 from tests.helpers import SessionScript
@@ -178,7 +179,7 @@ async def test_a_scorer_scores_the_final_trajectory_when_the_task_posted_no_rewa
     records, decision = await derive_scored(_session(reward=None, acc=1.0), RecordOptions(), FunctionScorer(score))
     (request,) = seen
     assert request.trajectory.key == "u7_1_1" and request.trajectory.reward == 0.0
-    assert request.reward_info == {"acc": 1.0} and request.metadata == {"global_steps": 3}
+    assert request.reward_info == RewardInfo(extra={"acc": 1.0}) and request.metadata == {"global_steps": 3}
     assert decision.source == "scorer" and [r.reward for r in records] == [0.75, 0.75]
     assert records[0].reward_extra_info == {"acc": 1.0, "judge": "ok"} and records[0].rm_scores[-1] == 0.75
     posted, _ = await derive_scored(_session(reward=2.0), RecordOptions(), FunctionScorer(score))
@@ -197,6 +198,6 @@ async def test_rederive_reproduces_the_digests_a_marker_recorded():
         marker = MaterializedMarker(session_id=state.session_id, stream_seq=1,
                                     digests={r.key: record_digest(r) for r in records}, reward=reward.reward,
                                     reward_source=reward.source, reward_extra_info=reward.extra,
-                                    options=msgspec.structs.asdict(options))
+                                    options=options)
         again = rederive(state, msgspec.json.decode(msgspec.json.encode(marker), type=MaterializedMarker))
         assert {r.key: record_digest(r) for r in again} == marker.digests

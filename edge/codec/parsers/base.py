@@ -56,24 +56,6 @@ def json_call(body: str | dict[str, object], call_id: str) -> ToolCall | str:
     return call_from(value, call_id)
 
 
-def _arguments_encoder() -> Callable[[dict[str, object]], str]:
-    """``json.dumps(value, ensure_ascii=False)`` (the formatting chat templates' ``tojson`` uses).
-
-    ``JSONEncoder.encode`` sets up its C encoder anew on every call, which costs more than encoding
-    a tool call's few arguments; here it is set up once. Decoded JSON holds no cycles, so the
-    circular-reference check is left out."""
-    reference = json.JSONEncoder(ensure_ascii=False)
-    make = json.encoder.c_make_encoder
-    if make is None:  # no C accelerator in this interpreter
-        return reference.encode
-    encode = make(None, reference.default, json.encoder.encode_basestring, None, reference.key_separator,
-                  reference.item_separator, False, False, True)
-    return lambda value: "".join(encode(value, 0))
-
-
-_dump_arguments = _arguments_encoder()
-
-
 def call_from(value: object, call_id: str) -> ToolCall | str:
     """A tool call from a decoded JSON value ``{"name", "arguments"}``, or why it is not one."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
@@ -82,7 +64,7 @@ def call_from(value: object, call_id: str) -> ToolCall | str:
     if isinstance(arguments, str):
         text = arguments
     elif isinstance(arguments, dict):
-        text = _dump_arguments(arguments)  # the formatting chat templates' tojson uses
+        text = json.dumps(arguments, ensure_ascii=False)  # the formatting chat templates' tojson uses
     else:
         return "tool call 'arguments' is neither an object nor a string"
     return ToolCall(id=call_id, name=value["name"], arguments=text)

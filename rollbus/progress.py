@@ -1,0 +1,132 @@
+"""Progress of the long commands, and the summary table they end with, on stderr.
+
+On a terminal a ``rich`` progress bar shows the count (of the total when it is known) and
+the rate; otherwise (a log file, a pipe, CI) a plain line every ``every_s`` seconds and one
+at the end, so logs stay readable. :func:`summary` prints a two-column table the same
+way: a ``rich`` table on a terminal, aligned text otherwise. Both write to stderr, so what
+a command prints on stdout (its result lines, ``--json``) is unchanged.
+
+::
+
+    with Progress("export", unit="envelopes", total=last) as progress:
+        for item in items:
+            ...
+            progress.update(done, detail=f"{sessions} sessions")
+    summary("export", [("sessions", "12"), ("envelopes", "340")])
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Self, TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichProgress
+from rich.table import Table
+
+PLAIN_EVERY_S = 5.0
+
+
+def _is_tty(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def rate_text(done: int, elapsed_s: float, unit: str) -> str:
+    return f"{done / elapsed_s:,.0f} {unit}/s" if elapsed_s > 0 else f"- {unit}/s"
+
+
+class Progress:
+    """One command's progress: :meth:`update` with the count so far (cheap: call it per item).
+
+    ``line``: the plain line to print instead of the default ``"<what>: <done>[/<total>] <unit>
+    (<rate>) <detail>"`` (a command whose log lines are read keeps its own wording).
+    ``tty``: force the mode (default: whether ``stream`` is a terminal); ``clock``: for tests.
+    """
+
+    def __init__(self, what: str, *, unit: str = "items", total: int | None = None, stream: TextIO | None = None,
+                 every_s: float = PLAIN_EVERY_S, line: Callable[[], str] | None = None, tty: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.what, self.unit, self.total = what, unit, total
+        self.done, self.detail = 0, ""
+        self._stream = stream if stream is not None else sys.stderr
+        self._every_s, self._line, self._clock = every_s, line, clock
+        self._tty = _is_tty(self._stream) if tty is None else tty
+        self.started = clock()
+        self._next_line = self.started + every_s
+        self._bar: RichProgress | None = None
+        self._task: TaskID | None = None
+        self.lines = 0  # plain lines printed
+
+    @property
+    def elapsed_s(self) -> float:
+        return self._clock() - self.started
+
+    def __enter__(self) -> Self:
+        if self._tty:
+            console = Console(file=self._stream, force_terminal=True)
+            self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                                     TextColumn("{task.fields[detail]}"), console=console)
+            self._bar.start()
+            self._task = self._bar.add_task(self.what, total=self.total, rate="", detail="")
+        return self
+
+    def update(self, done: int, *, total: int | None = None, detail: str = "") -> None:
+        self.done, self.detail = done, detail
+        if total is not None:
+            self.total = total
+        if self._bar is not None and self._task is not None:
+            self._bar.update(self._task, completed=done, total=self.total, detail=detail,
+                             rate=rate_text(done, self.elapsed_s, self.unit))
+            return
+        now = self._clock()
+        if now >= self._next_line:
+            self._print_line()
+            self._next_line = now + self._every_s
+
+    def plain_line(self) -> str:
+        if self._line is not None:
+            return self._line()
+        of = f"/{self.total}" if self.total is not None else ""
+        detail = f", {self.detail}" if self.detail else ""
+        return (f"{self.what}: {self.done}{of} {self.unit} ({rate_text(self.done, self.elapsed_s, self.unit)})"
+                f"{detail}")
+
+    def _print_line(self) -> None:
+        print(self.plain_line(), file=self._stream, flush=True)
+        self.lines += 1
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+        elif exc_type is None:
+            self._print_line()  # the last count, always (a run shorter than every_s prints only this)
+
+
+def summary(title: str, rows: Sequence[tuple[str, str]], *, stream: TextIO | None = None,
+            tty: bool | None = None) -> None:
+    """A two-column table (what, how many): ``rich`` on a terminal, aligned plain text otherwise."""
+    out = stream if stream is not None else sys.stderr
+    if _is_tty(out) if tty is None else tty:
+        table = Table(title=title, show_header=False, title_justify="left")
+        table.add_column(style="bold")
+        table.add_column(justify="right")
+        for name, value in rows:
+            table.add_row(name, value)
+        Console(file=out, force_terminal=True).print(table)
+        return
+    print(plain_table(title, rows), file=out, flush=True)
+
+
+def plain_table(title: str, rows: Sequence[tuple[str, str]]) -> str:
+    """``title`` then one ``  name  value`` line per row, names padded and values right-aligned."""
+    width = max((len(name) for name, _ in rows), default=0)
+    value_width = max((len(value) for _, value in rows), default=0)
+    return "\n".join([f"{title}:", *(f"  {name:<{width}}  {value:>{value_width}}" for name, value in rows)])

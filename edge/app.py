@@ -74,9 +74,12 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return _answer(request, MalformedRequest(f"invalid request: {details}"[:1000]))
 
 
-def health(ready: bool, failing: Sequence[str]) -> tuple[bytes, int]:
+def health(ready: bool, failing: Sequence[str], stopping: bool = False) -> tuple[bytes, int]:
     """``/healthz``'s body and status: 200 ``{"status": "ok"}`` when every part is up; else 503 with
-    ``{"status": "starting"}``, or ``{"status": "unavailable", "failing": [...]}`` naming the parts that are down."""
+    ``{"status": "stopping"}``, ``{"status": "starting"}``, or ``{"status": "unavailable", "failing": [...]}``
+    naming the parts that are down."""
+    if stopping:
+        return b'{"status":"stopping"}', 503
     if not ready:
         return b'{"status":"starting"}', 503
     if failing:
@@ -85,10 +88,10 @@ def health(ready: bool, failing: Sequence[str]) -> tuple[bytes, int]:
 
 
 def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True,
-               failing: Callable[[], Sequence[str]] = tuple, metrics: Metrics | None = None,
-               lifespan: Lifespan | None = None) -> ModelRoutes:
+               failing: Callable[[], Sequence[str]] = tuple, stopping: Callable[[], bool] = lambda: False,
+               metrics: Metrics | None = None, lifespan: Lifespan | None = None) -> ModelRoutes:
     """``ready``: whether the stack has started; ``failing``: the parts that are down now (e.g. ``["nats"]``);
-    both are called on every ``/healthz``, so they must be cheap."""
+    ``stopping``: whether the stack is shutting down; all are called on every ``/healthz``, so they must be cheap."""
     app = FastAPI(title="rollbus edge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan,
                   redirect_slashes=False,
                   exception_handlers={HTTPException: _http_error, RequestValidationError: _validation_error,
@@ -101,7 +104,7 @@ def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True
 
     @app.get("/healthz")
     async def healthz() -> Response:
-        body, status = health(ready(), failing())
+        body, status = health(ready(), failing(), stopping())
         return Response(content=body, status_code=status, media_type="application/json")
 
     @app.get("/metrics")

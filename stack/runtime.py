@@ -451,7 +451,8 @@ class Stack:
                                 rollback_rewritten_turns=options.rollback_rewritten_turns)
         service = self._service = build_edge_service(settings, nc, self._engine, metrics=self.metrics)
         self._spawn(build_keeper(service, js).run(self.stop_event), "keeper")
-        app = create_app(service, ready=self.ready, failing=self.failing, metrics=self.metrics)
+        app = create_app(service, ready=self.ready, failing=self.failing, stopping=self.stop_event.is_set,
+                         metrics=self.metrics)
         self._server = EdgeServer(app, sock)  # the socket listens: clients wait in its backlog until served
         self._spawn(self._server.serve(), "edge")
 

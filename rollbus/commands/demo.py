@@ -169,6 +169,8 @@ async def _check_edge(admin: httpx.AsyncClient, url: str, token: str) -> None:
         if failing:
             raise UserError(f"the edge at {url} is unavailable: {', '.join(failing)} down (GET /healthz answered "
                             "503); try again")
+        if '"stopping"' in health.text:
+            raise UserError(f"the edge at {url} is stopping (GET /healthz answered 503); start it again")
         raise UserError(f"the edge at {url} is still starting (GET /healthz answered 503); try again")
     probe = await admin.get(f"/sessions/{TOKEN_CHECK_SESSION}", timeout=10)
     if probe.status_code == 401:

@@ -17,9 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -36,42 +33,17 @@ from session_projector.service import Projector
 from stack.nats_server import EmbeddedNats
 from stack.provision import connect, provision
 from tests.helpers import SessionScript
+from tests.processes import MaterializerProcess
 from tests.sessions import append, workload
 from tests.tq.readers import parquet_rows
 
 DURABLE = "rollbus-materializer"
 
 
-class MaterializerProcess:
-    """``rollbus materializer`` as a subprocess (Parquet only)."""
-
-    def __init__(self, nats_url: str, data_dir: Path, name: str) -> None:
-        self.output = data_dir.parent / f"{name}.log"
-        cmd = [sys.executable, "-m", "rollbus.cli", "materializer", "--nats", nats_url, "--data-dir", str(data_dir),
-               "--batch-size", "8", "--batch-delay", "0.05", "--ack-wait", "2", "--metrics-port", "0",
-               "--log-level", "INFO"]
-        with self.output.open("w") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-
-    async def ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while "rollbus materializer running" not in self.output.read_text():
-            assert self.proc.poll() is None, self.output.read_text()
-            assert time.monotonic() < deadline, self.output.read_text()
-            await asyncio.sleep(0.1)
-
-    def batches(self) -> int:
-        """How many batches this process wrote (its log lines)."""
-        return self.output.read_text().count("materialized ")
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(60)
+def materializer(nats_url: str, data_dir: Path, name: str) -> MaterializerProcess:
+    """``rollbus materializer`` (Parquet only), its output beside ``data_dir``."""
+    return MaterializerProcess(nats_url, data_dir, data_dir.parent / f"{name}.log",
+                               ["--batch-size", "8", "--metrics-port", "0", "--log-level", "INFO"])
 
 
 async def _drained(js, cfg: LogConfig, signals: int, timeout: float = 120.0) -> None:
@@ -108,7 +80,7 @@ async def test_two_materializer_processes_write_every_record_once_even_when_one_
         await provision(js, cfg)
         log, stop = JetStreamLog(nc, cfg), asyncio.Event()
         projector = asyncio.ensure_future(Projector(js, cfg).run(stop))
-        a, b = MaterializerProcess(server.url, data, "a"), MaterializerProcess(server.url, data, "b")
+        a, b = materializer(server.url, data, "a"), materializer(server.url, data, "b")
         try:
             await asyncio.gather(a.ready(), b.ready())
             killed_after = 0

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -33,35 +30,17 @@ from session.fold import fold
 from session_projector.service import Projector
 from stack.nats_server import EmbeddedNats
 from stack.provision import connect, provision
+from tests.processes import MaterializerProcess
 from tests.sessions import append, expected_statuses, workload
 from tests.tq.readers import parquet_rows, tq_partition
 
 PROMPTS, N, KILLS = 50, 4, 5
 
 
-class MaterializerProcess:
-    def __init__(self, nats_url: str, data_dir: Path, ray_address: str, partition: str, run: int) -> None:
-        self.output = data_dir / f"materializer-{run}.log"
-        cmd = [sys.executable, "-m", "rollbus.cli", "materializer", "--nats", nats_url, "--data-dir", str(data_dir),
-               "--transfer-queue", "--ray-address", ray_address, "--tq-partition", partition, "--batch-size", "16",
-               "--batch-delay", "0.05", "--ack-wait", "2", "--log-level", "WARNING"]
-        with self.output.open("w") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-
-    async def ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while "rollbus materializer running" not in self.output.read_text():
-            assert self.proc.poll() is None, self.output.read_text()
-            assert time.monotonic() < deadline, self.output.read_text()
-            await asyncio.sleep(0.1)
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(60)
+def materializer(nats_url: str, data_dir: Path, ray_address: str, partition: str, run: int) -> MaterializerProcess:
+    return MaterializerProcess(nats_url, data_dir, data_dir / f"materializer-{run}.log",
+                               ["--transfer-queue", "--ray-address", ray_address, "--tq-partition", partition,
+                                "--batch-size", "16", "--log-level", "WARNING"])
 
 
 async def _drained(js, cfg: LogConfig, durable: str, signals: int, timeout: float = 120.0) -> None:
@@ -118,14 +97,14 @@ async def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tq_cluster
         marked_at_kill = []
         try:
             for run, chunk in enumerate(chunks):
-                proc = MaterializerProcess(server.url, data, tq_cluster, partition, run)
+                proc = materializer(server.url, data, tq_cluster, partition, run)
                 await proc.ready()
                 writer = asyncio.ensure_future(_append_all(log, chunk, rng))  # sessions finalize meanwhile
                 await asyncio.sleep(rng.uniform(0.2, 2.5))
                 proc.kill()
                 marked_at_kill.append(await _count_markers(js, cfg))
                 await writer
-            final = MaterializerProcess(server.url, data, tq_cluster, partition, KILLS)
+            final = materializer(server.url, data, tq_cluster, partition, KILLS)
             await final.ready()
             await _drained(js, cfg, "rollbus-materializer", len(scripts))
             assert final.stop() == 0, final.output.read_text()

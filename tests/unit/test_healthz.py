@@ -21,3 +21,10 @@ def test_a_stack_still_starting_is_503_starting() -> None:
 def test_parts_that_are_down_are_named() -> None:
     body, status = health(True, ["nats", "materializer"])
     assert status == 503 and json.loads(body) == {"status": "unavailable", "failing": ["nats", "materializer"]}
+
+
+def test_a_stack_that_is_stopping_says_so_before_anything_else() -> None:
+    body, status = health(False, ["nats"], stopping=True)
+    assert status == 503 and json.loads(body) == {"status": "stopping"}
+    body, status = health(True, [], stopping=True)
+    assert status == 503 and json.loads(body) == {"status": "stopping"}

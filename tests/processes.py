@@ -3,12 +3,42 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+
+class CliProcess:
+    """``python -m rollbus.cli *args`` as a real process, its output read line by line as it prints."""
+
+    def __init__(self, args: Sequence[str]) -> None:
+        self.name = f"rollbus {args[0]}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "rollbus.cli", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+
+    def read_until(self, pattern: str, timeout: float = 60.0) -> str:
+        """The first group of the first line matching ``pattern`` (the whole line if it has none)."""
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"{self.name} exited:\n" + "".join(self.lines))
+            self.lines.append(line)
+            if match := re.search(pattern, line):
+                return match.group(1) if match.groups() else line
+        raise AssertionError(f"no {pattern!r} in:\n" + "".join(self.lines))
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=30)
+        self.lines.append(out)
+        return self.proc.returncode
 
 
 class MaterializerProcess:

@@ -3,46 +3,24 @@
 from __future__ import annotations
 
 import os
-import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from rollbus.testing.scripted import ScriptedEngineServer
+from tests.processes import CliProcess
 
 
-class Up:
+class Up(CliProcess):
     def __init__(self, data_dir: Path, engine_url: str | None = None, *args: str, engine: str = "sglang") -> None:
-        cmd = [sys.executable, "-m", "rollbus.cli", "up", "--port", "0", "--data-dir", str(data_dir),
-               "--admin-token", "tok", *args]
+        cmd = ["up", "--port", "0", "--data-dir", str(data_dir), "--admin-token", "tok", *args]
         if engine_url is not None:
             cmd += ["--engine", engine, "--engine-url", engine_url]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        self.url = self._read_until(r"edge:\s+(http://\S+)")
-        self._read_until(r"Ctrl-C")
-
-    def _read_until(self, pattern: str, timeout: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise AssertionError("rollbus up exited:\n" + "".join(self.lines))
-            self.lines.append(line)
-            if match := re.search(pattern, line):
-                return match.group(1) if match.groups() else line
-        raise AssertionError(f"no {pattern!r} in:\n" + "".join(self.lines))
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        out, _ = self.proc.communicate(timeout=30)
-        self.lines.append(out)
-        return self.proc.returncode
+        super().__init__(cmd)
+        self.url = self.read_until(r"edge:\s+(http://\S+)")
+        self.read_until(r"Ctrl-C")
 
 
 def test_up_restart_keeps_the_log(tmp_path: Path):

@@ -4,12 +4,9 @@
 from __future__ import annotations
 
 import asyncio
-import re
-import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,37 +22,18 @@ from schemas.log import LogConfig
 from stack.nats_server import EmbeddedNats
 from stack.runtime import StackOptions
 from tests.integration.test_metrics import eventually, scrape, value
+from tests.processes import CliProcess
 from tests.stack import StackThread
 
 ADMIN = "consumers-admin-token"
 
 
-class Alone:
+class Alone(CliProcess):
     """``rollbus <component> --nats URL --metrics-port 0``, a real process; its /metrics URL from its banner."""
 
     def __init__(self, component: str, nats_url: str, data_dir: Path, *args: str) -> None:
-        cmd = [sys.executable, "-m", "rollbus.cli", component, "--nats", nats_url, "--data-dir", str(data_dir), *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        self.metrics = self._read_until(r"metrics:\s+(http://\S+/metrics)")
-
-    def _read_until(self, pattern: str, timeout: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise AssertionError("it exited:\n" + "".join(self.lines))
-            self.lines.append(line)
-            if match := re.search(pattern, line):
-                return match.group(1)
-        raise AssertionError(f"no {pattern!r} in:\n" + "".join(self.lines))
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        out, _ = self.proc.communicate(timeout=30)
-        self.lines.append(out)
-        return self.proc.returncode
+        super().__init__([component, "--nats", nats_url, "--data-dir", str(data_dir), *args])
+        self.metrics = self.read_until(r"metrics:\s+(http://\S+/metrics)")
 
 
 @pytest.fixture

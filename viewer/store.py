@@ -49,7 +49,6 @@ class SessionEntry:
     state: SessionState | None = None
     last_stream_seq: int = 0
     audit: deque[AuditEntry] = field(default_factory=lambda: deque(maxlen=MAX_AUDIT))
-    audit_count: int = 0
     requests: deque[RequestEntry] = field(default_factory=lambda: deque(maxlen=MAX_REQUESTS))
     bodies: Bodies = field(default_factory=Bodies)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -174,7 +173,6 @@ class LogView:
                 audited = audit_entry(event)
                 if audited is not None:
                     entry.audit.append(audited)
-                    entry.audit_count += 1
             entry.last_stream_seq = seq
 
     async def decoder(self, spec: str) -> Decode | None:

@@ -21,13 +21,12 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from prometheus_client import Counter
 from starlette.responses import Response
 
 from edge.codec.adapter import WireAdapter
 from edge.http_errors import MethodNotAllowed, http_error
 from edge.idempotency import retry_count
-from edge.metrics import Metrics
+from edge.metrics import Metrics, Tallied
 from edge.routes.sse import SSEReply
 from edge.routes.wire import bearer, error_response, json_response, receive_body
 from edge.service import EdgeService
@@ -112,7 +111,7 @@ class ModelRoutes:
         self._metrics = metrics
         self._adapters = adapters
         self._requests = metrics.edge.http_requests
-        self._counters: dict[tuple[str, int], Counter] = {}  # requests' counters by route and status (children)
+        self._counters: dict[tuple[str, int], Tallied] = {}  # requests' counters by route and status (children)
         self._latency = metrics.edge.http_seconds
 
     def __getattr__(self, name: str) -> Any:  # ``state``, ``router``, ... of the wrapped app

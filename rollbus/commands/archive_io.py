@@ -56,7 +56,6 @@ class ArchiveWriter:
     """Writes records to a file in one format; a context manager that closes it."""
 
     def __init__(self, path: Path, fmt: str) -> None:
-        self._fmt = fmt
         self._file: IO[bytes] | None = path.open("xb") if fmt == "jsonl" else None
         self._parquet = pq.ParquetWriter(str(path), to_batch([]).schema, compression="zstd") \
             if fmt == "parquet" else None

@@ -4,11 +4,13 @@
 *instant* engine that returns a fixed reply without any HTTP hop.
 ``floor``: a bare FastAPI app that reads the body and returns a fixed completion: the cost of
 HTTP itself, on the same server.
+``edge-memlog``: the same edge on the in-memory log (:class:`rollbus.testing.memory_log.InMemoryLog`,
+envelopes fitted and encoded as for JetStream, but stored in a list): the edge less the log's round trip.
 
 ``--server``: ``granian`` (the edge's, :class:`stack.runtime.EdgeServer`, as ``rollbus edge`` runs it)
 or ``uvicorn`` (uvicorn's httptools protocol, on uvloop), configured alike otherwise.
 
-Usage: python ops/bench/_servers.py {edge,floor} --port P [--server granian|uvicorn] [--nats URL] [--cpu N]
+Usage: python ops/bench/_servers.py {edge,edge-memlog,floor} --port P [--server granian|uvicorn] [--nats URL] [--cpu N]
        [--max-trajectory-length N]
 """
 
@@ -19,6 +21,7 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -93,13 +96,37 @@ async def edge_app(nats_url: str, max_trajectory_length: int = 32768) -> FastAPI
     return app
 
 
+async def memlog_edge_app(max_trajectory_length: int = 32768) -> Any:
+    """The edge on the in-memory log: no leases and no session index either, which only opening a
+    session touches (the benchmark opens its sessions before it counts)."""
+    from edge.app import create_app
+    from edge.codec.fidelity import load_codec
+    from edge.settings import EdgeSettings
+    from rollbus.testing.memory_log import in_memory_service
+    from stack.heap import settle_heap
+
+    codec = load_codec("builtin:qwen2.5", "hermes")
+    tokenizer = codec[0].tokenizer
+    engine = InstantEngine([*tokenizer.encode(REPLY_TEXT), tokenizer.eos_token_id])
+    settings = EdgeSettings(admin_token="bench", public_url="http://bench", max_trajectory_length=max_trajectory_length)
+    app = create_app(in_memory_service(engine, settings=settings, codec=codec))
+    settle_heap()
+    return app
+
+
 SERVERS = ("granian", "uvicorn")
 
 
 async def serve(kind: str, server: str, port: int, nats_url: str | None, max_trajectory_length: int = 32768) -> None:
     from stack.runtime import EdgeServer, bind
 
-    app = floor_app() if kind == "floor" else await edge_app(nats_url or "", max_trajectory_length)
+    app: Any
+    if kind == "floor":
+        app = floor_app()
+    elif kind == "edge-memlog":
+        app = await memlog_edge_app(max_trajectory_length)
+    else:
+        app = await edge_app(nats_url or "", max_trajectory_length)
     sock = bind("127.0.0.1", port)
     if server == "granian":
         await EdgeServer(app, sock).serve()
@@ -113,7 +140,7 @@ async def serve(kind: str, server: str, port: int, nats_url: str | None, max_tra
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=["edge", "floor"])
+    parser.add_argument("kind", choices=["edge", "edge-memlog", "floor"])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--server", choices=SERVERS, default="granian")
     parser.add_argument("--nats")

@@ -22,8 +22,12 @@ CPU time, every thread; medians over all rounds), with the edge/floor ratios on 
 HTTP server the targets are stated in, and each app's cost on each HTTP server against the
 floor on the first of ``--servers``.
 
+``--memlog`` adds a third app to every round: the same edge on the in-memory log (envelopes
+fitted and encoded as for JetStream, then kept in a list), so the same rounds also show what
+the JetStream append (its publish, and the wait for its acknowledgement) costs the edge.
+
     python ops/bench/edge_overhead.py [--ks 1,16,64] [--turns 8] [--repeat 5] [--seeds 0,1,2]
-                                      [--servers granian,uvicorn]
+                                      [--servers granian,uvicorn] [--memlog]
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from _http import Connection
 from stack.nats_server import EmbeddedNats
 
 HERE = Path(__file__).resolve().parent
+MEMLOG = "edge-memlog"
 
 TOOLS = [
     {"type": "function", "function": {
@@ -197,18 +202,18 @@ async def run_load(server: Server, k: int, turn_bodies: list[bytes], min_turns: 
 
 
 Run = dict[str, float]
-Rounds = dict[tuple[str, int], list[tuple[Run, Run]]]  # per HTTP server and K: (floor run, edge run) of each round
+Rounds = dict[tuple[str, int], list[dict[str, Run]]]  # per HTTP server and K: each round's run of each app
 
 
 async def measure(nats_url: str, ks: list[int], turn_bodies: list[bytes], repeat: int, cpu: int | None,
-                  seeds: list[int], http_servers: list[str]) -> Rounds:
-    """For each seed a fresh floor and edge on each HTTP server, side by side (the idle ones cost
-    nothing); for each K, ``repeat`` rounds of one run each, the servers' order rotated and
-    floor/edge swapped every round."""
+                  seeds: list[int], http_servers: list[str], apps: tuple[str, ...]) -> Rounds:
+    """For each seed a fresh set of ``apps`` on each HTTP server, side by side (the idle ones cost
+    nothing); for each K, ``repeat`` rounds of one run each, the servers' order rotated and the
+    apps' order reversed every round."""
     rounds: Rounds = {(http, k): [] for http in http_servers for k in ks}
     for seed in seeds:
         servers = {(http, kind): Server(kind, free_port(), nats_url, cpu, seed, extra=("--server", http))
-                   for http in http_servers for kind in ("floor", "edge")}
+                   for http in http_servers for kind in apps}
         try:
             for server in servers.values():
                 await server.wait_ready()
@@ -218,50 +223,64 @@ async def measure(nats_url: str, ks: list[int], turn_bodies: list[bytes], repeat
                     shift = rep % len(http_servers)
                     for http in http_servers[shift:] + http_servers[:shift]:
                         runs: dict[str, Run] = {}
-                        for kind in ("floor", "edge") if rep % 2 == 0 else ("edge", "floor"):
+                        for kind in apps if rep % 2 == 0 else apps[::-1]:
                             runs[kind] = await run_load(servers[(http, kind)], k, turn_bodies)
-                        rounds[(http, k)].append((runs["floor"], runs["edge"]))
+                        rounds[(http, k)].append(runs)
         finally:
             for server in servers.values():
                 server.stop()
     return rounds
 
 
-def report(rounds: Rounds, prompt_tokens: int, seeds: list[int], http_servers: list[str], ks: list[int]) -> None:
+def report(rounds: Rounds, prompt_tokens: int, seeds: list[int], http_servers: list[str], ks: list[int],
+           apps: tuple[str, ...]) -> None:
     n = len(next(iter(rounds.values())))
     print(f"first prompt: {prompt_tokens} tokens, 3 tools; server pinned to CPU 0, load generator to CPU 1; "
           f"{n} rounds per K and HTTP server over hash seeds {','.join(map(str, seeds))}")
-    print(f"{'K':>3} {'http':>8} {'app':>6} {'turns/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/turn':>12}   (medians)")
+    print(f"{'K':>3} {'http':>8} {'app':>11} {'turns/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/turn':>12}"
+          "   (medians)")
     for k in ks:
         for http in http_servers:
-            pairs = rounds[(http, k)]
-            for side, name in ((0, "floor"), (1, "edge")):
-                row = {m: statistics.median(pair[side][m] for pair in pairs) for m in pairs[0][side]}
-                print(f"{k:>3} {http:>8} {name:>6} {row['turns_s']:>9.0f} {row['p50_ms']:>8.2f} "
+            runs = rounds[(http, k)]
+            for name in apps:
+                row = {m: statistics.median(run[name][m] for run in runs) for m in runs[0][name]}
+                print(f"{k:>3} {http:>8} {name:>11} {row['turns_s']:>9.0f} {row['p50_ms']:>8.2f} "
                       f"{row['p99_ms']:>8.2f} {row['cpu_ms']:>12.3f}")
     print("\nedge/floor on the same HTTP server, the median of the rounds' own ratios (in brackets: the middle "
           "half of them)")
     for k in ks:
         for http in http_servers:
-            pairs = rounds[(http, k)]
-            cpu = _spread([edge["cpu_ms"] / floor["cpu_ms"] for floor, edge in pairs])
-            tput = _spread([edge["turns_s"] / floor["turns_s"] for floor, edge in pairs])
-            added = statistics.median(edge["p50_ms"] - floor["p50_ms"] for floor, edge in pairs)
+            runs = rounds[(http, k)]
+            cpu = _spread([run["edge"]["cpu_ms"] / run["floor"]["cpu_ms"] for run in runs])
+            tput = _spread([run["edge"]["turns_s"] / run["floor"]["turns_s"] for run in runs])
+            added = statistics.median(run["edge"]["p50_ms"] - run["floor"]["p50_ms"] for run in runs)
             print(f"K={k:<3} {http:>8}  CPU/turn = {cpu} (target <= 2.0)   turns/s = {tput} (target >= 0.5 at "
                   f"K=64)   added p50 = {added:.2f} ms" + ("  (target <= 2 ms)" if k == 1 else ""))
+    if MEMLOG in apps:
+        print(f"\n{MEMLOG}/floor and the JetStream append's share of the edge's CPU a turn (edge - {MEMLOG}), "
+              "same rounds")
+        for k in ks:
+            for http in http_servers:
+                runs = rounds[(http, k)]
+                cpu = _spread([run[MEMLOG]["cpu_ms"] / run["floor"]["cpu_ms"] for run in runs])
+                log_ms = statistics.median(run["edge"]["cpu_ms"] - run[MEMLOG]["cpu_ms"] for run in runs)
+                share = statistics.median((run["edge"]["cpu_ms"] - run[MEMLOG]["cpu_ms"]) / run["floor"]["cpu_ms"]
+                                          for run in runs)
+                print(f"K={k:<3} {http:>8}  CPU/turn = {cpu}   the append: {log_ms:.3f} ms a turn "
+                      f"({share:.2f}x the floor's turn)")
     base = http_servers[0]
     print(f"\neach app and HTTP server against the floor on {base} (CPU/turn; turns/s), same rounds")
     for k in ks:
-        floors = [floor for floor, _ in rounds[(base, k)]]
+        floors = [run["floor"] for run in rounds[(base, k)]]
         cells = []
         for http in http_servers:
-            for side, name in ((0, "floor"), (1, "edge")):
-                if (http, side) == (base, 0):
+            for name in apps:
+                if (http, name) == (base, "floor"):
                     continue
-                runs = list(zip((pair[side] for pair in rounds[(http, k)]), floors, strict=True))
-                cpu = statistics.median(run["cpu_ms"] / floor["cpu_ms"] for run, floor in runs)
-                tput = statistics.median(run["turns_s"] / floor["turns_s"] for run, floor in runs)
-                cells.append(f"{name}@{http} {cpu:.2f}x; {tput:.2f}x")
+                pairs = list(zip((run[name] for run in rounds[(http, k)]), floors, strict=True))
+                cpu_x = statistics.median(run["cpu_ms"] / floor["cpu_ms"] for run, floor in pairs)
+                tput_x = statistics.median(run["turns_s"] / floor["turns_s"] for run, floor in pairs)
+                cells.append(f"{name}@{http} {cpu_x:.2f}x; {tput_x:.2f}x")
         print(f"K={k:<3} " + "   ".join(cells))
 
 
@@ -290,7 +309,10 @@ async def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="rounds per K and seed")
     parser.add_argument("--seeds", default="0,1,2", help="PYTHONHASHSEED of each set of servers")
     parser.add_argument("--servers", default="granian,uvicorn", help="HTTP servers, each running a floor and an edge")
+    parser.add_argument("--memlog", action="store_true",
+                        help=f"also run the edge on the in-memory log ({MEMLOG}): what the JetStream append costs")
     args = parser.parse_args()
+    apps = ("floor", "edge", MEMLOG) if args.memlog else ("floor", "edge")
     ks = [int(k) for k in args.ks.split(",")]
     seeds = [int(seed) for seed in args.seeds.split(",")]
     http_servers = args.servers.split(",")
@@ -299,8 +321,9 @@ async def main() -> None:
         os.sched_setaffinity(0, {1})
     turn_bodies = bodies(args.turns)
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", name="bench") as nats:
-        rounds = await measure(nats.url, ks, turn_bodies, args.repeat, 0 if two_cores else None, seeds, http_servers)
-    report(rounds, prompt_tokens(), seeds, http_servers, ks)
+        rounds = await measure(nats.url, ks, turn_bodies, args.repeat, 0 if two_cores else None, seeds, http_servers,
+                               apps)
+    report(rounds, prompt_tokens(), seeds, http_servers, ks, apps)
 
 
 if __name__ == "__main__":

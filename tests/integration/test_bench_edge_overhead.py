@@ -1,0 +1,29 @@
+"""``ops/bench/edge_overhead.py`` runs end to end at its smallest size: every app it compares serves
+every turn (a turn that fails stops the benchmark), and the report names them all.
+
+This checks that the benchmark works, not its numbers: speed is read from its output by a person,
+on a quiet machine (see the README's Benchmarks section)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "ops" / "bench" / "edge_overhead.py"
+
+
+def test_the_edge_benchmark_runs_the_floor_the_edge_and_the_edge_on_the_in_memory_log() -> None:
+    done = subprocess.run([sys.executable, str(BENCH), "--ks", "1", "--turns", "4", "--repeat", "1", "--seeds", "0",
+                           "--servers", "granian", "--memlog"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    for app in ("floor", "edge", "edge-memlog"):
+        row = re.search(rf"^\s+1\s+granian\s+{app}\s+(\d+)\s+[\d.]+\s+[\d.]+\s+([\d.]+)$", out, re.MULTILINE)
+        assert row is not None, f"no row for {app} in:\n{out}"
+        assert int(row.group(1)) > 0 and float(row.group(2)) > 0
+    assert re.search(r"^K=1\s+granian\s+CPU/turn = [\d.]+x", out, re.MULTILINE), out
+    share = re.search(r"the append: (-?[\d.]+) ms a turn \((-?[\d.]+)x the floor's turn\)", out)
+    assert share is not None, out
+    assert "edge-memlog@granian" in out

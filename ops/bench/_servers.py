@@ -44,6 +44,11 @@ class InstantEngine:
 
     name = "instant"
 
+    @classmethod
+    def replying(cls, tokenizer: Any) -> InstantEngine:
+        """The engine that samples :data:`REPLY_TEXT` (and EOS) in ``tokenizer``'s ids."""
+        return cls([*tokenizer.encode(REPLY_TEXT), tokenizer.eos_token_id])
+
     def __init__(self, token_ids: list[int]) -> None:
         self._ids = tuple(token_ids)
         self._logprobs = tuple(-0.01 * (i + 1) for i in range(len(token_ids)))
@@ -87,8 +92,7 @@ async def edge_app(nats_url: str, max_trajectory_length: int = 32768) -> FastAPI
     cfg = LogConfig()
     nc = await connect(nats_url, name="bench-edge")
     await provision(nc.jetstream(), cfg)
-    tokenizer = load_tokenizer("builtin:qwen2.5")
-    engine = InstantEngine([*tokenizer.encode(REPLY_TEXT), tokenizer.eos_token_id])
+    engine = InstantEngine.replying(load_tokenizer("builtin:qwen2.5"))
     settings = EdgeSettings(admin_token="bench", log=cfg, public_url="http://bench",
                             max_trajectory_length=max_trajectory_length)
     app = create_app(build_edge_service(settings, nc, engine))
@@ -106,8 +110,7 @@ async def memlog_edge_app(max_trajectory_length: int = 32768) -> Any:
     from stack.heap import settle_heap
 
     codec = load_codec("builtin:qwen2.5", "hermes")
-    tokenizer = codec[0].tokenizer
-    engine = InstantEngine([*tokenizer.encode(REPLY_TEXT), tokenizer.eos_token_id])
+    engine = InstantEngine.replying(codec[0].tokenizer)
     settings = EdgeSettings(admin_token="bench", public_url="http://bench", max_trajectory_length=max_trajectory_length)
     app = create_app(in_memory_service(engine, settings=settings, codec=codec))
     settle_heap()

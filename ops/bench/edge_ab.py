@@ -2,7 +2,7 @@
 
 Each tree (a directory holding a rollbus checkout, e.g. made by ``git worktree add /tmp/base <rev>``)
 runs its own ``ops/bench/_servers.py edge`` on granian; the floor is this tree's. For each seed a
-fresh floor and one edge per tree start side by side (pinned to CPU 0, with that
+fresh floor and one edge per tree start side by side (pinned to CPU 0 on two cores or more, with that
 ``PYTHONHASHSEED``); each round runs the floor, then every edge (their order reversed every
 other round), K sessions x 8 turns each, as ``edge_overhead.py`` does. Reported per K and tree:
 the median over rounds of each round's edge/floor CPU a turn, with the middle half of the rounds
@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,32 +31,21 @@ from stack.nats_server import EmbeddedNats
 HERE = Path(__file__).resolve().parent
 
 
-class TreeEdge(Server):
-    """``kind`` of ``tree``'s ``ops/bench/_servers.py`` on granian, pinned to CPU 0."""
-
-    def __init__(self, tree: Path, kind: str, nats_url: str, seed: int) -> None:
-        self.kind = f"{kind}@{tree}"
-        self.extra = ()
-        self.port = free_port()
-        cmd = [sys.executable, str(tree / "ops" / "bench" / "_servers.py"), kind, "--port", str(self.port),
-               "--nats", nats_url, "--server", "granian", "--cpu", "0"]
-        self.proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONHASHSEED": str(seed)})
-
-
 Ratios = dict[tuple[Path, int], list[float]]  # per tree and K: each round's edge/floor CPU a turn
 
 
-async def measure(trees: list[Path], ks: list[int], seeds: list[int], repeat: int) -> Ratios:
+async def measure(trees: list[Path], ks: list[int], seeds: list[int], repeat: int, cpu: int | None) -> Ratios:
     turn_bodies = bodies(8)
     ratios: Ratios = {(tree, k): [] for tree in trees for k in ks}
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", name="bench") as nats:
         for seed in seeds:
-            floor = TreeEdge(HERE.parents[1], "floor", nats.url, seed)
-            edges = {tree: TreeEdge(tree, "edge", nats.url, seed) for tree in trees}
+            floor = Server("floor", free_port(), nats.url, cpu, seed, extra=("--server", "granian"))
+            edges = {tree: Server("edge", free_port(), nats.url, cpu, seed, extra=("--server", "granian"), tree=tree)
+                     for tree in trees}
             try:
-                for server in (floor, *edges.values()):
-                    await server.wait_ready()
-                    await run_load(server, 4, turn_bodies, min_turns=64)  # warm up: lazy imports and caches
+                for started in (floor, *edges.values()):
+                    await started.wait_ready()
+                    await run_load(started, 4, turn_bodies, min_turns=64)  # warm up: lazy imports and caches
                 for k in ks:
                     for rep in range(repeat):
                         base = await run_load(floor, k, turn_bodies)
@@ -65,8 +53,8 @@ async def measure(trees: list[Path], ks: list[int], seeds: list[int], repeat: in
                             run = await run_load(edges[tree], k, turn_bodies)
                             ratios[(tree, k)].append(run["cpu_ms"] / base["cpu_ms"])
             finally:
-                for server in (floor, *edges.values()):
-                    server.stop()
+                for started in (floor, *edges.values()):
+                    started.stop()
     return ratios
 
 
@@ -82,9 +70,11 @@ def main() -> None:
     if missing:
         parser.error(f"not a rollbus checkout (no ops/bench/_servers.py): {', '.join(missing)}")
     ks = [int(k) for k in args.ks.split(",")]
-    if len(os.sched_getaffinity(0)) >= 2:
+    two_cores = len(os.sched_getaffinity(0)) >= 2
+    if two_cores:
         os.sched_setaffinity(0, {1})
-    ratios = asyncio.run(measure(trees, ks, [int(s) for s in args.seeds.split(",")], args.repeat))
+    ratios = asyncio.run(measure(trees, ks, [int(s) for s in args.seeds.split(",")], args.repeat,
+                                 0 if two_cores else None))
     width = max(len(str(tree)) for tree in trees)
     print("edge/floor CPU a turn, the median of the rounds' own ratios (in brackets: the middle half of them); "
           f"the floor is {HERE.parents[1]}'s")

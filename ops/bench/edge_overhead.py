@@ -125,9 +125,12 @@ def free_port() -> int:
 
 
 class Server:
+    """``kind`` of ``tree``'s ``ops/bench/_servers.py`` (this checkout's by default), as a process."""
+
     def __init__(self, kind: str, port: int, nats_url: str, cpu: int | None, seed: int | None = None,
-                 extra: tuple[str, ...] = ()) -> None:
-        cmd = [sys.executable, str(HERE / "_servers.py"), kind, "--port", str(port), "--nats", nats_url, *extra]
+                 extra: tuple[str, ...] = (), tree: Path = HERE.parents[1]) -> None:
+        cmd = [sys.executable, str(tree / "ops" / "bench" / "_servers.py"), kind, "--port", str(port),
+               "--nats", nats_url, *extra]
         if cpu is not None:
             cmd += ["--cpu", str(cpu)]
         env = dict(os.environ) if seed is None else {**os.environ, "PYTHONHASHSEED": str(seed)}

@@ -243,7 +243,8 @@ class TurnRunner:
 
         A turn with much new text to tokenize (:data:`OFFLOAD_CHARS`) is planned on a worker
         thread, at most :data:`OFFLOADED` at a time, so that the event loop keeps serving every
-        other session (tokenizing megabytes takes seconds; the tokenizer releases the GIL).
+        other session (tokenizing megabytes takes seconds; long pieces are encoded with the GIL
+        released, :data:`edge.codec.pieces.RELEASE_GIL_CHARS`).
         The codec's caches are only ever missed, never corrupted, by a planning thread."""
         conversation = request.conversation
         request_no = live.take_request_no()

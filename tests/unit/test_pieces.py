@@ -32,6 +32,43 @@ def test_rendered_conversation_is_identical_and_cached():
     assert any(piece.startswith("system\n") for piece in TOKENIZER._pieces._cache)
 
 
+def test_a_long_piece_is_encoded_without_holding_the_gil():
+    """While a thread encodes ~0.4 MB of text (about a second), the others keep running: the
+    tokenizer's ``encode`` would hold the GIL throughout and freeze the edge's event loop."""
+    import itertools
+    import random
+    import threading
+    import time
+
+    from edge.codec.pieces import RELEASE_GIL_CHARS, PiecewiseEncoder
+
+    rng = random.Random(0)
+    vocabulary = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyzäöüßé", k=rng.randint(2, 9))) for _ in range(4000)]
+    text = " ".join(rng.choices(vocabulary, k=70_000))
+    assert len(text) > 50 * RELEASE_GIL_CHARS
+    encoder = PiecewiseEncoder(TOKENIZER._backend)
+    ticks: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.002)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    time.sleep(0.02)
+    started = time.monotonic()
+    ids = encoder.encode(text)
+    took = time.monotonic() - started
+    done.set()
+    ticker.join()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(ticks) if later > started]
+    assert ids == whole(text)
+    assert took > 0.2, took  # long enough that holding the GIL would show
+    assert max(gaps) < took / 3, (max(gaps), took)
+
+
 def test_cache_is_bounded():
     from edge.codec.pieces import PiecewiseEncoder
 

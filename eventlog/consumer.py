@@ -5,10 +5,9 @@ a :class:`RollbusError` is nak'ed with a delay and redelivered (handlers are ide
 Any other exception is a bug: it is logged, the message is nak'ed, and the loop goes on.
 
 :func:`pull_batches` is the loop itself (fetched batches, for consumers that handle a
-batch at once and ack themselves); :func:`consume` hands messages one by one to a handler;
-:func:`consume_batches` gathers them into batches (up to ``max_batch`` messages, waiting at
-most ``max_delay`` seconds after the first), keeps them in progress while the handler
-works, and acks or naks each.
+batch at once and ack themselves); :func:`consume_batches` gathers them into batches (up
+to ``max_batch`` messages, waiting at most ``max_delay`` seconds after the first), keeps
+them in progress while the handler works, and acks or naks each.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from schemas.errors import RollbusError
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Msg], Awaitable[None]]
 # Handles a batch; returns the messages that failed (nak'ed and redelivered), the rest are acked.
 BatchHandler = Callable[[list[Msg]], Awaitable[list[Msg]]]
 # A fetch answered "no JetStream now": on a cluster, the consumer's leader is being elected (its node
@@ -61,14 +59,6 @@ async def pull_batches(js: JetStreamContext, *, stream: str, durable: str, subje
         await sub.unsubscribe()
 
 
-async def consume(js: JetStreamContext, *, stream: str, durable: str, subject: str, handler: Handler,
-                  stop: asyncio.Event, batch: int = 64, ack_wait: float = 30.0, retry_delay: float = 1.0) -> None:
-    async for msgs in pull_batches(js, stream=stream, durable=durable, subject=subject, stop=stop, batch=batch,
-                                   ack_wait=ack_wait):
-        for msg in msgs:
-            await _handle(msg, handler, retry_delay)
-
-
 async def settle(msgs: Sequence[Msg], work: Awaitable[None], retry_delay: float = 1.0) -> bool:
     """Await ``work`` for these messages, then ack them all, or nak them all if it raised."""
     try:
@@ -84,10 +74,6 @@ async def settle(msgs: Sequence[Msg], work: Awaitable[None], retry_delay: float 
     for msg in msgs:
         await msg.nak(delay=retry_delay)
     return False
-
-
-async def _handle(msg: Msg, handler: Handler, retry_delay: float) -> None:
-    await settle([msg], handler(msg), retry_delay)
 
 
 async def consume_batches(js: JetStreamContext, *, stream: str, durable: str, subject: str, handler: BatchHandler,

@@ -55,17 +55,6 @@ def token_texts(ids: Sequence[int], decode: Decode) -> list[str]:
     return pieces
 
 
-def mask_spans(mask: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(mask value, start, end) of each run of equal mask values."""
-    spans: list[tuple[int, int, int]] = []
-    for index, value in enumerate(mask):
-        if spans and spans[-1][0] == value:
-            spans[-1] = (value, spans[-1][1], index + 1)
-        else:
-            spans.append((value, index, index + 1))
-    return spans
-
-
 def parse_window(part: str | None, offset: str | None, limit: str | None) -> tuple[str, int, int]:
     """``(part, offset, limit)`` of a window request; :class:`MalformedRequest` when out of bounds."""
     part = part or "response"

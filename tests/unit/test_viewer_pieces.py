@@ -11,7 +11,7 @@ from session.fold import fold
 from session.views import chain_tokens
 from tests.helpers import SessionScript
 from viewer.detail import MAX_TEXT, audit_entry, bounded, request_entry, session_detail
-from viewer.pieces import mask_spans, parse_window, token_texts, window
+from viewer.pieces import parse_window, token_texts, window
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,6 @@ def test_a_response_window_has_the_records_mask_and_log_probs_only_on_sampled_to
     assert whole.logprobs == pytest.approx([-0.1, -2.0, None, None, -0.3, -0.4, -0.5], abs=1e-6)
     assert whole.turn_starts == [0, 2]  # turn 2 starts with its context
     assert whole.text is None and whole.next_offset is None and whole.length == 7
-    assert mask_spans(whole.mask) == [(1, 0, 2), (0, 2, 4), (1, 4, 7)]
 
 
 def test_windows_page_through_a_part_exactly_once():

@@ -118,6 +118,14 @@ def cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
+def kernel_seconds(pid: int) -> float:
+    """Kernel CPU time of a process (all its threads, exited ones too), in seconds, at clock-tick
+    resolution (``stime`` of ``/proc/PID/stat``): what its system calls cost, the socket writes
+    that deliver to a peer and wake it among them."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[12]) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -187,7 +195,7 @@ async def run_load(server: Server, k: int, turn_bodies: list[bytes], min_turns: 
     waves = max(1, -(-min_turns // (k * len(turn_bodies))))
     sessions = await open_sessions(server.port, k * waves)
     latencies: list[float] = []
-    cpu_before = cpu_seconds(server.proc.pid)
+    cpu_before, kernel_before = cpu_seconds(server.proc.pid), kernel_seconds(server.proc.pid)
     started = time.perf_counter()
     for wave in range(waves):
         batch = sessions[wave * k:(wave + 1) * k]
@@ -197,11 +205,12 @@ async def run_load(server: Server, k: int, turn_bodies: list[bytes], min_turns: 
             raise RuntimeError(f"{server.kind} {server.extra} (K={k}) closed a connection: {exc!r}") from exc
     wall = time.perf_counter() - started
     cpu = cpu_seconds(server.proc.pid) - cpu_before
+    kernel = kernel_seconds(server.proc.pid) - kernel_before
     turns = len(latencies)
     latencies.sort()
     return {"turns_s": turns / wall, "p50_ms": 1e3 * statistics.median(latencies),
             "p99_ms": 1e3 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-            "cpu_ms": 1e3 * cpu / turns}
+            "cpu_ms": 1e3 * cpu / turns, "kernel_ms": 1e3 * kernel / turns}
 
 
 Run = dict[str, float]
@@ -241,14 +250,14 @@ def report(rounds: Rounds, prompt_tokens: int, seeds: list[int], http_servers: l
     print(f"first prompt: {prompt_tokens} tokens, 3 tools; server pinned to CPU 0, load generator to CPU 1; "
           f"{n} rounds per K and HTTP server over hash seeds {','.join(map(str, seeds))}")
     print(f"{'K':>3} {'http':>8} {'app':>11} {'turns/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/turn':>12}"
-          "   (medians)")
+          f" {'of it kernel':>13}   (medians)")
     for k in ks:
         for http in http_servers:
             runs = rounds[(http, k)]
             for name in apps:
                 row = {m: statistics.median(run[name][m] for run in runs) for m in runs[0][name]}
                 print(f"{k:>3} {http:>8} {name:>11} {row['turns_s']:>9.0f} {row['p50_ms']:>8.2f} "
-                      f"{row['p99_ms']:>8.2f} {row['cpu_ms']:>12.3f}")
+                      f"{row['p99_ms']:>8.2f} {row['cpu_ms']:>12.3f} {row['kernel_ms']:>13.3f}")
     print("\nedge/floor on the same HTTP server, the median of the rounds' own ratios (in brackets: the middle "
           "half of them)")
     for k in ks:
@@ -267,10 +276,11 @@ def report(rounds: Rounds, prompt_tokens: int, seeds: list[int], http_servers: l
                 runs = rounds[(http, k)]
                 cpu = _spread([run[MEMLOG]["cpu_ms"] / run["floor"]["cpu_ms"] for run in runs])
                 log_ms = statistics.median(run["edge"]["cpu_ms"] - run[MEMLOG]["cpu_ms"] for run in runs)
+                log_kernel = statistics.median(run["edge"]["kernel_ms"] - run[MEMLOG]["kernel_ms"] for run in runs)
                 share = statistics.median((run["edge"]["cpu_ms"] - run[MEMLOG]["cpu_ms"]) / run["floor"]["cpu_ms"]
                                           for run in runs)
                 print(f"K={k:<3} {http:>8}  CPU/turn = {cpu}   the append: {log_ms:.3f} ms a turn "
-                      f"({share:.2f}x the floor's turn)")
+                      f"({share:.2f}x the floor's turn), {log_kernel:.3f} ms of it in the kernel")
     base = http_servers[0]
     print(f"\neach app and HTTP server against the floor on {base} (CPU/turn; turns/s), same rounds")
     for k in ks:

@@ -24,7 +24,7 @@ from tests.e2e.test_openai_session import open_session
 from tests.stack import StackThread
 
 IM_END = 151645
-SLOW_S = 1.0  # an edge answering /healthz slower than this was stalled (tokenizing 1 MB takes ~2 s)
+SLOW_S = 1.0  # no /healthz answer for this long: the edge was stalled (tokenizing 1 MB takes ~2 s)
 
 
 @pytest.fixture

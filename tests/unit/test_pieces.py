@@ -65,7 +65,7 @@ def test_a_long_piece_is_encoded_without_holding_the_gil():
     ticker.join()
     gaps = [later - earlier for earlier, later in itertools.pairwise(ticks) if later > started]
     assert ids == whole(text)
-    assert took > 0.2, took  # long enough that holding the GIL would show
+    assert took > 0.05, took  # long enough that holding the GIL would show (~0.8 s here)
     assert max(gaps) < took / 3, (max(gaps), took)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from edge_overhead import Server, bodies, free_port, run_load
+from edge_overhead import Server, bodies, free_port, pin_load_generator, run_load
 
 from stack.nats_server import EmbeddedNats
 
@@ -70,11 +69,9 @@ def main() -> None:
     if missing:
         parser.error(f"not a rollbus checkout (no ops/bench/_servers.py): {', '.join(missing)}")
     ks = [int(k) for k in args.ks.split(",")]
-    two_cores = len(os.sched_getaffinity(0)) >= 2
-    if two_cores:
-        os.sched_setaffinity(0, {1})
+    server_cpu = pin_load_generator()
     ratios = asyncio.run(measure(trees, ks, [int(s) for s in args.seeds.split(",")], args.repeat,
-                                 0 if two_cores else None))
+                                 server_cpu))
     width = max(len(str(tree)) for tree in trees)
     print("edge/floor CPU a turn, the median of the rounds' own ratios (in brackets: the middle half of them); "
           f"the floor is {HERE.parents[1]}'s")

@@ -126,6 +126,15 @@ def kernel_seconds(pid: int) -> float:
     return int(fields[12]) / os.sysconf("SC_CLK_TCK")
 
 
+def pin_load_generator() -> int | None:
+    """On two cores or more: this process (the load generator) to CPU 1, and the CPU the server
+    under test is to be pinned to (0); on one core, None (nothing pinned)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        return None
+    os.sched_setaffinity(0, {1})
+    return 0
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -329,12 +338,10 @@ async def main() -> None:
     ks = [int(k) for k in args.ks.split(",")]
     seeds = [int(seed) for seed in args.seeds.split(",")]
     http_servers = args.servers.split(",")
-    two_cores = len(os.sched_getaffinity(0)) >= 2
-    if two_cores:
-        os.sched_setaffinity(0, {1})
+    server_cpu = pin_load_generator()
     turn_bodies = bodies(args.turns)
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", name="bench") as nats:
-        rounds = await measure(nats.url, ks, turn_bodies, args.repeat, 0 if two_cores else None, seeds, http_servers,
+        rounds = await measure(nats.url, ks, turn_bodies, args.repeat, server_cpu, seeds, http_servers,
                                apps)
     report(rounds, prompt_tokens(), seeds, http_servers, ks, apps)
 

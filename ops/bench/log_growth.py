@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import random
 import statistics
 import sys
@@ -51,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import nats
 from _http import Connection
-from edge_overhead import SYSTEM, TASK, TOOLS, Server, cpu_seconds
+from edge_overhead import SYSTEM, TASK, TOOLS, Server, cpu_seconds, pin_load_generator
 
 from eventlog.reader import read_session
 from materializer.records import derive_records
@@ -221,10 +220,7 @@ async def steady_state(edge: Server, nats_pid: int, sessions: int, salt: int) ->
 async def run(wires: list[str], lengths: list[int], steady: int, cpu_rounds: int) -> None:
     cfg = LogConfig()
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", name="bench") as server:
-        two_cores = len(os.sched_getaffinity(0)) >= 2
-        if two_cores:
-            os.sched_setaffinity(0, {1})
-        edge = Server("edge", 18711, server.url, 0 if two_cores else None,
+        edge = Server("edge", 18711, server.url, pin_load_generator(),
                       extra=("--max-trajectory-length", str(MAX_TRAJECTORY)))
         nc = await nats.connect(server.url)
         js = nc.jetstream()

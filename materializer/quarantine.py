@@ -21,8 +21,11 @@ quarantined (its fold state's ``quarantined``), so it is quarantined again with 
 (its marker written, no second event), whatever a new derivation would say; for a log that
 does not fold, the event is found by its subject (``<prefix>.<session_id>.quarantined``).
 
-Transient failures (:data:`TRANSIENT`: JetStream, TransferQueue or the reward scorer not
-answering, a concurrent writer) are never a reason: their batch is retried.
+Transient failures (:data:`TRANSIENT`) are never a reason: their batch is retried. They are
+everything that says something of the servers and not of the session: JetStream, TransferQueue
+or the reward scorer not answering, a concurrent writer, any error nats-py raises (a server
+limit such as ``maximum consumers limit reached``, storage or memory refused, no leader, a
+timeout) and any ``OSError`` (a full or read-only disk under the Parquet sink).
 ``rollbus materialize --from-log`` (:mod:`materializer.rematerialize`) reads every session again,
 quarantined or not: that is the explicit retry, into a new dataset.
 """
@@ -59,8 +62,9 @@ STAGES = ("unreadable", "underivable", "invalid", "parquet", "write")
 KIND = SUBJECT_KINDS[SessionQuarantined]
 METRIC = "rollbus_materializer_quarantined_total"
 METRIC_HELP = "Ended sessions the materializer set aside (not materialized), by stage"
-# Failures that say nothing about the session: retry later, never quarantine.
-TRANSIENT: tuple[type[Exception], ...] = (LogUnavailable, SinkUnavailable, Conflict, ScorerError)
+# Failures that say nothing about the session: retry later, never quarantine (a server's limit is never
+# taken for a bad session). nats-py's errors include JetStream's API refusals (APIError: limits, leadership).
+TRANSIENT: tuple[type[Exception], ...] = (LogUnavailable, SinkUnavailable, Conflict, ScorerError, NatsError, OSError)
 _WRONG_LAST_SEQUENCE = 10071
 Recorded = Literal["appended", "found", "no log"]
 

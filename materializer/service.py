@@ -26,7 +26,11 @@ Failures, by kind (:meth:`Materializer.write`):
   each half is written on its own, down to the single session whose write fails, which is
   quarantined (stage ``write``), so no batch is retried forever. A session that has a marker
   (its records are written) but whose prompt's bookkeeping still fails alone is logged and
-  acknowledged.
+  acknowledged. A session whose quarantine cannot be written either is not acknowledged: its
+  signal is redelivered (after the consumer's nak delay) and tried again.
+
+The invariant, for every ready signal: it is acknowledged only once the session has a marker
+(records written, or quarantined), or when it is not a ready signal at all.
 """
 
 from __future__ import annotations
@@ -187,10 +191,10 @@ class Materializer:
             return await writer.write([session_id], reject={session_id: f"its write failed: {_short(exc)}"})
         except TRANSIENT:
             raise
-        except Exception as again:  # nothing more can be done for it: never retried forever
-            log.error("session %s cannot even be quarantined (%s); its ready signal is acknowledged", session_id,
-                      _short(again))
-            return []
+        except Exception as again:  # its signal stays unacknowledged: acknowledged means written
+            log.error("session %s cannot even be quarantined (%s); its ready signal is redelivered", session_id,
+                      _short(again), exc_info=again)
+            return [session_id]
 
     async def materialize(self, session_id: str) -> int:
         """Materialize one ended session now; returns how many records it has in the dataset."""

@@ -226,7 +226,7 @@ async def _export_envelopes(js: JetStreamContext, cfg: LogConfig, sessions: set[
                 counts.pieces += 1
                 counts.piece_bytes += len(piece.data)
         write(ArchivedEnvelope(session_id=session_id, subject=msg.subject, headers=headers, stream_seq=seq,
-                               time=msg.metadata.timestamp.isoformat(), data=msg.data))
+                               time=msg.timestamp.isoformat(), data=msg.data))
         counts.envelopes += 1
         met.setdefault(session_id)
         counts.sessions = len(met)

@@ -1,0 +1,197 @@
+"""A verl step's worth of agent sessions against a running edge: the burst test and ``ops/bench/burst.py``.
+
+A step is ``prompts x n`` sessions (verl's 128 x 8 is 1,024). Each session is a short tool-using
+conversation over the OpenAI wire: the user asks, the model calls ``add`` (a ``<tool_call>`` in the
+hermes format), the agent answers with the tool's result, the model answers in text; then the task
+posts its reward. Every session is left open until all have run, and then all are finalized at once,
+as verl's agent loop ends a step: that is the burst the materializer has to take.
+
+:func:`tool_responder` is the scripted engine's side (:class:`rollbus.testing.scripted.ScriptedEngineServer`):
+its reply depends only on its input, so a retried or replayed turn gets the same tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+
+from materializer.dataset import read_dataset
+from materializer.ledger import Markers, open_bucket
+from rollbus.testing.scripted import Responder, ScriptedReply
+from schemas.log import LogConfig
+from stack.provision import connect
+
+TOOLS = [{"type": "function", "function": {
+    "name": "add", "description": "Add two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}]
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 19, "b": 23}}\n</tool_call>'
+ANSWER = "19 + 23 = 42."
+
+
+def tool_responder(encode: Callable[[str], list[int]], decode: Callable[[list[int]], str], eos: int) -> Responder:
+    """The engine of a step: a call of ``add`` to a request without a tool result, else the answer."""
+    call, answer = [*encode(CALL), eos], [*encode(ANSWER), eos]
+
+    def reply(input_ids: list[int], body: dict[str, Any]) -> ScriptedReply:
+        return ScriptedReply(token_ids=answer if "<tool_response>" in decode(input_ids[-64:]) else call)
+
+    return reply
+
+
+class Step(msgspec.Struct, kw_only=True):
+    """What a step did, as the agents saw it."""
+
+    session_ids: list[str]
+    ran_s: float  # opening and running every conversation
+    finalize_s: float  # from the first finalize sent to the last one answered
+    finalized_at: float  # time.monotonic() when the last finalize was answered
+    trajectories: int  # as the finalize answers counted them
+
+
+class Driver:
+    """Runs steps against the edge at ``url`` with ``concurrency`` sessions in flight."""
+
+    def __init__(self, url: str, admin_token: str, *, concurrency: int = 64, n: int = 8) -> None:
+        self._url = url
+        self._admin = {"Authorization": f"Bearer {admin_token}"}
+        self._concurrency = concurrency
+        self._n = n
+
+    async def step(self, sessions: int, *, global_steps: int = 1, uid_prefix: str = "p") -> Step:
+        limits = httpx.Limits(max_connections=self._concurrency, max_keepalive_connections=self._concurrency)
+        async with httpx.AsyncClient(base_url=self._url, limits=limits, timeout=120) as client:
+            started = time.monotonic()
+            ids = await self._bounded(client, [self._session(client, i, global_steps, uid_prefix)
+                                               for i in range(sessions)])
+            ran = time.monotonic() - started
+            started = time.monotonic()
+            answers = await self._bounded(client, [self._finalize(client, sid) for sid in ids])
+            done = time.monotonic()
+        return Step(session_ids=ids, ran_s=ran, finalize_s=done - started, finalized_at=done,
+                    trajectories=sum(answers))
+
+    async def _bounded(self, client: httpx.AsyncClient, calls: Sequence[Any]) -> list[Any]:
+        gate = asyncio.Semaphore(self._concurrency)
+
+        async def one(call: Any) -> Any:
+            async with gate:
+                return await call
+
+        return await asyncio.gather(*(one(c) for c in calls))
+
+    async def _session(self, client: httpx.AsyncClient, i: int, global_steps: int, uid_prefix: str) -> str:
+        spec = {"uid": f"{uid_prefix}{i // self._n}", "session_index": i % self._n,
+                "metadata": {"rollout_n": self._n, "global_steps": global_steps}}
+        opened = _ok(await client.post("/sessions", json=spec, headers=self._admin))
+        key = {"Authorization": f"Bearer {opened['api_key']}"}
+        path = f"/sessions/{opened['session_id']}/v1/chat/completions"
+        messages: list[dict[str, Any]] = [{"role": "user", "content": f"What is 19 + 23? (task {i})"}]
+        first = _ok(await client.post(path, json={"model": "m", "messages": messages, "tools": TOOLS}, headers=key))
+        message = first["choices"][0]["message"]
+        call = message["tool_calls"][0]
+        messages += [message, {"role": "tool", "tool_call_id": call["id"], "content": "42"}]
+        _ok(await client.post(path, json={"model": "m", "messages": messages, "tools": TOOLS}, headers=key))
+        _ok(await client.post(f"/sessions/{opened['session_id']}/reward_info",
+                              json={"reward_info": {"reward": 1.0}}, headers=key))
+        return str(opened["session_id"])
+
+    async def _finalize(self, client: httpx.AsyncClient, session_id: str) -> int:
+        return int(_ok(await client.post(f"/sessions/{session_id}/finalize", headers=self._admin))["trajectories"])
+
+
+def _ok(response: httpx.Response) -> Any:
+    if response.status_code >= 300:
+        raise RuntimeError(f"{response.request.method} {response.request.url.path}: {response.status_code} "
+                           f"{response.text[:300]}")
+    return response.json()
+
+
+def nats_url(printed: str) -> str:
+    """The embedded NATS URL in what ``rollbus up`` printed."""
+    found = re.search(r"nats:\s+(nats://\S+)", printed)
+    if found is None:
+        raise ValueError(f"rollbus up printed no NATS URL:\n{printed[-2000:]}")
+    return found.group(1)
+
+
+async def wait_marked(url: str, session_ids: list[str], timeout: float, *, cfg: LogConfig = LogConfig()
+                      ) -> tuple[dict[str, str], float]:
+    """(each session's marker status, time.monotonic() when the last one appeared), once every session has
+    one or ``timeout`` passed (then some are missing)."""
+    client = await connect(url, name="burst-check")
+    try:
+        markers = Markers(await open_bucket(client.jetstream(), cfg.markers_bucket), 10.0)
+        deadline = time.monotonic() + timeout
+        found: dict[str, str] = {}
+        while len(found) < len(session_ids) and time.monotonic() < deadline:
+            missing = [sid for sid in session_ids if sid not in found]
+            found.update({sid: m.status for sid, m in (await markers.get_many(missing)).items()})
+            if len(found) < len(session_ids):
+                await asyncio.sleep(0.2)
+        return found, time.monotonic()
+    finally:
+        await client.close()
+
+
+class Outcome(msgspec.Struct, kw_only=True):
+    """A step's sessions as the sinks hold them."""
+
+    sessions: int
+    lost: int  # no marker, or marked but no row
+    duplicated: int  # rows past one per session
+    quarantined: int
+    other: dict[str, int]  # marker statuses other than finalized and quarantined
+    stray: int  # rows of sessions not in the step
+
+
+def outcome(trajectories: Path, session_ids: list[str], statuses: dict[str, str]) -> Outcome:
+    """Every session must have a ``finalized`` marker and exactly one row (one chain each)."""
+    table = read_dataset(trajectories, columns=["session_id"]) if trajectories.exists() else None
+    rows = Counter(table.column("session_id").to_pylist() if table is not None else [])
+    wanted = set(session_ids)
+    kinds = Counter(statuses.values())
+    return Outcome(sessions=len(session_ids),
+                   lost=sum(1 for sid in session_ids if sid not in statuses or rows[sid] == 0),
+                   duplicated=sum(max(rows[sid] - 1, 0) for sid in session_ids),
+                   quarantined=kinds.pop("quarantined", 0), other={k: v for k, v in kinds.items() if k != "finalized"},
+                   stray=sum(count for sid, count in rows.items() if sid not in wanted))
+
+
+class ConsumerPeak:
+    """The most consumers the NATS account held at once while it ran (polled), as ``async with``."""
+
+    def __init__(self, url: str, every: float = 0.1) -> None:
+        self._url = url
+        self._every = every
+        self.peak = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> ConsumerPeak:
+        client = await connect(self._url, name="burst-consumers")
+        self._task = asyncio.ensure_future(self._poll(client))
+        return self
+
+    async def _poll(self, client: Any) -> None:
+        js = client.jetstream()
+        try:
+            while True:
+                self.peak = max(self.peak, (await js.account_info()).consumers)
+                await asyncio.sleep(self._every)
+        finally:
+            await client.close()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

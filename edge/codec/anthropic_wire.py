@@ -165,10 +165,12 @@ def _message(index: int, m: w.MessageParam) -> tuple[Message, ...]:
     """``messages[index]`` as neutral messages. What comes out depends on the message (and, in
     what a refusal names, its index), on nothing else in the request."""
     where = f"messages[{index}].content"
+    if m.role == "system":  # where it stands: the chat template's system role
+        return (Message(role="system", content=_text_of(m.content, where)),)
     return _user(where, m.content) if m.role == "user" else (_assistant(where, m.content),)
 
 
-def neutral_messages(req: w.MessagesRequest) -> tuple[Message, ...]:
+def neutral_messages(req: w.MessagesRequest | w.CountTokensRequest) -> tuple[Message, ...]:
     """The request's system prompt and messages as neutral messages."""
     out = list(_system(req.system))
     for i, m in enumerate(req.messages):
@@ -211,13 +213,24 @@ def decode_request(body: bytes, known: KnownPrefix | None = None) -> Conversatio
         return _decode_by_value(body)
 
 
-def _decode_by_value(body: bytes) -> Conversation:
-    req = decode_strict(body, w.MessagesRequest)
+def _prompt_messages(req: w.MessagesRequest | w.CountTokensRequest) -> tuple[Message, ...]:
     if not req.messages:
         raise MalformedRequest("messages must not be empty", param="messages")
     if req.messages[-1].role == "assistant":
         raise MalformedRequest("a final assistant message (prefill) is not supported", param="messages")
-    return Conversation(messages=neutral_messages(req), tools=_tool_specs(req.tools or ()),
+    return neutral_messages(req)
+
+
+def decode_count_request(body: bytes) -> Conversation:
+    """A ``count_tokens`` body: the conversation ``/v1/messages`` would render for it, with the same
+    refusals (``tool_choice``, ``thinking`` and the like do not change the prompt)."""
+    req = decode_strict(body, w.CountTokensRequest)
+    return Conversation(messages=_prompt_messages(req), tools=_tool_specs(req.tools or ()), model=req.model)
+
+
+def _decode_by_value(body: bytes) -> Conversation:
+    req = decode_strict(body, w.MessagesRequest)
+    return Conversation(messages=_prompt_messages(req), tools=_tool_specs(req.tools or ()),
                         tool_choice=_tool_choice(req),  # type: ignore[arg-type]
                         sampling=_sampling(req), stream=req.stream, model=req.model)
 

@@ -7,6 +7,9 @@ the same tokens on either wire):
   request-scoped first line ``x-anthropic-billing-header: ...`` (of the string, or of its first
   text block), which changes on every request: kept, it would start a new chain every turn and
   be trained as prompt (the raw request event still holds the body byte for byte);
+- a ``system`` message inside ``messages`` (Claude Code sends them mid-conversation: a string or
+  text blocks) becomes a system message where it stands, which the template renders with its
+  system role (one that cannot is refused per request: :meth:`TemplateCodec.check_system_placement`);
 - a user message's blocks become, in order, a user message per run of text blocks
   (empty text blocks are dropped) and a tool message per ``tool_result`` (its text, or
   its text blocks joined; ``is_error`` is accepted but the chat template has no slot
@@ -16,13 +19,15 @@ the same tokens on either wire):
 - a ``tool_use`` block needs its ``id`` and ``name``, a ``tool_result`` its ``tool_use_id``
   (non-empty strings, as on Anthropic's API): without them, a 400 naming the block's field;
 - tools ``{name, description, input_schema}``; ``tool_choice`` ``auto`` / ``none``;
-  ``stop_sequences``, ``max_tokens`` (required), ``temperature``, ``top_p``, ``top_k``.
+  ``stop_sequences``, ``max_tokens`` (required), ``temperature``, ``top_p``, ``top_k``;
+- a ``count_tokens`` body is the same request without ``max_tokens`` (:func:`decode_count_request`).
 
 Refused with a 400 naming the field: images, documents and other block types,
 ``redacted_thinking``, server tools, ``tool_choice`` ``any`` / ``tool``, a final
 assistant message (prefill), sampling values out of range and nesting past the bounds
-(:mod:`edge.codec.strict`). ``thinking`` (the request option) is accepted and has no
-effect: whether the model reasons is the chat template's business.
+(:mod:`edge.codec.strict`). ``thinking`` (the request option), ``metadata``,
+``context_management`` and ``output_config`` are accepted and have no effect: whether the
+model reasons is the chat template's business.
 
 Agents resend the whole history on every request, so it is decoded lazily, as OpenAI's is:
 each message (and the system prompt) stays raw JSON, and is decoded, converted and hashed

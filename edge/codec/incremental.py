@@ -19,6 +19,11 @@ refuses a template that fails. With a thinking template the model's reasoning
 (``<think>...</think>``) is part of its sampled tokens and stays in the trajectory as
 sampled; the template must render earlier reasoning as it was sampled (``builtin:qwen3``
 does; Qwen3's official template strips it and is refused).
+
+A system message after the first one (Claude Code sends them mid-conversation) is rendered
+where it stands, in the prompt and in increments alike, when the template does so
+(:attr:`TemplateCodec.mid_system`, probed once); a conversation with one is refused with a
+400 otherwise (:meth:`TemplateCodec.check_system_placement`), never dropped or moved.
 """
 
 from __future__ import annotations

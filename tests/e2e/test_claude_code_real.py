@@ -4,7 +4,7 @@ starts calls Bash once, each answers. The session then holds two chains, the par
 sub-agent's, each token-exact: every engine input is a prefix of its record, ``response_mask`` is 1
 on exactly the sampled tokens, the log probs are the engine's, ``rollbus replay --verify`` exits 0.
 Once more with a chat template that cannot place a system message mid-conversation: Claude Code
-falls back on the 400 it gets and completes.
+falls back on the 400 it gets and completes. Its ``/context`` counts through ``count_tokens``.
 
 Skipped when ``claude`` is not installed (``npm install -g @anthropic-ai/claude-code@2.1.197``, or
 ``ROLLBUS_CLAUDE`` naming its binary); ``ROLLBUS_REQUIRE_CLAUDE=1`` makes that a failure. Offline,
@@ -193,3 +193,14 @@ def test_claude_code_falls_back_where_the_template_cannot_place_system_messages(
     assert all(text.count("<|im_start|>system") == 1 for text in texts)  # only the system prompt
     assert any("<system-reminder>\nAvailable agent types for the Agent tool:" in text for text in texts)
     assert asyncio.run(replay_verify(stack, session["session_id"]))[0] == 0
+
+
+def test_claude_codes_context_command_counts_through_count_tokens(claude, stack, engine, tmp_path):
+    session = open_session(stack)
+    result = run_claude(claude, session, tmp_path / "home", "/context")
+    assert "Estimated usage by category" in result["result"] and not result["is_error"]
+    metrics = httpx.get(f"{stack.url}/metrics", timeout=30).text
+    counted = re.search(r'route="/sessions/\{session_id\}/v1/messages/count_tokens",status="200"\} (\d+)', metrics)
+    assert counted is not None and int(counted.group(1)) >= 10, metrics  # one a part of its context, and tools
+    assert re.search(r'route="/sessions/\{session_id\}",status="200"\} [1-9]', metrics)  # its HEAD
+    assert summary(stack, session["session_id"])["requests"] == 0 and engine.served == 0

@@ -25,7 +25,7 @@ from edge.codec.anthropic_wire import AnthropicWire
 from edge.codec.openai_wire import OpenAIWire
 from edge.http_errors import MethodNotAllowed, RouteNotFound, http_error
 from edge.metrics import Metrics
-from edge.routes import admin, reward
+from edge.routes import admin, count_tokens, reward
 from edge.routes.model import ModelRoutes, is_anthropic_path
 from edge.routes.wire import ErrorEncoder, json_response
 from edge.service import EdgeService
@@ -101,6 +101,7 @@ def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True
     app.state.metrics = metrics if metrics is not None else getattr(service, "metrics", None) or Metrics()
     app.include_router(admin.router)
     app.include_router(reward.router)
+    app.include_router(count_tokens.router)
 
     @app.get("/healthz")
     async def healthz() -> Response:

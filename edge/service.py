@@ -33,6 +33,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
+from edge.codec.conversation import Conversation
 from edge.codec.strict import check_sampling
 from edge.idempotency import RequestIdentity, identify, recorded_outcome, repeated_request
 from edge.live import LiveSession, Registry
@@ -352,6 +353,12 @@ class EdgeService:
         await live.inflight.settled(identity)
         earlier = repeated_request(live.state, identity)
         return recorded_outcome(live.state, earlier) if earlier is not None else None
+
+    async def count_tokens(self, live: LiveSession, conversation: Conversation) -> int:
+        """The prompt tokens a turn for ``conversation`` would have now, on the authorized session ``live``
+        (:meth:`TurnRunner.count_prompt`); nothing is recorded."""
+        with live.in_use():
+            return await self._turns.count_prompt(live, conversation)
 
     def token_strings(self, token_ids: Sequence[int]) -> list[str]:
         """Each sampled token as text (for ``logprobs`` in replies)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import TypeVar, overload
 
@@ -45,7 +45,7 @@ from schemas.events import (
     TurnRolledBack,
     body_digest,
 )
-from session.chains import Continue, Exhausted, NewChain, Rollback, select_chain
+from session.chains import Continue, Exhausted, NewChain, Rollback, Selection, select_chain
 from session.fold import SessionState
 
 log = logging.getLogger(__name__)
@@ -247,11 +247,9 @@ class TurnRunner:
         released, :data:`edge.codec.pieces.RELEASE_GIL_CHARS`).
         The codec's caches are only ever missed, never corrupted, by a planning thread."""
         conversation = request.conversation
+        self.codec.check_system_placement(conversation.messages)
         request_no = live.take_request_no()
-        digests = conversation.history_digests or tuple(
-            map(bytes.hex, prefix_digests(tools_digest(conversation.tools), conversation.messages)))
-        selection = select_chain(live.state, digests, live.busy, _Roles(conversation.messages),
-                                 rollback=self._settings.rollback_rewritten_turns)
+        digests, selection = self._select(live.state, conversation, live.busy)
         received = self._received(live, request, request_no,
                                   None if isinstance(selection, (Exhausted, NewChain)) else selection.chain.index)
         if isinstance(selection, Exhausted):
@@ -271,6 +269,37 @@ class TurnRunner:
             if busy is not None:
                 live.busy.discard(busy)
             raise
+
+    def _select(self, state: SessionState, conversation: Conversation,
+                busy: Collection[int]) -> tuple[Sequence[str], Selection]:
+        """The request's history digests, and the chain it continues (or not)."""
+        digests = conversation.history_digests or tuple(
+            map(bytes.hex, prefix_digests(tools_digest(conversation.tools), conversation.messages)))
+        return digests, select_chain(state, digests, busy, _Roles(conversation.messages),
+                                     rollback=self._settings.rollback_rewritten_turns)
+
+    async def count_prompt(self, live: LiveSession, conversation: Conversation) -> int:
+        """How many tokens the engine would be given for ``conversation`` were it sent now (the turn's
+        ``prompt_tokens``): its chain's tokens and the increment, or a new chain's prompt; past the
+        trajectory length (where a turn is refused), the whole conversation's render. Nothing is
+        recorded. Much new text is tokenized on a worker thread, as a turn's."""
+        self.codec.check_system_placement(conversation.messages)
+        digests, selection = self._select(live.state, conversation, ())
+        if isinstance(selection, Exhausted):
+            selection = Continue(selection.chain, selection.chain.n_messages)
+
+        def count() -> int:
+            try:
+                return len(self._plan(live.state, conversation, selection, digests).input_ids)
+            except NoRoom:
+                return len(self.codec.encode_prompt(conversation.messages, conversation.tools))
+
+        new = conversation.messages[selection.n_history:] if isinstance(selection, (Continue, Rollback)) else \
+            conversation.messages
+        if _text_size(new) < OFFLOAD_CHARS:
+            return count()
+        async with self._offloaded:
+            return await asyncio.to_thread(count)
 
     def _prepare(self, live: LiveSession, request: TurnRequest, selection: Continue | Rollback | NewChain,
                  digests: Sequence[str], received: RequestReceived, request_no: int) -> PreparedTurn:

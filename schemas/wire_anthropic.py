@@ -1,8 +1,10 @@
 """Anthropic Messages wire models (the subset rollbus serves), decoded strictly.
 
-Unknown fields are ignored (agents send many: ``metadata``, ``cache_control``, ...);
-known fields must have the right types. Content blocks decode into one permissive
-:class:`ContentBlock` so that the adapter can name an unsupported block type in a 400.
+Unknown fields are ignored (agents send many: ``cache_control`` on any block or tool,
+``defer_loading``, ...); known fields must have the right types, those accepted without effect
+on the tokens too (``thinking``, ``metadata``, ``context_management``, ``output_config``).
+Content blocks decode into one permissive :class:`ContentBlock` so that the adapter can name
+an unsupported block type in a 400.
 :class:`LazyMessagesRequest` is the same request with its history left as raw JSON.
 """
 
@@ -29,7 +31,7 @@ class ContentBlock(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class MessageParam(msgspec.Struct, frozen=True, kw_only=True):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # "system": Claude Code's mid-conversation system messages
     content: str | list[ContentBlock]
 
 
@@ -59,6 +61,21 @@ class MessagesRequest(msgspec.Struct, frozen=True, kw_only=True):
     tools: list[ToolParam] | None = None
     tool_choice: ToolChoice | None = None
     thinking: dict[str, Any] | None = None  # accepted; whether the model reasons is the chat template's
+    # Accepted (objects, as on Anthropic's API), without effect on the tokens: Claude Code sends them.
+    metadata: dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+
+
+class CountTokensRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """``/v1/messages/count_tokens``: what of a Messages request makes its prompt (no ``max_tokens``)."""
+
+    messages: list[MessageParam]
+    model: str = ""
+    system: str | list[ContentBlock] | None = None
+    tools: list[ToolParam] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: dict[str, Any] | None = None
 
 
 class LazyMessagesRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,6 +95,9 @@ class LazyMessagesRequest(msgspec.Struct, frozen=True, kw_only=True):
     tools: msgspec.Raw = msgspec.Raw()
     tool_choice: ToolChoice | None = None
     thinking: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
 
 
 # --- responses -----------------------------------------------------------------------

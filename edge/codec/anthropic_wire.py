@@ -7,6 +7,9 @@ the same tokens on either wire):
   request-scoped first line ``x-anthropic-billing-header: ...`` (of the string, or of its first
   text block), which changes on every request: kept, it would start a new chain every turn and
   be trained as prompt (the raw request event still holds the body byte for byte);
+- a ``system`` message inside ``messages`` (Claude Code sends them mid-conversation: a string or
+  text blocks) becomes a system message where it stands, which the template renders with its
+  system role (one that cannot is refused per request: :meth:`TemplateCodec.check_system_placement`);
 - a user message's blocks become, in order, a user message per run of text blocks
   (empty text blocks are dropped) and a tool message per ``tool_result`` (its text, or
   its text blocks joined; ``is_error`` is accepted but the chat template has no slot
@@ -16,13 +19,15 @@ the same tokens on either wire):
 - a ``tool_use`` block needs its ``id`` and ``name``, a ``tool_result`` its ``tool_use_id``
   (non-empty strings, as on Anthropic's API): without them, a 400 naming the block's field;
 - tools ``{name, description, input_schema}``; ``tool_choice`` ``auto`` / ``none``;
-  ``stop_sequences``, ``max_tokens`` (required), ``temperature``, ``top_p``, ``top_k``.
+  ``stop_sequences``, ``max_tokens`` (required), ``temperature``, ``top_p``, ``top_k``;
+- a ``count_tokens`` body is the same request without ``max_tokens`` (:func:`decode_count_request`).
 
 Refused with a 400 naming the field: images, documents and other block types,
 ``redacted_thinking``, server tools, ``tool_choice`` ``any`` / ``tool``, a final
 assistant message (prefill), sampling values out of range and nesting past the bounds
-(:mod:`edge.codec.strict`). ``thinking`` (the request option) is accepted and has no
-effect: whether the model reasons is the chat template's business.
+(:mod:`edge.codec.strict`). ``thinking`` (the request option), ``metadata``,
+``context_management`` and ``output_config`` are accepted and have no effect: whether the
+model reasons is the chat template's business.
 
 Agents resend the whole history on every request, so it is decoded lazily, as OpenAI's is:
 each message (and the system prompt) stays raw JSON, and is decoded, converted and hashed
@@ -165,10 +170,12 @@ def _message(index: int, m: w.MessageParam) -> tuple[Message, ...]:
     """``messages[index]`` as neutral messages. What comes out depends on the message (and, in
     what a refusal names, its index), on nothing else in the request."""
     where = f"messages[{index}].content"
+    if m.role == "system":  # where it stands: the chat template's system role
+        return (Message(role="system", content=_text_of(m.content, where)),)
     return _user(where, m.content) if m.role == "user" else (_assistant(where, m.content),)
 
 
-def neutral_messages(req: w.MessagesRequest) -> tuple[Message, ...]:
+def neutral_messages(req: w.MessagesRequest | w.CountTokensRequest) -> tuple[Message, ...]:
     """The request's system prompt and messages as neutral messages."""
     out = list(_system(req.system))
     for i, m in enumerate(req.messages):
@@ -211,13 +218,24 @@ def decode_request(body: bytes, known: KnownPrefix | None = None) -> Conversatio
         return _decode_by_value(body)
 
 
-def _decode_by_value(body: bytes) -> Conversation:
-    req = decode_strict(body, w.MessagesRequest)
+def _prompt_messages(req: w.MessagesRequest | w.CountTokensRequest) -> tuple[Message, ...]:
     if not req.messages:
         raise MalformedRequest("messages must not be empty", param="messages")
     if req.messages[-1].role == "assistant":
         raise MalformedRequest("a final assistant message (prefill) is not supported", param="messages")
-    return Conversation(messages=neutral_messages(req), tools=_tool_specs(req.tools or ()),
+    return neutral_messages(req)
+
+
+def decode_count_request(body: bytes) -> Conversation:
+    """A ``count_tokens`` body: the conversation ``/v1/messages`` would render for it, with the same
+    refusals (``tool_choice``, ``thinking`` and the like do not change the prompt)."""
+    req = decode_strict(body, w.CountTokensRequest)
+    return Conversation(messages=_prompt_messages(req), tools=_tool_specs(req.tools or ()), model=req.model)
+
+
+def _decode_by_value(body: bytes) -> Conversation:
+    req = decode_strict(body, w.MessagesRequest)
+    return Conversation(messages=_prompt_messages(req), tools=_tool_specs(req.tools or ()),
                         tool_choice=_tool_choice(req),  # type: ignore[arg-type]
                         sampling=_sampling(req), stream=req.stream, model=req.model)
 

@@ -155,11 +155,14 @@ class Probe(msgspec.Struct, frozen=True):
 def probe_incremental(codec: TemplateCodec, probes: Sequence[Probe] | None = None) -> Verdict:
     """Problems found replaying ``probes`` (default: :data:`PROBES`) through ``codec``.
 
+    A template that renders system messages where they stand mid-conversation
+    (:attr:`TemplateCodec.mid_system`) is also replayed with some (:data:`MID_SYSTEM`); one that
+    does not gets a 400 for such a request instead (:meth:`TemplateCodec.check_system_placement`).
     A probe the template refuses to render (say, parallel tool calls for a template that
     allows one call a turn) is skipped: the edge answers such requests with a 400 anyway.
     At least one probe must run.
     """
-    chosen = PROBES if probes is None else probes
+    chosen = probes if probes is not None else (*PROBES, MID_SYSTEM) if codec.mid_system else PROBES
     problems, refusals = [], []
     for probe in chosen:
         try:
@@ -308,5 +311,19 @@ PROBES = (
             Round(Message(role="assistant", content="Hello ag"), (_user("go on"),), ended=False),
             Round(Message(role="assistant", content="ain.")),
         ),
+    ),
+)
+
+_system = Message(role="system", content="Available agents: helper, planner.")
+MID_SYSTEM = Probe(
+    name="system messages mid-conversation (Claude Code's)",
+    tools=_TOOLS,
+    first=(Message(role="system", content="You are a probe."), _user("Weather in Zürich?"), _system),
+    rounds=(
+        Round(Message(role="assistant", tool_calls=(_WEATHER,)), (_tool("call_0", "Sunny"), _system)),
+        Round(Message(role="assistant", content="Sunny."),
+              (Message(role="system", content="Be brief."), _user("And tomorrow?"))),
+        Round(Message(role="assistant", content="Rain."), (_system,)),
+        Round(Message(role="assistant", content="Done.")),
     ),
 )

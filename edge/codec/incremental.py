@@ -19,6 +19,11 @@ refuses a template that fails. With a thinking template the model's reasoning
 (``<think>...</think>``) is part of its sampled tokens and stays in the trajectory as
 sampled; the template must render earlier reasoning as it was sampled (``builtin:qwen3``
 does; Qwen3's official template strips it and is refused).
+
+A system message after the first one (Claude Code sends them mid-conversation) is rendered
+where it stands, in the prompt and in increments alike, when the template does so
+(:attr:`TemplateCodec.mid_system`, probed once); a conversation with one is refused with a
+400 otherwise (:meth:`TemplateCodec.check_system_placement`), never dropped or moved.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import msgspec
 
 from edge.codec.cache import BoundedCache
 from edge.codec.conversation import Message, ToolSpec, template_message, template_tools
+from edge.codec.template import ChatTemplateError
 from edge.codec.tokenizer import Tokenizer
 from schemas.errors import MalformedRequest
 
@@ -46,6 +52,7 @@ _SENTINEL = "\x01rollbus-field\x01"
 _PLACEHOLDER = re.compile("\x00(\\d+)\x00")
 _exact_tools = msgspec.json.Encoder()  # key order kept: the template renders the schemas as sent
 _TRICKY = ("  \n x\t <b>&amp;</b> {{ y }}\n\n ", "", "\u00e9\u4e2d\U0001f600 ")
+_MID_SYSTEM = {"role": "system", "content": "\x01rollbus-mid-system\x01"}
 
 
 class TemplateNotIncremental(MalformedRequest):
@@ -75,8 +82,37 @@ class TemplateCodec:
         self.separator = self._history[reply_end:]
         self.generation_prompt = self._prompted[len(self._render(_BASE, add_generation_prompt=False)) :]
         self._frames: dict[Shape, Frame | None] = {}
+        self.mid_system = self._renders_mid_system()
         self._prompts: BoundedCache[tuple[bytes, tuple[Message, ...]], tuple[int, ...]] | None = (
             BoundedCache(max_items=prompt_cache, max_bytes=16 * 1024 * 1024) if prompt_cache else None)
+
+    def _renders_mid_system(self) -> bool:
+        """Whether the template renders a system message that is not the first message where it stands:
+        after a user message (as in Claude Code's first request) and after an assistant turn (an
+        increment), its content in the text there, the turns before it unchanged. A template may
+        instead refuse one, drop it, or move it to the top (:meth:`check_system_placement`)."""
+        try:
+            first = self._render([*_BASE, _MID_SYSTEM], add_generation_prompt=True)
+            later = self._rendered_tail([_MID_SYSTEM])
+        except MalformedRequest:
+            return False
+        before = self._render(_BASE, add_generation_prompt=False)
+        mark = _MID_SYSTEM["content"]
+        return first.startswith(before) and mark in first[len(before):] and mark in later
+
+    def check_system_placement(self, messages: Sequence[Message]) -> None:
+        """Refuse (:class:`ChatTemplateError`, a 400) a system message after the first message when the
+        template cannot render one there (:attr:`mid_system`): it would be refused, dropped or moved.
+        The words match what Claude Code recognises to fall back to sending such messages in user turns."""
+        if self.mid_system:
+            return
+        late = next((i for i, m in enumerate(messages) if i and m.role == "system"), None)
+        if late is not None:
+            preview = messages[late].content[:40]
+            raise ChatTemplateError(
+                f"role 'system' is not supported mid-conversation by the chat template of {self.tokenizer.name}: "
+                f"it renders a system message only as the first message, and message {late} of the conversation "
+                f"is one ({preview!r}...); send its text in a user message instead", param="messages")
 
     def _render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
                 tools: list[dict[str, Any]] | None = None) -> str:

@@ -1,4 +1,5 @@
-"""Admin API (bearer admin token): open, inspect, finalize and abort sessions."""
+"""Admin API (bearer admin token): open, inspect, finalize and abort sessions; and ``HEAD`` on a
+session's URL, which answers anyone (:func:`reachable`)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ async def open_session(request: Request) -> Response:
         "api_key": opened.api_key,
     }
     return json_response(msgspec.json.encode(body), 201)
+
+
+@router.head("/sessions/{session_id}")
+async def reachable(session_id: str) -> Response:
+    """Claude Code's preconnect: ``HEAD`` on its base URL (the session's ``anthropic_base_url``) as it
+    starts, without a key, its answer ignored. 200, empty, the same for any id: it tells nothing of
+    the session, not even whether it exists (``GET`` stays the admin's)."""
+    return Response(status_code=200)
 
 
 @router.get("/sessions/{session_id}")

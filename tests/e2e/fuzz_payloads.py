@@ -306,6 +306,9 @@ def anthropic_messages(draw: st.DrawFn) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": draw(user_content)}]
     for turn in range(draw(st.integers(0, 1))):  # longer histories: the tests extend accepted ones
         messages += draw(_assistant_turn(turn))
+    if draw(st.integers(0, 3)) == 0:  # a system message mid-conversation, as Claude Code sends them
+        content = draw(weighted((4, text), (2, text_blocks), (1, st.just([IMAGE]))))
+        messages.insert(draw(st.integers(0, len(messages))), {"role": "system", "content": content})
     return messages
 
 
@@ -332,7 +335,10 @@ ANTHROPIC_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "temperature": st.floats(0, 1),
     "top_p": st.floats(0.01, 1),
     "top_k": st.integers(1, 40),
-    "thinking": st.sampled_from([{"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"}]),
+    "thinking": st.sampled_from([{"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"},
+                                 {"type": "adaptive"}, "adaptive"]),
+    "context_management": st.sampled_from([{"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}, []]),
+    "output_config": st.sampled_from([{"effort": "high"}, {"effort": 3}, "high"]),
     "service_tier": st.just("auto"),
 }
 

@@ -375,7 +375,8 @@ def test_unknown_routes_and_methods_answer_in_the_wire_shape(stack):
         wrong = httpx.request(method, s.anthropic, headers=s.auth, timeout=30)
         anthropic_error(wrong, 405)
         assert wrong.headers["allow"] == "POST"
-    anthropic_error(httpx.post(f"{base}/v1/messages/count_tokens", headers=s.auth, timeout=30), 404)
+    anthropic_error(httpx.post(f"{base}/v1/messages/count_tokens", headers=s.auth, timeout=30), 400)  # no body
+    anthropic_error(httpx.post(f"{base}/v1/messages/count_tokens", timeout=30), 401)
     anthropic_error(httpx.post(f"{base}/v1/messages/batches", headers=s.auth, timeout=30), 404)
 
 

@@ -147,6 +147,13 @@ HISTORIES: list[tuple[list[dict[str, Any]], dict[str, Any]]] = [
     ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": [
         {"type": "text", "text": "x"}, {"type": "tool_result", "tool_use_id": "t", "content": None},
         {"type": "text", "text": "y"}, {"type": "text", "text": "z"}]}], {"tool_choice": {"type": "none"}}),
+    # System messages inside messages (Claude Code's), first, between turns and last.
+    # (each request of these is a prefix of odd length: the even indices are never assistant messages)
+    ([{"role": "user", "content": "hi"}, assistant(1), {"role": "system", "content": SYSTEM}, assistant(2),
+      tool_result(2, "toolu_2"), {"role": "assistant", "content": "ok"}, {"role": "system", "content": ""}],
+     {"system": SYSTEM, "tools": TOOLS}),
+    ([{"role": "system", "content": "agents: a"}, {"role": "assistant", "content": "ok"},
+      {"role": "system", "content": [{"type": "text", "text": "late", "cache_control": {"type": "x"}}]}], {}),
 ]
 
 
@@ -191,6 +198,8 @@ BAD: list[tuple[str | None, list[dict[str, Any]], dict[str, Any]]] = [
     ("messages", [*session(4), assistant(9)], {}),  # prefill
     ("messages", [], {"system": SYSTEM}),
     ("system[0].type", session(3), {"system": [{"type": "image", "source": {}}]}),
+    ("messages[1].content[0].type", [{"role": "user", "content": "a"}, {"role": "system", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": "r"}]}], {}),
     ("tools[1].type", session(3), {"tools": [TOOLS[0], {"name": "bash", "type": "bash_20250124"}]}),
     ("tool_choice.type", session(3), {"tool_choice": {"type": "any"}}),
     ("top_p", session(3), {"top_p": 0}),
@@ -283,14 +292,15 @@ def _blocks(*kinds: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[str 
 
 _user = st.builds(lambda c: {"role": "user", "content": c}, _blocks(_plain, _result))
 _assistant = st.builds(lambda c: {"role": "assistant", "content": c}, _blocks(_plain, _thinking, _use))
+_system = st.builds(lambda c: {"role": "system", "content": c}, _blocks(_plain))
 
 
 def _sessions() -> st.SearchStrategy[tuple[list[dict[str, Any]], dict[str, Any]]]:
-    pair = st.tuples(_assistant, _user)
+    pair = st.tuples(_assistant, st.one_of(_user, _system))
     fields = st.fixed_dictionaries({}, optional={
         "system": st.one_of(st.none(), _text, st.lists(_plain, max_size=2)), "tools": st.just(TOOLS)})
-    return st.tuples(st.builds(lambda first, rest: [first, *(m for p in rest for m in p)], _user,
-                               st.lists(pair, max_size=5)), fields)
+    return st.tuples(st.builds(lambda first, rest: [first, *(m for p in rest for m in p)],
+                               st.one_of(_user, _system), st.lists(pair, max_size=5)), fields)
 
 
 def _requests(history: list[dict[str, Any]], fields: dict[str, Any]) -> Iterator[bytes]:

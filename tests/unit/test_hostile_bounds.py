@@ -268,7 +268,7 @@ def test_unknown_paths_and_methods_answer_in_the_wire_shape(client: TestClient) 
     for path in ("/nope", "/sessions/", f"/sessions/{sid}/v1/models", f"/sessions/{sid}/v1/chat/completions/x"):
         answer = client.get(path)
         assert answer.status_code == 404 and _openai_shape(answer.json())["code"] == "not_found_error", path
-    for path in (f"/sessions/{sid}/v1/messages/count_tokens", f"/sessions/{sid}/v1/messages/"):
+    for path in (f"/sessions/{sid}/v1/messages/batches", f"/sessions/{sid}/v1/messages/"):
         answer = client.post(path)
         assert answer.status_code == 404 and _anthropic_shape(answer.json())["type"] == "not_found_error", path
     answer = client.get("/sessions")

@@ -1,14 +1,14 @@
 """Property: stored tokens + increment decode to the chat template's full render.
 
-Random conversations (a system message or not; user turns with unicode, emoji, CJK,
-markup or empty content; assistant turns with text, reasoning, 0-3 tool calls with nested
-JSON arguments; runs of 1-3 tool results; tools or none) are replayed exactly as the edge
-records them: the first request is encoded whole, each assistant turn appends what a
-model emits for it (the template's rendering of its body, then ``<|im_end|>``, or
-nothing more when the turn was cut off by ``length``), and each later request appends
-``encode_increment(new_messages, last_token=...)``. After every request the stored
-tokens decode to the full render with the generation prompt; at the end, to the full
-render less the turn separator the model never emits.
+Random conversations (a system message or not, and system messages mid-conversation; user
+turns with unicode, emoji, CJK, markup or empty content; assistant turns with text,
+reasoning, 0-3 tool calls with nested JSON arguments; runs of 1-3 tool results; tools or
+none) are replayed exactly as the edge records them: the first request is encoded whole,
+each assistant turn appends what a model emits for it (the template's rendering of its
+body, then ``<|im_end|>``, or nothing more when the turn was cut off by ``length``), and
+each later request appends ``encode_increment(new_messages, last_token=...)``. After every
+request the stored tokens decode to the full render with the generation prompt; at the
+end, to the full render less the turn separator the model never emits.
 
 Text is NFC, as the Qwen tokenizer normalizes it (so decode(encode(text)) == text).
 """
@@ -90,6 +90,8 @@ def rounds(draw: st.DrawFn, *, last: bool) -> Round:
                 for i in range(draw(st.integers(1, 3)))]
     if not calls or draw(st.booleans()):
         new.append(Message(role="user", content=draw(TEXT)))
+    if draw(st.booleans()):  # a system message mid-conversation (Claude Code's), anywhere among them
+        new.insert(draw(st.integers(0, len(new))), Message(role="system", content=draw(TEXT)))
     return Round(reply, tuple(new), ended)
 
 
@@ -99,6 +101,8 @@ def conversations(draw: st.DrawFn) -> Conversation:
     first = [Message(role="user", content=draw(TEXT))]
     if draw(st.booleans()):
         first.insert(0, Message(role="system", content=draw(TEXT)))
+    if draw(st.booleans()):
+        first.append(Message(role="system", content=draw(TEXT)))
     n_rounds = draw(st.integers(1, 4))
     steps = [draw(rounds(last=i == n_rounds - 1)) for i in range(n_rounds)]
     return Conversation(tools, tuple(first), tuple(steps))

@@ -1,0 +1,33 @@
+"""``POST /sessions/{id}/v1/messages/count_tokens``: Anthropic's token counting, which Claude Code calls.
+
+The session's key is checked before the body is read. The body is a Messages request without
+``max_tokens`` (:func:`edge.codec.anthropic_wire.decode_count_request`, the same refusals as
+``/v1/messages``); the answer, ``{"input_tokens": n}``, is the ``usage.input_tokens`` a turn for
+that conversation would report now: its chain's tokens and the increment when it continues one,
+else the template's render of it, tokenized (:meth:`edge.turns.TurnRunner.count_prompt`).
+Nothing is recorded: a count is no turn. Errors in Anthropic's shape.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from fastapi import APIRouter, Request, Response
+
+from edge.codec.anthropic_wire import decode_count_request, encode_error
+from edge.routes.wire import bearer, json_response, read_body, wire_route
+from edge.service import EdgeService
+
+router = APIRouter(route_class=wire_route(encode_error))
+
+
+class TokenCount(msgspec.Struct, frozen=True, kw_only=True):
+    input_tokens: int
+
+
+@router.post("/sessions/{session_id}/v1/messages/count_tokens")
+async def count_tokens(session_id: str, request: Request) -> Response:
+    service: EdgeService = request.app.state.service
+    live = await service.authorized(session_id, bearer(request.headers))
+    body = await read_body(request, service.settings.max_request_bytes)
+    count = await service.count_tokens(live, decode_count_request(body))
+    return json_response(msgspec.json.encode(TokenCount(input_tokens=count)))

@@ -103,8 +103,10 @@ def _tool_choice(req: LazyRequest, tools: tuple[ToolSpec, ...]) -> ToolChoice:
     """``auto`` (also when absent), ``none``, ``required``, or ``{"type": "function", "function":
     {"name": ...}}`` naming one of the tools."""
     choice = req.tool_choice
-    if choice is None or choice in ("auto", "none", "required"):
+    if choice is None or choice in ("auto", "none"):
         return choice or "auto"  # type: ignore[return-value]
+    if choice == "required":
+        return checked_tool_choice("required", tools, "tool_choice")
     if isinstance(choice, str):
         raise MalformedRequest("tool_choice must be 'auto', 'none', 'required' or a named function",
                                param="tool_choice")

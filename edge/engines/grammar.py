@@ -86,6 +86,12 @@ class TokenMatcher:
         """Whether the grammar admits ``token_ids`` from here (the state is left as it was)."""
         return self._matcher.validate_tokens(list(token_ids)) == len(token_ids)
 
+    def accepts_end(self, token_ids: Sequence[int]) -> bool:
+        """Whether ``token_ids`` (admitted) leave the grammar complete (the state is left as it was)."""
+        copy = self._matcher.deep_copy()
+        copy.consume_tokens(list(token_ids))
+        return bool(copy.is_stopped() or copy.is_accepting())
+
     def consume(self, token: int) -> None:
         self._matcher.consume_token(token)
         self._check()
@@ -97,7 +103,9 @@ class TokenMatcher:
 
 def constrain(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """``logits`` with every token the grammar does not admit at ``-inf`` (a new tensor)."""
-    return logits.masked_fill(~allowed, float("-inf"))
+    import torch
+
+    return torch.where(allowed, logits, torch.tensor(float("-inf"), dtype=logits.dtype))
 
 
 __all__ = ["MISSING", "GrammarTokenizer", "TokenMatcher", "constrain"]

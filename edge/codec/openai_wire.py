@@ -126,6 +126,9 @@ def _response_format(req: LazyRequest) -> OutputFormat | None:
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
         raise MalformedRequest('response_format is {"type": "text" | "json_object" | "json_schema", ...}',
                                param="response_format")
+    if value["type"] not in ("text", "json_object", "json_schema"):
+        raise MalformedRequest(f"response_format type {value['type']!r} is not supported "
+                               "(text, json_object, json_schema)", param="response_format.type")
     spec = value.get("json_schema")
     if value["type"] == "json_schema" and not isinstance(spec, dict):
         raise MalformedRequest("a json_schema response_format needs its json_schema object",

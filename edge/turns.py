@@ -417,7 +417,7 @@ class TurnRunner:
                              request_no=request_no, finish_reason=result.finish_reason, text=parsed.content,
                              reasoning=parsed.reasoning, tool_calls=parsed.tool_calls, tip_digest=tip,
                              n_messages=n_messages, weight_version=result.weight_version,
-                             constrained=constraint.label if constraint is not None else None)
+                             constrained=constraint.label if constraint is not None else msgspec.UNSET)
 
     def _rolled_back(self, live: LiveSession, chain: int, request_no: int,
                      rollback: tuple[int, int]) -> TurnRolledBack:

@@ -336,7 +336,7 @@ def _turn(state: SessionState, e: TurnCompleted) -> SessionState:
         time=e.time,
         first_segment=chain.pending_segment,
         end_segment=len(chain.segments),
-        constrained=e.constrained,
+        constrained=e.constrained or None,
     )
     chain = msgspec.structs.replace(
         chain,

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import anthropic
 import httpx
 import jsonschema
+import msgspec
 import openai
 import pytest
 
@@ -22,6 +23,7 @@ from edge.codec.conversation import NamedTool, ToolSpec
 from edge.codec.tokenizer import Tokenizer
 from rollbus.testing.constraints import grammar_checker
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
+from schemas import envelope
 from schemas.events import TurnCompleted
 from stack.runtime import StackOptions
 from tests.e2e.conftest import ADMIN_TOKEN
@@ -95,6 +97,8 @@ def test_openai_required_and_json_schema_reach_the_engine_and_are_held_to(checke
                                        tool_choice={"type": "function", "function": {"name": "search"}})
     turns = [e for e in checked_stack.events(session["session_id"]) if isinstance(e, TurnCompleted)]
     assert [t.constrained for t in turns] == ["tool:required", "json_schema:sum"]
+    free = msgspec.structs.replace(turns[0], constrained=msgspec.UNSET)
+    assert b"constrained" not in envelope.encode([free]) and b"constrained" in envelope.encode(turns[:1])
 
 
 def test_anthropic_any_and_tool_reach_the_engine(checked_stack, checked_engine, tokenizer):

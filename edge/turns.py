@@ -18,6 +18,7 @@ from typing import TypeVar, overload
 
 import msgspec
 
+from edge.codec.constraint import MARKERS, derive_constraint
 from edge.codec.conversation import Conversation, Message, TurnOutcome
 from edge.codec.digest import extend, prefix_digests, tools_digest
 from edge.codec.incremental import NoRoom, TemplateCodec, TemplateNotIncremental
@@ -25,7 +26,7 @@ from edge.codec.parsers.base import ParsedOutput, ToolParser
 from edge.codec.reasoning import opens_reasoning
 from edge.codec.reply import ReplyParser, call_ids
 from edge.engine_input import MIN_TOKENS, InputBuffer
-from edge.engines.base import Engine, GenerateRequest, GenerateResult, SamplingParams
+from edge.engines.base import Constraint, Engine, GenerateRequest, GenerateResult, SamplingParams
 from edge.live import LiveSession
 from edge.metrics import ABANDONED, ENGINE_ERROR, OK, REFUSED, Metrics
 from edge.settings import Clock, EdgeSettings
@@ -190,6 +191,7 @@ class TurnRunner:
         self._log = log
         self._clock = clock
         self.replies = ReplyParser(parser, starts_in_reasoning=opens_reasoning(codec.generation_prompt))
+        self._token_markers = frozenset(m for m in MARKERS if codec.tokenizer.is_added_token(m))
         self._offloaded = asyncio.Semaphore(OFFLOADED)
         self.metrics = metrics if metrics is not None else Metrics()
         self._counted = self.metrics.edge
@@ -238,6 +240,13 @@ class TurnRunner:
             if busy is not None:
                 live.busy.discard(busy)
 
+    def constraint(self, conversation: Conversation) -> Constraint | None:
+        """What the request forces the reply to be, in this session's tool format (None: nothing);
+        a request that cannot be constrained is refused here, before anything is recorded."""
+        return derive_constraint(self.replies.tools.name, conversation.tools, conversation.tool_choice,
+                                 parallel=conversation.parallel_tool_calls, output_format=conversation.output_format,
+                                 token_markers=self._token_markers, reasoning_open=self.replies.starts_in_reasoning)
+
     async def _begin(self, live: LiveSession, request: TurnRequest) -> tuple[PreparedTurn, int | None]:
         """The prepared turn, and the chain it keeps busy (marked busy here) if any.
 
@@ -248,6 +257,7 @@ class TurnRunner:
         The codec's caches are only ever missed, never corrupted, by a planning thread."""
         conversation = request.conversation
         self.codec.check_system_placement(conversation.messages)
+        constraint = self.constraint(conversation)
         request_no = live.take_request_no()
         digests, selection = self._select(live.state, conversation, live.busy)
         received = self._received(live, request, request_no,
@@ -261,10 +271,10 @@ class TurnRunner:
             new = conversation.messages if isinstance(selection, NewChain) else \
                 conversation.messages[selection.n_history:]
             if _text_size(new) < OFFLOAD_CHARS:
-                return self._prepare(live, request, selection, digests, received, request_no), busy
+                return self._prepare(live, request, selection, digests, received, request_no, constraint), busy
             async with self._offloaded:
                 return await asyncio.to_thread(self._prepare, live, request, selection, digests, received,
-                                               request_no), busy
+                                               request_no, constraint), busy
         except BaseException:
             if busy is not None:
                 live.busy.discard(busy)
@@ -302,7 +312,8 @@ class TurnRunner:
             return await asyncio.to_thread(count)
 
     def _prepare(self, live: LiveSession, request: TurnRequest, selection: Continue | Rollback | NewChain,
-                 digests: Sequence[str], received: RequestReceived, request_no: int) -> PreparedTurn:
+                 digests: Sequence[str], received: RequestReceived, request_no: int,
+                 constraint: Constraint | None = None) -> PreparedTurn:
         limit = self._settings.max_trajectory_length
         try:
             plan = self._plan(live.state, request.conversation, selection, digests, live.inputs)
@@ -317,7 +328,7 @@ class TurnRunner:
             return msgspec.structs.replace(prepared, refusal=(received, *closing))
         sampling = self._sampling(live.state, request.conversation, limit - len(plan.input_ids))
         generate = GenerateRequest(request_id=f"{live.state.session_id}:{request_no}", input_ids=plan.input_ids,
-                                   sampling=sampling)
+                                   sampling=sampling, constraint=constraint)
         return msgspec.structs.replace(prepared, generate=generate)
 
     async def commit(self, live: LiveSession, turn: PreparedTurn, result: GenerateResult,
@@ -336,7 +347,8 @@ class TurnRunner:
             rollback = [] if plan.rollback is None else [self._rolled_back(live, chain, request_no, plan.rollback)]
             events = [turn.received, *rollback, self._context(live, plan, chain, request_no),
                       self._tokens(live, chain, request_no, result),
-                      self._turn(live, chain, request_no, result, parsed, tip, plan.n_messages + 1)]
+                      self._turn(live, chain, request_no, result, parsed, tip, plan.n_messages + 1,
+                                 turn.generate.constraint if turn.generate is not None else None)]
             return events + ([self._closed(live, chain, request_no)] if full else [])
 
         events = await live.commit(self._log, draft)
@@ -429,11 +441,12 @@ class TurnRunner:
                                request_no=request_no, token_ids=tokens.pack_ids(result.token_ids), logprobs=logprobs)
 
     def _turn(self, live: LiveSession, chain: int, request_no: int, result: GenerateResult,
-              parsed: ParsedOutput, tip: str, n_messages: int) -> TurnCompleted:
+              parsed: ParsedOutput, tip: str, n_messages: int, constraint: Constraint | None) -> TurnCompleted:
         return TurnCompleted(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
                              request_no=request_no, finish_reason=result.finish_reason, text=parsed.content,
                              reasoning=parsed.reasoning, tool_calls=parsed.tool_calls, tip_digest=tip,
-                             n_messages=n_messages, weight_version=result.weight_version)
+                             n_messages=n_messages, weight_version=result.weight_version,
+                             constrained=constraint.label if constraint is not None else msgspec.UNSET)
 
     def _rolled_back(self, live: LiveSession, chain: int, request_no: int,
                      rollback: tuple[int, int]) -> TurnRolledBack:

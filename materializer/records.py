@@ -19,6 +19,9 @@ Options:
 A session's metadata may override both (:func:`materializer.metadata.record_options`);
 the marker records the options a session's records were derived with (:func:`rederive`).
 
+``constrained_turns``: the chain's turns (0-based) that were sampled under a constraint (a
+forced tool call or a JSON format): their log probs are the constrained distribution's.
+
 ``min_global_steps`` / ``max_global_steps`` span the weight versions of the chain's turns
 (``"3"``, or ``"3..4"`` for a turn sampled across a weight update: :func:`version_span`);
 without an integer version, both are the session's ``global_steps``.
@@ -177,4 +180,5 @@ def _record(state: SessionState, chain: ChainState, index: int, reward: RewardDe
         min_global_steps=low,
         max_global_steps=high,
         metadata=dict(state.metadata),
+        constrained_turns=tuple(i for i, turn in enumerate(chain.turns) if turn.constrained is not None),
     )

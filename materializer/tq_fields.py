@@ -10,9 +10,9 @@ Per trajectory key ``{uid}_{session_index}_{trajectory_index}``:
 - non-tensor fields: ``uid``, ``session_id`` (rollbus's session id), ``agent_name``,
   ``reward_extra_info``, ``extra_fields`` (``reward_extra_info`` where verl's replay
   buffer reads it, the reward and its source, the weight-version span, the
-  materialization reason, session and trajectory index) and, when the session was opened
-  with them, the task fields verl reads by name (``data_source``, ``reward_model``,
-  ``extra_info``, ``raw_prompt``, ``tools_kwargs``);
+  materialization reason, session and trajectory index, the turns sampled under a
+  constraint) and, when the session was opened with them, the task fields verl reads by
+  name (``data_source``, ``reward_model``, ``extra_info``, ``raw_prompt``, ``tools_kwargs``);
 - tags: ``status: success``, ``prompt_len``, ``response_len``, ``seq_len``, ``global_steps``,
   ``min_global_steps``, ``max_global_steps``, ``uid`` and ``materialization_reason``.
 
@@ -92,6 +92,7 @@ def extra_fields(record: TrajectoryRecord) -> dict[str, Any]:
         "materialization_reason": record.materialization_reason,
         "session_index": record.session_index,
         "trajectory_index": record.trajectory_index,
+        "constrained_turns": list(record.constrained_turns),
     }
 
 

@@ -132,6 +132,10 @@ class TurnCompleted(Event, tag="turn_completed", kw_only=True):
     tip_digest: str  # digest of the message history including this assistant reply
     n_messages: int
     weight_version: str | None = None
+    # Sampled under a constraint (edge.codec.constraint): its label, e.g. "tool:required", "tool:get_weather",
+    # "json_object", "json_schema:<name>"; its log probs are the constrained distribution's. UNSET (absent from
+    # the encoded event, so the events written before the field re-encode byte for byte): sampled free.
+    constrained: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class EngineFailed(Event, tag="engine_failed", kw_only=True):

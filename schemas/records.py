@@ -49,6 +49,9 @@ class TrajectoryRecord(msgspec.Struct, frozen=True, kw_only=True):
     min_global_steps: int = 0  # the weight versions the trajectory was sampled with (global_steps when unknown)
     max_global_steps: int = 0
     metadata: dict[str, Any] = {}  # the session's task metadata, as opened
+    # The turns (0-based, in the chain's order) sampled under a constraint (a forced tool call, a JSON format):
+    # their rollout_log_probs are the constrained distribution's, not the model's own.
+    constrained_turns: tuple[int, ...] = ()
 
     @property
     def prompt_len(self) -> int:
@@ -139,6 +142,8 @@ def record_digest(record: TrajectoryRecord) -> str:
     meta = [record.key, record.session_id, record.agent_name, record.status, record.global_steps,
             record.materialization_reason, record.num_turns, record.reward, record.reward_extra_info,
             record.reward_source, record.min_global_steps, record.max_global_steps, record.metadata]
+    if record.constrained_turns:  # only then: the digests of records from before it existed stay the same
+        meta.append(list(record.constrained_turns))
     h.update(msgspec.json.encode(meta, order="sorted"))
     return h.hexdigest()
 
@@ -186,6 +191,8 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("max_global_steps", pa.int64(), nullable=False),
         pa.field("metadata", pa.string(), nullable=False),  # JSON object: the session's task metadata
         pa.field("truncated", pa.bool_(), nullable=False),  # padded form only: cut to the padded lengths
+        # the turns sampled under a constraint (0-based); null in files written before the column existed
+        pa.field("constrained_turns", _ints()),
     ],
     metadata={"rollbus.schema": "trajectory/v1"},
 )
@@ -281,6 +288,7 @@ def records_to_table(records: list[TrajectoryRecord], padded: Mapping[str, Any] 
         "max_global_steps": pa.array([r.max_global_steps for r in records], pa.int64()),
         "metadata": pa.array([_json(r.metadata) for r in records], pa.string()),
         "truncated": pa.array(np.asarray(seq["truncated"], dtype=bool), pa.bool_()),
+        "constrained_turns": pa.array([list(r.constrained_turns) for r in records], _ints()),
     }
     schema = TRAJECTORY_SCHEMA
     if padding is not None:

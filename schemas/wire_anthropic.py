@@ -43,7 +43,7 @@ class ToolParam(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ToolChoice(msgspec.Struct, frozen=True, kw_only=True):
-    type: str  # "auto" | "none" served; "any" | "tool" refused
+    type: str  # "auto" | "none" | "any" | "tool" (with its name)
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
 

@@ -83,6 +83,7 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     time: float = 0.0  # when the turn completed
     first_segment: int = 0  # the chain's segments[first_segment:end_segment] are this turn's
     end_segment: int = 0
+    constrained: str | None = None  # sampled under this constraint (TurnCompleted.constrained)
 
 
 _TOKEN_IDS = attrgetter("token_ids")
@@ -335,6 +336,7 @@ def _turn(state: SessionState, e: TurnCompleted) -> SessionState:
         time=e.time,
         first_segment=chain.pending_segment,
         end_segment=len(chain.segments),
+        constrained=e.constrained or None,
     )
     chain = msgspec.structs.replace(
         chain,

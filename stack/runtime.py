@@ -210,7 +210,8 @@ def build_engine(options: StackOptions) -> Engine:
     spec = local_model(options.model)
     if spec is not None and options.tokenizer != spec.tokenizer:
         raise ValueError(f"the local model {spec.name} needs --tokenizer {spec.tokenizer} (got {options.tokenizer})")
-    return make_engine("local", model=options.model, decode=load_tokenizer(options.tokenizer).decode)
+    tokenizer = load_tokenizer(options.tokenizer)
+    return make_engine("local", model=options.model, decode=tokenizer.decode, tokenizer=tokenizer)
 
 
 def build_edge_service(settings: EdgeSettings, nc: Client, engine: Engine, *,

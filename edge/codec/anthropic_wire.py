@@ -18,16 +18,17 @@ the same tokens on either wire):
   content, its ``tool_use`` blocks its tool calls (``input`` as JSON text);
 - a ``tool_use`` block needs its ``id`` and ``name``, a ``tool_result`` its ``tool_use_id``
   (non-empty strings, as on Anthropic's API): without them, a 400 naming the block's field;
-- tools ``{name, description, input_schema}``; ``tool_choice`` ``auto`` / ``none``;
-  ``stop_sequences``, ``max_tokens`` (required), ``temperature``, ``top_p``, ``top_k``;
+- tools ``{name, description, input_schema}``; ``tool_choice`` ``auto`` / ``none`` / ``any`` /
+  ``{"type": "tool", "name"}`` (a tool the request defines, else a 400) with
+  ``disable_parallel_tool_use``: a forced choice is sampled under a constraint
+  (:mod:`edge.codec.constraint`); ``stop_sequences``, ``max_tokens`` (required), ``temperature``, ``top_p``, ``top_k``;
 - a ``count_tokens`` body is the same request without ``max_tokens`` (:func:`decode_count_request`).
 
 Refused with a 400 naming the field: images, documents and other block types,
-``redacted_thinking``, server tools, ``tool_choice`` ``any`` / ``tool``, a final
-assistant message (prefill), sampling values out of range and nesting past the bounds
-(:mod:`edge.codec.strict`). ``thinking`` (the request option), ``metadata``,
-``context_management`` and ``output_config`` are accepted and have no effect: whether the
-model reasons is the chat template's business.
+``redacted_thinking``, server tools, a final assistant message (prefill), sampling values
+out of range and nesting past the bounds (:mod:`edge.codec.strict`). ``thinking`` (the request
+option), ``metadata``, ``context_management`` and ``output_config`` are accepted and have no
+effect: whether the model reasons is the chat template's business.
 
 Agents resend the whole history on every request, so it is decoded lazily, as OpenAI's is:
 each message (and the system prompt) stays raw JSON, and is decoded, converted and hashed
@@ -52,7 +53,16 @@ import msgspec
 
 from edge.codec.adapter import TokenText, sse
 from edge.codec.cache import BoundedCache
-from edge.codec.conversation import Conversation, Message, SamplingOverrides, ToolSpec, TurnOutcome
+from edge.codec.conversation import (
+    Conversation,
+    Message,
+    NamedTool,
+    SamplingOverrides,
+    ToolChoice,
+    ToolSpec,
+    TurnOutcome,
+    checked_tool_choice,
+)
 from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFinished, StreamStarted, ToolCallReady
 from edge.codec.digest import decode_expanding_history, tools_digest
 from edge.codec.prefix import KnownPrefix, cut_holds, learn, skip_known
@@ -192,11 +202,23 @@ def _tool_specs(tools: Sequence[w.ToolParam]) -> tuple[ToolSpec, ...]:
     return tuple(ToolSpec(name=t.name, description=t.description, parameters=t.input_schema) for t in tools)
 
 
-def _tool_choice(req: w.MessagesRequest | w.LazyMessagesRequest) -> str:
+def _tool_choice(req: w.MessagesRequest | w.LazyMessagesRequest, tools: tuple[ToolSpec, ...]) -> ToolChoice:
+    """``auto`` (also when absent), ``none``, ``any`` (as ``required``) or ``tool`` with the name of
+    one of the tools."""
     choice = req.tool_choice
     if choice is None or choice.type in ("auto", "none"):
-        return choice.type if choice is not None else "auto"
-    raise MalformedRequest("tool_choice.type must be 'auto' or 'none'", param="tool_choice.type")
+        return choice.type if choice is not None else "auto"  # type: ignore[return-value]
+    if choice.type == "any":
+        return checked_tool_choice("required", tools, "tool_choice")
+    if choice.type != "tool":
+        raise MalformedRequest("tool_choice.type must be 'auto', 'none', 'any' or 'tool'", param="tool_choice.type")
+    if not choice.name:
+        raise MalformedRequest("a tool_choice of type 'tool' needs the tool's name", param="tool_choice.name")
+    return checked_tool_choice(NamedTool(name=choice.name), tools, "tool_choice.name")
+
+
+def _parallel(req: w.MessagesRequest | w.LazyMessagesRequest) -> bool:
+    return not (req.tool_choice is not None and req.tool_choice.disable_parallel_tool_use)
 
 
 def _sampling(req: w.MessagesRequest | w.LazyMessagesRequest) -> SamplingOverrides:
@@ -235,9 +257,11 @@ def decode_count_request(body: bytes) -> Conversation:
 
 def _decode_by_value(body: bytes) -> Conversation:
     req = decode_strict(body, w.MessagesRequest)
-    return Conversation(messages=_prompt_messages(req), tools=_tool_specs(req.tools or ()),
-                        tool_choice=_tool_choice(req),  # type: ignore[arg-type]
-                        sampling=_sampling(req), stream=req.stream, model=req.model)
+    messages = _prompt_messages(req)
+    tools = _tool_specs(req.tools or ())
+    return Conversation(messages=messages, tools=tools, tool_choice=_tool_choice(req, tools),
+                        parallel_tool_calls=_parallel(req), sampling=_sampling(req), stream=req.stream,
+                        model=req.model)
 
 
 _SYSTEM = -1  # the system prompt's index in the history (the key its decoding is remembered by)
@@ -313,7 +337,7 @@ def _decode_incrementally(body: bytes, known: KnownPrefix | None = None) -> Conv
     prefix, digest = learn(body, document, shift, known, req.messages, root=root, messages=messages,
                            digests=digests, tip=tip, extra=system)
     return Conversation(messages=messages, history_digests=digests, tools=tools,
-                        tool_choice=_tool_choice(req),  # type: ignore[arg-type]
+                        tool_choice=_tool_choice(req, tools), parallel_tool_calls=_parallel(req),
                         sampling=_sampling(req), stream=req.stream, model=req.model, body_digest=digest,
                         known=prefix)
 

@@ -2,8 +2,14 @@
 
 OpenAI Chat Completions and Anthropic Messages requests both become a list of
 :class:`Message` and a list of :class:`ToolSpec`; the rest of the edge never sees a
-wire shape. :func:`template_message` turns a message into the Hugging Face chat-template
-form (``{"role", "content", "tool_calls": [{"type": "function", "function": ...}]}``).
+wire shape. What a request forces the reply to be is wire-neutral too: :data:`ToolChoice`
+(``auto``, ``none``, ``required`` or a :class:`NamedTool`, checked against the tools by
+:func:`checked_tool_choice`), whether several calls may come at once
+(``parallel_tool_calls``), and an :class:`OutputFormat` (JSON, or JSON valid for a schema).
+:mod:`edge.codec.constraint` derives the engine's constraint from them.
+
+:func:`template_message` turns a message into the Hugging Face chat-template form
+(``{"role", "content", "tool_calls": [{"type": "function", "function": ...}]}``).
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ from typing import Any, Literal
 
 import msgspec
 
+from schemas.errors import MalformedRequest
 from schemas.events import ToolCall
+from schemas.values import check_free_form
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -21,6 +29,57 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+
+
+class NamedTool(msgspec.Struct, frozen=True, kw_only=True):
+    """A forced call of this tool (OpenAI ``{"type": "function", "function": {"name"}}``, Anthropic
+    ``{"type": "tool", "name"}``)."""
+
+    name: str
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedTool
+"""``required``: some tool must be called (Anthropic ``any``); a :class:`NamedTool`: that one."""
+
+
+class OutputFormat(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the reply's text must be: any JSON object (``json_object``), or JSON valid for ``schema``
+    (``json_schema``, with its ``name`` and ``strict`` as the agent sent them)."""
+
+    type: Literal["json_object", "json_schema"]
+    schema: dict[str, Any] | None = None
+    name: str | None = None
+    strict: bool | None = None
+
+
+def checked_tool_choice(choice: ToolChoice, tools: tuple[ToolSpec, ...], param: str) -> ToolChoice:
+    """``choice`` when the tools can satisfy it; a 400 naming ``param`` when it forces a call of a
+    tool the request does not define, or any call with no tools at all."""
+    if isinstance(choice, NamedTool):
+        if not any(tool.name == choice.name for tool in tools):
+            known = ", ".join(repr(tool.name) for tool in tools[:20]) or "none"
+            raise MalformedRequest(f"tool_choice names {choice.name!r}, which is not among the tools ({known})",
+                                   param=param)
+    elif choice == "required" and not tools:
+        raise MalformedRequest("tool_choice forces a tool call, but the request defines no tools", param=param)
+    return choice
+
+
+def checked_output_format(kind: str, schema: Any, name: str | None, strict: bool | None,
+                          param: str) -> OutputFormat | None:
+    """The wire's response format as an :class:`OutputFormat` (``text``: None); a 400 naming ``param``
+    for another type, or a ``json_schema`` without an object ``schema``."""
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return OutputFormat(type="json_object")
+    if kind != "json_schema":
+        raise MalformedRequest(f"response format type {kind!r} is not supported (text, json_object, json_schema)",
+                               param=f"{param}.type")
+    if not isinstance(schema, dict):
+        raise MalformedRequest("a json_schema response format needs its schema, a JSON object", param=param)
+    check_free_form(schema, f"{param}.schema", ints=False)
+    return OutputFormat(type="json_schema", schema=schema, name=name, strict=strict)
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,7 +106,9 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True):
 
     messages: tuple[Message, ...]
     tools: tuple[ToolSpec, ...] = ()
-    tool_choice: Literal["auto", "none"] = "auto"
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True  # False: at most one call a reply (what a forced choice admits)
+    output_format: OutputFormat | None = None  # None: free text
     sampling: SamplingOverrides = SamplingOverrides()
     stream: bool = False
     stream_usage: bool = False  # OpenAI stream_options.include_usage

@@ -1,9 +1,12 @@
 """OpenAI Chat Completions adapter: wire request -> :class:`Conversation`, outcome -> wire reply.
 
 Decoding is strict about types and explicit about what rollbus does not serve
-(``n > 1``, forced tool choice, non-text content parts, a ``response_format`` other than
-``{"type": "text"}``): those are 400s with the parameter named, never silently ignored, and
-so are sampling values out of range and nesting past the bounds (:mod:`edge.codec.strict`).
+(``n > 1``, non-text content parts): those are 400s with the parameter named, never silently
+ignored, and so are sampling values out of range and nesting past the bounds
+(:mod:`edge.codec.strict`). ``tool_choice`` ``required`` and ``{"type": "function",
+"function": {"name"}}`` (a tool the request defines; else a 400), ``parallel_tool_calls`` and
+``response_format`` ``json_object`` / ``json_schema`` are decoded into the conversation, and the
+turn is sampled under the constraint they imply (:mod:`edge.codec.constraint`).
 
 Streaming (``stream: true``) sends ``chat.completion.chunk`` events: the role, then
 ``reasoning_content`` and ``content`` deltas as they come, each tool call as a delta with
@@ -19,7 +22,18 @@ import msgspec
 
 from edge.codec.adapter import TokenText, sse
 from edge.codec.cache import BoundedCache
-from edge.codec.conversation import Conversation, Message, SamplingOverrides, ToolSpec, TurnOutcome
+from edge.codec.conversation import (
+    Conversation,
+    Message,
+    NamedTool,
+    OutputFormat,
+    SamplingOverrides,
+    ToolChoice,
+    ToolSpec,
+    TurnOutcome,
+    checked_output_format,
+    checked_tool_choice,
+)
 from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFinished, StreamStarted, ToolCallReady
 from edge.codec.digest import decode_history, tools_digest
 from edge.codec.prefix import KnownPrefix, cut_holds, learn, skip_known
@@ -85,18 +99,44 @@ def _message(index: int, m: MessageIn) -> Message:
     )
 
 
-def _tool_choice(req: LazyRequest) -> str:
+def _tool_choice(req: LazyRequest, tools: tuple[ToolSpec, ...]) -> ToolChoice:
+    """``auto`` (also when absent), ``none``, ``required``, or ``{"type": "function", "function":
+    {"name": ...}}`` naming one of the tools."""
     choice = req.tool_choice
     if choice is None or choice in ("auto", "none"):
-        return choice or "auto"
-    raise MalformedRequest("tool_choice must be 'auto' or 'none'", param="tool_choice")
+        return choice or "auto"  # type: ignore[return-value]
+    if choice == "required":
+        return checked_tool_choice("required", tools, "tool_choice")
+    if isinstance(choice, str):
+        raise MalformedRequest("tool_choice must be 'auto', 'none', 'required' or a named function",
+                               param="tool_choice")
+    name = (choice.function or {}).get("name")
+    if choice.type != "function" or not isinstance(name, str) or not name:
+        raise MalformedRequest('a named tool_choice is {"type": "function", "function": {"name": ...}}',
+                               param="tool_choice")
+    return checked_tool_choice(NamedTool(name=name), tools, "tool_choice")
 
 
-def _response_format(req: LazyRequest) -> None:
-    """Only plain text is served: ``{"type": "text"}`` (or none) changes nothing; anything else
-    (JSON mode, a JSON schema) would be silently unenforced, so it is refused."""
-    if req.response_format is not None and req.response_format != {"type": "text"}:
-        raise MalformedRequest('response_format is not supported (only {"type": "text"})', param="response_format")
+def _response_format(req: LazyRequest) -> OutputFormat | None:
+    """``text`` (or none), ``json_object``, or ``json_schema`` with ``json_schema: {"name", "schema",
+    "strict"}``; anything else is a 400."""
+    value = req.response_format
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise MalformedRequest('response_format is {"type": "text" | "json_object" | "json_schema", ...}',
+                               param="response_format")
+    if value["type"] not in ("text", "json_object", "json_schema"):
+        raise MalformedRequest(f"response_format type {value['type']!r} is not supported "
+                               "(text, json_object, json_schema)", param="response_format.type")
+    spec = value.get("json_schema")
+    if value["type"] == "json_schema" and not isinstance(spec, dict):
+        raise MalformedRequest("a json_schema response_format needs its json_schema object",
+                               param="response_format.json_schema")
+    spec = spec if isinstance(spec, dict) else {}
+    name, strict = spec.get("name"), spec.get("strict")
+    return checked_output_format(value["type"], spec.get("schema"), name if isinstance(name, str) else None,
+                                 strict if isinstance(strict, bool) else None, "response_format.json_schema")
 
 
 def _sampling(req: LazyRequest) -> SamplingOverrides:
@@ -182,14 +222,16 @@ def _decode(body: bytes, document: bytes, known: KnownPrefix | None, shift: int)
     else:
         new, new_digests = decode_history(known.tip, map(bytes, raws), _decoded_message, first_index=known.count)
         messages, digests = known.messages + new, known.digests + new_digests
-    _response_format(req)
+    output_format = _response_format(req)
     prefix, digest = learn(body, document, shift, known, raws, root=root, messages=messages, digests=digests,
                            tip=bytes.fromhex(digests[-1]))
     return Conversation(
         messages=messages,
         history_digests=digests,
         tools=tools,
-        tool_choice=_tool_choice(req),  # type: ignore[arg-type]
+        tool_choice=_tool_choice(req, tools),
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        output_format=output_format,
         sampling=_sampling(req),
         stream=req.stream,
         stream_usage=bool(req.stream and req.stream_options is not None and req.stream_options.include_usage),

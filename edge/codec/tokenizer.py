@@ -176,6 +176,16 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
 
+    def to_json(self) -> str:
+        """The ``tokenizer.json`` text of the vocabulary (what grammar libraries read)."""
+        return self._backend.to_str()
+
+    def is_added_token(self, text: str) -> bool:
+        """True when ``text`` is one added token of its own (Qwen's ``<tool_call>``), which grammar
+        libraries see as a token rather than as its characters."""
+        token_id = self._backend.token_to_id(text)
+        return token_id is not None and token_id in self._backend.get_added_tokens_decoder()
+
     def id_to_token(self, token_id: int) -> str | None:
         return self._backend.id_to_token(token_id)
 

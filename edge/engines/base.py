@@ -8,7 +8,7 @@ of :mod:`schemas.errors`; third-party errors are converted where they are met.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 import numpy as np
@@ -27,11 +27,26 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     stop_token_ids: tuple[int, ...] = ()
 
 
+class Constraint(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the sampled text must be, for the engine's constrained decoding
+    (:func:`edge.codec.constraint.derive_constraint` says how it is derived).
+
+    ``grammar`` is in llguidance's Lark syntax (``%json {...}`` for JSON-schema parts, ``<name>`` for
+    a marker that is one token of its own); ``json_schema`` is set when the whole text is one JSON
+    value, for engines with a JSON-schema parameter of their own. ``label`` names it in the log:
+    ``tool:required``, ``tool:<name>``, ``json_object``, ``json_schema`` (``json_schema:<name>``)."""
+
+    label: str
+    grammar: str
+    json_schema: dict[str, Any] | None = None
+
+
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str  # unique per engine call: "<session_id>:<request_no>"
     input_ids: Sequence[int]  # a list, or a numpy array of the chain's packed ids (see id_list)
     sampling: SamplingParams
     return_logprob: bool = True
+    constraint: Constraint | None = None  # sample only text the constraint admits
 
 
 class GenerateChunk(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,6 +21,11 @@ Sampling and log probs, per step, from the last position's float32 ``logits``:
   prob is ``log_softmax(z[S])[token]``: the renormalized distribution it was actually
   sampled from (with no filter, ``log_softmax(logits / temperature)[token]``).
 
+A request with a :class:`~edge.engines.base.Constraint` is decoded under it
+(:mod:`edge.engines.grammar`, llguidance; needs the engine's ``tokenizer``): before each step
+the tokens the grammar does not admit get ``-inf`` logits, so the token is drawn from (and its
+log prob is that of) the **constrained** distribution, renormalized over what the grammar admits.
+
 Each request is seeded from ``(seed, request_id)``, so the same request id replays the
 same tokens. Generation stops after a ``stop_token_ids`` token or the model's own EOS
 (as SGLang does without ``ignore_eos``; the random model has none), kept in the output,
@@ -38,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, SamplingParams, id_list
+from edge.engines.grammar import MISSING, GrammarTokenizer, TokenMatcher, constrain
 from edge.engines.models import build_tiny_qwen2, load_model
 from edge.engines.models import weight_version as model_version
 from schemas.errors import EngineError, EngineRefused
@@ -142,8 +148,14 @@ def request_seed(seed: int, request_id: str) -> int:
 class _Decoding:
     """One request's decoding state; every method runs on the engine's worker thread."""
 
-    def __init__(self, model: _Model, request: GenerateRequest, seed: int, decode: Decode | None) -> None:
+    def __init__(self, model: _Model, request: GenerateRequest, seed: int, decode: Decode | None,
+                 grammar: GrammarTokenizer | None = None) -> None:
         import torch
+
+        constraint = request.constraint
+        self._matcher: TokenMatcher | None = None
+        if constraint is not None and grammar is not None:
+            self._matcher = grammar.matcher(constraint.grammar)
 
         self._model, self._sampling, self._decode = model, request.sampling, decode
         self._stop_ids = frozenset(request.sampling.stop_token_ids) | model.eos_token_ids
@@ -159,7 +171,10 @@ class _Decoding:
         """Decode up to ``max_tokens`` more tokens; returns how many were added."""
         before = len(self.token_ids)
         while self.finish is None and len(self.token_ids) - before < max_tokens:
-            token, logprob = sample(self._logits, self._sampling, self._generator)
+            logits = self._logits if self._matcher is None else constrain(self._logits, self._matcher.allowed())
+            token, logprob = sample(logits, self._sampling, self._generator)
+            if self._matcher is not None:
+                self._matcher.consume(token)
             self.token_ids.append(token)
             self.logprobs.append(logprob)
             self.finish = self._finished(token)
@@ -190,7 +205,10 @@ class LocalEngine:
         chunk_tokens: int = 4,
         decode: Decode | None = None,
         weight_version: str | None = None,
+        tokenizer: Any = None,
     ) -> None:
+        """``tokenizer``: the session's (:class:`edge.codec.tokenizer.Tokenizer`), which constrained
+        decoding needs; without it a request with a constraint is refused."""
         import torch
 
         torch.set_num_threads(1)
@@ -199,6 +217,8 @@ class LocalEngine:
         self._chunk_tokens = max(1, chunk_tokens)
         self._decode = decode
         self.weight_version = weight_version or model_version(model, seed)
+        self._grammar = None if tokenizer is None else GrammarTokenizer(
+            tokenizer.to_json(), self._model.vocab_size, [*tokenizer.stop_token_ids, *self._model.eos_token_ids])
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollbus-local-engine")
 
     @property
@@ -218,7 +238,7 @@ class LocalEngine:
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk | GenerateResult]:
         self._check(request)
-        decoding = await self._run(_Decoding, self._model, request, self._seed, self._decode)
+        decoding = await self._run(_Decoding, self._model, request, self._seed, self._decode, self._grammar)
         while decoding.finish is None:
             start = len(decoding.token_ids)
             await self._run(decoding.advance, self._chunk_tokens)
@@ -238,6 +258,8 @@ class LocalEngine:
         if not 0 < len(request.input_ids) < self._model.context_length:
             raise EngineRefused(f"local engine refused the request: a prompt of {len(request.input_ids)} tokens "
                                 f"does not fit the model's context of {self._model.context_length}")
+        if request.constraint is not None and self._grammar is None:
+            raise EngineRefused(f"local engine refused the request: {MISSING}, and the engine its tokenizer")
         if request.sampling.stop and self._decode is None:
             raise EngineRefused("local engine refused the request: stop strings need the engine's decode option")
         if not all(0 <= token < self._model.vocab_size for token in request.input_ids):

@@ -13,6 +13,12 @@ Response (``TokenizerManager._handle_batch_output``)::
                    "prompt_tokens", "completion_tokens", "weight_version"?,
                    "output_token_logprobs"?: [[logprob, token_id, text_or_null], ...]}}
 
+A turn under a :class:`~edge.engines.base.Constraint` adds one of SGLang's constraint parameters to
+``sampling_params``: ``json_schema`` (the schema as JSON text) when the whole reply is one JSON
+value, which every grammar backend takes; else ``ebnf``, the grammar in llguidance's Lark
+dialect (JSON schemas inline as ``%json``), which needs the server started with
+``--grammar-backend llguidance`` (SGLang's default backend, xgrammar, refuses it).
+
 ``weight_version`` (the server's ``--weight-version``, updated with the weights) is kept
 on the turn's ``turn_completed`` event.
 
@@ -32,7 +38,7 @@ from __future__ import annotations
 
 import msgspec
 
-from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, id_list
+from edge.engines.base import Constraint, FinishReason, GenerateChunk, GenerateRequest, GenerateResult, id_list
 from edge.engines.http import Call, HttpEngine, new_items, refusal
 from edge.engines.pool import session_of
 from schemas.errors import EngineError, EngineRefused
@@ -86,6 +92,15 @@ class SGLangEngine(HttpEngine):
         return Call(f"{url}/abort_request", msgspec.json.encode({"rid": request_id}))
 
 
+def constraint_params(constraint: Constraint | None) -> dict[str, str]:
+    """SGLang's sampling parameter for the constraint: ``json_schema`` (text) or ``ebnf`` (see above)."""
+    if constraint is None:
+        return {}
+    if constraint.json_schema is not None:
+        return {"json_schema": msgspec.json.encode(constraint.json_schema).decode()}
+    return {"ebnf": constraint.grammar}
+
+
 def payload(request: GenerateRequest, *, stream: bool) -> bytes:
     sampling = request.sampling
     return msgspec.json.encode(
@@ -100,6 +115,7 @@ def payload(request: GenerateRequest, *, stream: bool) -> bytes:
                 "stop_token_ids": list(sampling.stop_token_ids),
                 "skip_special_tokens": False,
                 "no_stop_trim": True,
+                **constraint_params(request.constraint),
             },
             "return_logprob": request.return_logprob,
             "stream": stream,
@@ -176,4 +192,4 @@ def _finish_reason(finish: _FinishReason) -> FinishReason:
         raise EngineError(f"{LABEL} sent an unknown finish reason {finish.type!r}") from None
 
 
-__all__ = ["SGLangEngine", "payload"]
+__all__ = ["SGLangEngine", "constraint_params", "payload"]

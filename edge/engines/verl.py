@@ -31,6 +31,11 @@ weights of step 3, ``"3..4"`` for a partial rollout resumed across a weight upda
 ``min_global_steps`` 3, ``max_global_steps`` 4); the materializer reads both forms into a
 trajectory's ``min_global_steps`` / ``max_global_steps``.
 
+Constrained decoding: verl's client hands ``sampling_params`` to its servers as keyword arguments
+of their own sampling types, with no place for a grammar that works on both, so a turn under a
+:class:`~edge.engines.base.Constraint` (a forced tool call, a JSON format) is refused here as a 400
+(:class:`~schemas.errors.EngineRefused`) rather than sampled unconstrained.
+
 Failures (converted here, once): no answer within ``timeout`` is ``EngineTimeout``; a dead
 or unreachable server actor (Ray's ``RayActorError`` family, recognized by class name)
 or an empty load balancer is ``EngineUnavailable``; any other exception the client
@@ -76,6 +81,9 @@ class VerlEngine:
         self._timeout = timeout
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if request.constraint is not None:
+            raise EngineRefused(f"the verl engine cannot sample under a constraint ({request.constraint.label}): "
+                                "forced tool choice and JSON response formats need the sglang, vllm or local engine")
         try:
             output = await asyncio.wait_for(
                 self._client.generate(session_of(request.request_id), prompt_ids=id_list(request.input_ids),

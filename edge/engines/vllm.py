@@ -22,6 +22,12 @@ token), streamed the same way. With ``api="auto"`` (the default) a server whose
 switched to completions for good, and the request is re-sent there (nothing was
 generated).
 
+A turn under a :class:`~edge.engines.base.Constraint` adds vLLM's ``structured_outputs`` to the
+sampling parameters (both routes): ``{"json": schema}`` when the whole reply is one JSON value,
+else ``{"grammar": <Lark>}`` (llguidance's dialect, JSON schemas inline as ``%json``), which
+vLLM's default ``auto`` backend hands to its ``guidance`` backend (xgrammar cannot take it); a
+server started with ``--structured-outputs-config.backend xgrammar`` refuses it.
+
 ``stop`` and ``length`` stay distinct (vLLM's own finish reasons, passed through); verl's
 client folds both into ``completed``, rollbus does not.
 
@@ -39,7 +45,7 @@ from typing import Any, Literal
 import httpx
 import msgspec
 
-from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, GenerateResult, id_list
+from edge.engines.base import Constraint, FinishReason, GenerateChunk, GenerateRequest, GenerateResult, id_list
 from edge.engines.http import Call, HttpEngine, Refused, raise_for_status
 from schemas.errors import EngineError, EngineRefused
 
@@ -153,7 +159,16 @@ def _sampling(request: GenerateRequest) -> dict[str, Any]:
         params["top_k"] = sampling.top_k
     if request.return_logprob:
         params["logprobs"] = 0
+    if request.constraint is not None:
+        params["structured_outputs"] = structured_outputs(request.constraint)
     return params
+
+
+def structured_outputs(constraint: Constraint) -> dict[str, Any]:
+    """vLLM's ``StructuredOutputsParams`` for the constraint: ``json`` or ``grammar`` (see above)."""
+    if constraint.json_schema is not None:
+        return {"json": constraint.json_schema}
+    return {"grammar": constraint.grammar}
 
 
 def _generate_body(request: GenerateRequest, stream: bool) -> dict[str, Any]:
@@ -255,4 +270,4 @@ def _finish(reason: str) -> FinishReason:
         raise EngineError(f"{LABEL} finished with {reason!r}") from None
 
 
-__all__ = ["RouteMissing", "VLLMEngine"]
+__all__ = ["RouteMissing", "VLLMEngine", "structured_outputs"]

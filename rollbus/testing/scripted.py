@@ -12,6 +12,11 @@ the same port. A subclass renders one protocol's bodies:
 * :class:`rollbus.testing.scripted_vllm.ScriptedVLLMServer` speaks vLLM's
   ``/inference/v1/generate`` and ``/v1/completions``.
 
+Each request's constraint (SGLang's ``json_schema`` / ``ebnf`` / ``regex`` sampling parameters,
+vLLM's ``structured_outputs``) is recorded in :attr:`~ScriptedServer.constraints`; with a
+``checker`` (:func:`rollbus.testing.constraints.grammar_checker`) a scripted reply the constraint
+does not admit is refused (400), as a real engine could never have sampled it.
+
 Each generation takes the next queued reply, then honours the request's stop token ids
 (cut after the first one, finish ``"stop"``) and its token limit (truncate, finish
 ``"length"``). A reply's ``fault`` injects one failure; with nothing queued and no
@@ -74,6 +79,8 @@ class ScriptedReply(msgspec.Struct, frozen=True):
 
 
 Responder = Callable[[list[int], dict[str, Any]], ScriptedReply]
+Checker = Callable[[dict[str, Any], list[int]], str | None]
+"""(the request's constraint, the reply's token ids) -> why the constraint does not admit them, or None."""
 
 
 class Plan(msgspec.Struct, frozen=True):
@@ -122,16 +129,19 @@ class ScriptedServer:
 
     def __init__(
         self, replies: Iterable[ScriptedReply] | None = None, responder: Responder | None = None, chunk_size: int = 4,
-        keep_requests: int | None = None,
+        keep_requests: int | None = None, checker: Checker | None = None,
     ) -> None:
         """``keep_requests``: remember only the last so many requests in :attr:`requests` (a long
-        session's requests carry its whole context each)."""
+        session's requests carry its whole context each). ``checker``: refuse replies outside the
+        request's constraint."""
         self._replies: deque[ScriptedReply] = deque(replies or ())
         self._responder = responder
         self._chunk_size = max(1, chunk_size)
         self.requests: list[dict[str, Any]] | deque[dict[str, Any]] = \
             [] if keep_requests is None else deque(maxlen=keep_requests)
         self.served = 0  # requests received
+        self.constraints: list[dict[str, Any] | None] = []  # each request's constraint parameters (None: none)
+        self._checker = checker
         self.aborted: list[str] = []
         self.cancelled: list[str] = []  # request ids whose stream the client closed before its end
         self.healthy = True
@@ -165,6 +175,10 @@ class ScriptedServer:
         """The protocol's error object (``engine_error``, ``refused``)."""
         raise NotImplementedError
 
+    def _constraint(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The request's constraint parameters, as the protocol sends them (None: unconstrained)."""
+        raise NotImplementedError
+
     def _refusal(self, body: dict[str, Any], message: str) -> Response:
         """How the protocol refuses an input (``refused``): a 400 error body."""
         return JSONResponse(self._error(message, 400), 400)
@@ -187,6 +201,8 @@ class ScriptedServer:
     async def _generate(self, request: Request) -> Response:
         body = msgspec.json.decode(await request.body())
         self.requests.append(body)
+        constraint = self._constraint(body)
+        self.constraints.append(constraint)
         self.served += 1
         reply = self._next_reply(body)
         if reply is None:
@@ -198,6 +214,9 @@ class ScriptedServer:
         if reply.fault == "refused":
             return self._refusal(body, reply.error_message or "scripted: the input is refused")
         plan = make_plan(reply, *self._limits(body))
+        violation = self._checker(constraint, plan.ids) if self._checker and constraint else None
+        if violation is not None:
+            return self._refusal(body, f"scripted: the reply is outside the request's constraint: {violation}")
         if body.get("stream"):
             return StreamingResponse(self._sse(body, plan, reply), media_type="text/event-stream")
         return self._plain(self._event(body, plan, reply, (0, len(plan.ids)), True), reply)
@@ -302,9 +321,10 @@ class ScriptedEngineServer(ScriptedServer):
         *,
         incremental_streaming_output: bool = False,
         keep_requests: int | None = None,
+        checker: Checker | None = None,
     ) -> None:
         self._incremental = incremental_streaming_output
-        super().__init__(replies, responder, chunk_size, keep_requests)
+        super().__init__(replies, responder, chunk_size, keep_requests, checker)
 
     def _routes(self) -> list[Route]:
         return [Route("/generate", self._generate, methods=["POST", "PUT"]),
@@ -337,6 +357,11 @@ class ScriptedEngineServer(ScriptedServer):
 
     def _strip(self, event: dict[str, Any], *, streamed: bool) -> None:
         del event["meta_info" if streamed else "output_ids"]
+
+    def _constraint(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        sampling = body.get("sampling_params") or {}
+        found = {key: sampling[key] for key in ("json_schema", "ebnf", "regex") if key in sampling}
+        return found or None
 
     def _error(self, message: str | None = None, status: int = 500) -> dict[str, Any]:
         return {"error": {"message": message or "scripted engine error"}}  # SGLang answers a ValueError this way

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from rollbus.testing.scripted import Plan, Responder, ScriptedReply, ScriptedServer
+from rollbus.testing.scripted import Checker, Plan, Responder, ScriptedReply, ScriptedServer
 
 
 class ScriptedVLLMServer(ScriptedServer):
@@ -33,9 +33,10 @@ class ScriptedVLLMServer(ScriptedServer):
         chunk_size: int = 4,
         *,
         generate_route: bool = True,
+        checker: Checker | None = None,
     ) -> None:
         self.generate_route = generate_route
-        super().__init__(replies, responder, chunk_size)
+        super().__init__(replies, responder, chunk_size, checker=checker)
 
     def _routes(self) -> list[Route]:
         return [Route("/inference/v1/generate", self._tokens, methods=["POST"]),
@@ -75,6 +76,9 @@ class ScriptedVLLMServer(ScriptedServer):
 
     def _strip(self, event: dict[str, Any], *, streamed: bool) -> None:
         del event["choices"][0]["token_ids"]
+
+    def _constraint(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        return self._sampling(body).get("structured_outputs")
 
     def _error(self, message: str | None = None, status: int = 500) -> dict[str, Any]:
         kind = "BadRequestError" if status == 400 else "InternalServerError"

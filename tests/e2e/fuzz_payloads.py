@@ -235,7 +235,12 @@ OPENAI_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "n": st.sampled_from([1, 1, 1, 2]),
     "seed": st.integers(0, 2**31),
     "stream_options": st.builds(lambda u: {"include_usage": u}, st.booleans()),
-    "response_format": st.sampled_from([{"type": "text"}, {"type": "text"}, {"type": "json_object"}]),
+    "response_format": st.one_of(
+        st.sampled_from([{"type": "text"}, {"type": "text"}, {"type": "json_object"}, {"type": "json_schema"},
+                         {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}]),
+        st.builds(lambda schema, strict: {"type": "json_schema", "json_schema": {"name": "x", "schema": schema,
+                                                                                 "strict": strict}},
+                  st.one_of(st.just({"type": "object"}), clean_json), st.booleans())),
     "tool_choice": st.sampled_from(["auto", "none", "auto", "none", "required",
                                     {"type": "function", "function": {"name": "f"}}]),
     "parallel_tool_calls": st.booleans(),

@@ -111,7 +111,8 @@ BAD = [
     ({**GOOD, "max_tokens": 0}, "max_tokens"),
     ({**GOOD, "temperature": -1}, "temperature"),
     ({**GOOD, "messages": [{"role": "user", "content": [IMAGE]}]}, "messages[0].content[0].type"),
-    ({**GOOD, "tool_choice": {"type": "any"}}, "tool_choice.type"),
+    ({**GOOD, "tool_choice": {"type": "any"}}, "tool_choice: tool_choice forces a tool call"),  # no tools
+    ({**GOOD, "tool_choice": {"type": "some"}}, "tool_choice.type"),
     ({**GOOD, "tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools[0].type"),
     ({**GOOD, "messages": [*GOOD["messages"], {"role": "assistant", "content": "Sure"}]}, "prefill"),
 ]

@@ -271,10 +271,11 @@ OPENAI_REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"stop": "x" * 1025}, "stop"),
     ({"stop": ["a", "x" * 1025]}, "stop[1]"),
     ({"stop": ""}, "stop"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}},
+     "response_format.json_schema"),
     ({"response_format": "json"}, "response_format"),
-    ({"response_format": {"type": "text", "strict": True}}, "response_format"),
 ]
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 
+import msgspec
 import numpy as np
 import pytest
 
 from edge.engines import GenerateRequest, SamplingParams
+from edge.engines.base import Constraint
 from edge.engines.sglang import SGLangEngine
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply
 
@@ -92,3 +94,28 @@ async def test_url_for_names_the_sessions_server_once_placed(server, engine) -> 
     server.push(ScriptedReply([4]))
     await engine.generate(request())
     assert engine.url_for("ab12:7") == server.url
+
+
+GRAMMAR = Constraint(label="tool:required", grammar='start: "<tool_call>" %json {"type": "object"}')
+JSON_ONLY = Constraint(label="json_object", grammar='start: %json {"type": "object"}', json_schema={"type": "object"})
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_constraint_reaches_sglang_as_ebnf_or_json_schema(server, engine, streamed: bool) -> None:
+    for constraint in (GRAMMAR, JSON_ONLY):
+        server.push(ScriptedReply([4]))
+        req = msgspec.structs.replace(request(), constraint=constraint)
+        if streamed:
+            _ = [item async for item in engine.stream(req)]
+        else:
+            await engine.generate(req)
+    grammar, schema = server.constraints[-2:]
+    assert grammar == {"ebnf": GRAMMAR.grammar}
+    assert schema == {"json_schema": '{"type":"object"}'}  # SGLang takes the schema as JSON text
+    assert "ebnf" not in server.requests[-1]["sampling_params"]
+
+
+async def test_an_unconstrained_request_carries_no_constraint(server, engine) -> None:
+    server.push(ScriptedReply([4]))
+    await engine.generate(request())
+    assert server.constraints == [None]

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from edge.engines import GenerateRequest, SamplingParams
+from edge.engines.base import Constraint
 from edge.engines.vllm import VLLMEngine
 from rollbus.testing.scripted import ScriptedReply
 from rollbus.testing.scripted_vllm import ScriptedVLLMServer
@@ -131,3 +133,20 @@ async def test_an_unknown_finish_reason_is_an_error() -> None:
         with pytest.raises(EngineError, match="finished with 'error'"):
             await engine.generate(request())
         await engine.aclose()
+
+
+GRAMMAR = Constraint(label="tool:f", grammar='start: "<tool_call>" %json {"type": "object"}')
+JSON_ONLY = Constraint(label="json_schema:answer", grammar="start: %json {}", json_schema={"type": "integer"})
+
+
+@pytest.mark.parametrize("api", ["generate", "completions"])
+async def test_a_constraint_reaches_vllm_as_structured_outputs(server, api: str) -> None:
+    engine = VLLMEngine([server.url], api=api)  # type: ignore[arg-type]
+    server.push(ScriptedReply([4]), ScriptedReply([5]), ScriptedReply([6]))
+    await engine.generate(msgspec.structs.replace(request(), constraint=GRAMMAR))
+    _ = [item async for item in engine.stream(msgspec.structs.replace(request(), constraint=JSON_ONLY))]
+    await engine.generate(request())
+    await engine.aclose()
+    assert server.constraints == [{"grammar": GRAMMAR.grammar}, {"json": {"type": "integer"}}, None]
+    sampling = server.requests[0]["sampling_params"] if api == "generate" else server.requests[0]
+    assert sampling["structured_outputs"] == {"grammar": GRAMMAR.grammar}

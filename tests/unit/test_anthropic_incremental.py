@@ -201,7 +201,8 @@ BAD: list[tuple[str | None, list[dict[str, Any]], dict[str, Any]]] = [
     ("messages[1].content[0].type", [{"role": "user", "content": "a"}, {"role": "system", "content": [
         {"type": "tool_result", "tool_use_id": "t", "content": "r"}]}], {}),
     ("tools[1].type", session(3), {"tools": [TOOLS[0], {"name": "bash", "type": "bash_20250124"}]}),
-    ("tool_choice.type", session(3), {"tool_choice": {"type": "any"}}),
+    ("tool_choice.type", session(3), {"tool_choice": {"type": "every"}}),
+    ("tool_choice.name", session(3), {"tool_choice": {"type": "tool", "name": "not_a_tool"}}),
     ("top_p", session(3), {"top_p": 0}),
     ("max_tokens", session(3), {"max_tokens": 0}),
     ("max_tokens", session(3), {"max_tokens": 2**31}),

@@ -7,9 +7,11 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import pytest
 
 from edge.engines import Engine, GenerateChunk, GenerateRequest, GenerateResult, SamplingParams
+from edge.engines.base import Constraint
 from edge.engines.verl import VerlEngine
 from edge.http_errors import http_error
 from schemas.errors import EngineError, EngineRefused, EngineTimeout, EngineUnavailable
@@ -188,3 +190,11 @@ async def test_stream_yields_the_whole_generation_once() -> None:
     assert items == [GenerateChunk(token_ids=(5, 6), logprobs=(-0.1, -0.2)),
                      GenerateResult(token_ids=(5, 6), logprobs=(-0.1, -0.2), finish_reason="stop")]
     await engine.aclose()
+
+
+async def test_a_constrained_request_is_refused_not_sampled_free() -> None:
+    client = FakeLLMServerClient(TokenOutput([5], [-0.1], stop_reason="completed"))
+    constrained = msgspec.structs.replace(request(), constraint=Constraint(label="tool:required", grammar="start: x"))
+    with pytest.raises(EngineRefused, match=r"cannot sample under a constraint \(tool:required\)"):
+        await VerlEngine(client).generate(constrained)
+    assert client.calls == []

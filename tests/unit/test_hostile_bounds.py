@@ -134,11 +134,23 @@ def test_openai_max_tokens_zero_is_refused_not_read_as_unset() -> None:
     assert openai_wire.decode_request(_openai(stop="x", top_k=-1)).sampling.stop == ("x",)
 
 
-def test_openai_response_format_is_refused_unless_it_is_text() -> None:
-    assert openai_wire.decode_request(_openai(response_format={"type": "text"})).messages[0].content == "hi"
-    assert openai_wire.decode_request(_openai(response_format=None)).messages[0].content == "hi"
-    for bad in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {}}, "text", [], {}):
-        assert refused(openai_wire.decode_request, _openai(response_format=bad)).param == "response_format"
+def test_openai_response_format_is_text_or_json_and_anything_else_is_refused() -> None:
+    assert openai_wire.decode_request(_openai(response_format={"type": "text"})).output_format is None
+    assert openai_wire.decode_request(_openai(response_format=None)).output_format is None
+    assert openai_wire.decode_request(_openai(response_format={"type": "json_object"})).output_format.type == \
+        "json_object"
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    decoded = openai_wire.decode_request(_openai(response_format={"type": "json_schema", "json_schema": {
+        "name": "out", "schema": schema, "strict": True}})).output_format
+    assert (decoded.type, decoded.schema, decoded.name, decoded.strict) == ("json_schema", schema, "out", True)
+    for bad, param in (({"type": "json_schema", "json_schema": {}}, "response_format.json_schema"),
+                       ({"type": "json_schema"}, "response_format.json_schema"),
+                       ({"type": "xml"}, "response_format.type"), ("text", "response_format"),
+                       ([], "response_format"), ({}, "response_format")):
+        assert refused(openai_wire.decode_request, _openai(response_format=bad)).param == param
+    deep = {"type": "json_schema", "json_schema": {"name": "d", "schema": {"x": nested(MAX_DEPTH + 1)}}}
+    assert refused(openai_wire.decode_request, _openai(response_format=deep)).param == \
+        "response_format.json_schema.schema"
 
 
 def test_openai_deep_tool_parameters_and_arguments_are_refused_naming_them() -> None:

@@ -481,8 +481,10 @@ def test_other_malformed_openai_fields_are_refused_as_from_scratch():
     history = oa_turns()[0]
     known = _previous(openai_wire, oa_body(history))
     more = [*history, {"role": "assistant", "content": "ok"}]
-    for fields, param in (({"temperature": -1}, "temperature"), ({"n": 2}, "n"), ({"tool_choice": "required"},
+    for fields, param in (({"temperature": -1}, "temperature"), ({"n": 2}, "n"), ({"tool_choice": "some"},
                                                                                    "tool_choice"),
+                          ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+                          ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
                           ({"stream": "yes"}, None)):
         assert same_error(openai_wire, oa_body(more, **fields), known).param == param
     assert same_error(openai_wire, oa_body(more, tools=[{"function": {}}]), known).param == "tools"
@@ -536,7 +538,7 @@ def test_other_malformed_anthropic_requests_are_refused_as_from_scratch():
                 {"role": "user", "content": "go"}]
     assert same_error(anthropic_wire, an_body(redacted), known).param == "messages[1].content[0].type"
     more = [*history, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]
-    for fields, param in (({"temperature": -1}, "temperature"), ({"tool_choice": {"type": "any"}}, "tool_choice.type"),
+    for fields, param in (({"temperature": -1}, "temperature"), ({"tool_choice": {"type": "x"}}, "tool_choice.type"),
                           ({"top_p": 0}, "top_p")):
         assert same_error(anthropic_wire, an_body(more, **fields), known).param == param
     assert same_error(anthropic_wire, an_body(more, tools=[{"name": "b", "type": "bash_20250124"}]),

@@ -78,7 +78,9 @@ def test_a_user_message_of_empty_text_is_still_a_user_turn():
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
         {"type": "image", "source": {}}]}]}]}, "messages[0].content[0].content[0].type"),
     ({"messages": [{"role": "user", "content": "a"}], "tool_choice": {"type": "tool", "name": "calc"}},
-     "tool_choice.type"),
+     "tool_choice.name"),  # a tool the request does not define
+    ({"messages": [{"role": "user", "content": "a"}], "tool_choice": {"type": "any"}}, "tool_choice"),  # no tools
+    ({"messages": [{"role": "user", "content": "a"}], "tool_choice": {"type": "some"}}, "tool_choice.type"),
     ({"messages": [{"role": "user", "content": "a"}], "top_p": 0}, "top_p"),
 ])
 def test_unsupported_anthropic_input_is_refused_naming_the_field(body, param):

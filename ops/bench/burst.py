@@ -39,6 +39,7 @@ import psutil
 from edge.codec.tokenizer import load_tokenizer
 from eventlog.reader import load_state
 from materializer.records import derive_records
+from materializer.tq_fields import grouped
 from rollbus.testing.burst import ConsumerPeak, Driver, Outcome, nats_url, outcome, tool_responder, wait_marked
 from rollbus.testing.scripted import ScriptedEngineServer
 from schemas.log import LogConfig
@@ -122,8 +123,6 @@ def _host_transfer_queue() -> str:
 async def _bare_put(url: str, session_ids: list[str], partition: str) -> tuple[int, float]:
     """(records, seconds) of TransferQueue's own put of the step's records, fields built beforehand."""
     import transfer_queue as tq
-
-    from materializer.tq_fields import grouped
 
     client = await connect(url, name="bench-burst")
     js, cfg = client.jetstream(), LogConfig()

@@ -1,7 +1,8 @@
 """The edge's ASGI app, assembled in one place.
 
-The model routes (one per wire) are served by the thin :class:`ModelRoutes` front;
-admin, reward, health and metrics by FastAPI behind it. State lives on ``app.state``.
+The model routes (one per wire: OpenAI chat completions, Anthropic messages, OpenAI responses)
+are served by the thin :class:`ModelRoutes` front; admin, reward, health, metrics and stored
+responses (``GET .../v1/responses/{id}``) by FastAPI behind it. State lives on ``app.state``.
 
 Every error is answered in a wire's JSON error shape, FastAPI's own too (an unknown path, a
 method a route does not serve, a request it cannot validate, an unexpected failure): under
@@ -23,9 +24,11 @@ from starlette.exceptions import HTTPException
 from edge.codec import anthropic_wire, openai_wire
 from edge.codec.anthropic_wire import AnthropicWire
 from edge.codec.openai_wire import OpenAIWire
+from edge.codec.reasoning_refs import ReasoningRefs, stack_key
+from edge.codec.responses_wire import ResponsesWire
 from edge.http_errors import MethodNotAllowed, RouteNotFound, http_error
 from edge.metrics import Metrics
-from edge.routes import admin, reward
+from edge.routes import admin, responses, reward
 from edge.routes.model import ModelRoutes, is_anthropic_path
 from edge.routes.wire import ErrorEncoder, json_response
 from edge.service import EdgeService
@@ -101,6 +104,7 @@ def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True
     app.state.metrics = metrics if metrics is not None else getattr(service, "metrics", None) or Metrics()
     app.include_router(admin.router)
     app.include_router(reward.router)
+    app.include_router(responses.router)
 
     @app.get("/healthz")
     async def healthz() -> Response:
@@ -113,5 +117,7 @@ def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True
         body, content_type = app.state.metrics.render(request.headers.get("accept", ""))
         return Response(content=body, headers={"content-type": content_type})
 
-    adapters = {"v1/chat/completions": OpenAIWire(), "v1/messages": AnthropicWire()}
+    app.state.responses_wire = ResponsesWire(ReasoningRefs(stack_key(service.settings.admin_token)))
+    adapters = {"v1/chat/completions": OpenAIWire(), "v1/messages": AnthropicWire(),
+                "v1/responses": app.state.responses_wire}
     return ModelRoutes(app, service, app.state.metrics, adapters)

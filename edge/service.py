@@ -38,6 +38,7 @@ from edge.idempotency import RequestIdentity, identify, recorded_outcome, repeat
 from edge.live import LiveSession, Registry
 from edge.ownership import KvLeases
 from edge.settings import EdgeSettings
+from edge.stored import Stored, resolve
 from edge.streaming import Item, RecordedStream, TurnStream
 from edge.turns import Clock, TurnOutcome, TurnRequest, TurnRunner
 from eventlog.publisher import EventLog
@@ -48,6 +49,7 @@ from schemas.errors import (
     LogUnavailable,
     MalformedRequest,
     OwnershipLost,
+    ResponseNotFound,
     SessionClosed,
     Unauthorized,
 )
@@ -339,11 +341,12 @@ class EdgeService:
                           request: TurnRequest) -> tuple[LiveSession, RequestIdentity, TurnRequest]:
         """The authorized session, the request's identity, and the request carrying its body digest."""
         live = await self.authorized(session_id, api_key)
-        conversation = request.conversation
+        conversation = resolve(request.conversation, live.session_id, live.stored)
         if conversation.known is not None:  # what the session's next request on this wire is decoded against
             live.known[request.wire] = conversation.known
         identity = identify(request.body, request.idempotency_key, request.retry_count, conversation.body_digest)
-        return live, identity, msgspec.structs.replace(request, body_digest=identity.body_digest)
+        return live, identity, msgspec.structs.replace(request, conversation=conversation,
+                                                       body_digest=identity.body_digest)
 
     @staticmethod
     async def _recorded(live: LiveSession, identity: RequestIdentity) -> TurnOutcome | None:
@@ -352,6 +355,17 @@ class EdgeService:
         await live.inflight.settled(identity)
         earlier = repeated_request(live.state, identity)
         return recorded_outcome(live.state, earlier) if earlier is not None else None
+
+    async def stored_response(self, session_id: str, api_key: str | None,
+                              request_no: int) -> tuple[TurnOutcome, Stored]:
+        """The answer a stored response got, and what was stored with it (``GET .../responses/{id}``)."""
+        live = await self.authorized(session_id, api_key)
+        stored = live.stored.get(request_no)
+        outcome = recorded_outcome(live.state, request_no) if stored is not None else None
+        if stored is None or outcome is None:
+            raise ResponseNotFound(f"session {session_id} holds no stored response {request_no}",
+                                   param="response_id")
+        return outcome, stored
 
     def token_strings(self, token_ids: Sequence[int]) -> list[str]:
         """Each sampled token as text (for ``logprobs`` in replies)."""

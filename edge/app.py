@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from edge.codec import anthropic_wire, openai_wire
+from edge.codec.adapter import WireAdapter
 from edge.codec.anthropic_wire import AnthropicWire
 from edge.codec.openai_wire import OpenAIWire
 from edge.codec.reasoning_refs import ReasoningRefs, stack_key
@@ -118,6 +119,7 @@ def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True
         return Response(content=body, headers={"content-type": content_type})
 
     app.state.responses_wire = ResponsesWire(ReasoningRefs(stack_key(service.settings.admin_token)))
-    adapters = {"v1/chat/completions": OpenAIWire(), "v1/messages": AnthropicWire(),
-                "v1/responses": app.state.responses_wire}
+    adapters: dict[str, WireAdapter] = {"v1/chat/completions": OpenAIWire(), "v1/messages": AnthropicWire(),
+                                        "v1/responses": app.state.responses_wire}
+    service.decoders.update({adapter.name: adapter.decode for adapter in adapters.values()})
     return ModelRoutes(app, service, app.state.metrics, adapters)

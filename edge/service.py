@@ -25,7 +25,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -38,10 +38,11 @@ from edge.idempotency import RequestIdentity, identify, recorded_outcome, repeat
 from edge.live import LiveSession, Registry
 from edge.ownership import KvLeases
 from edge.settings import EdgeSettings
-from edge.stored import Stored, resolve
+from edge.stored import Decode, Stored, recover, resolve
 from edge.streaming import Item, RecordedStream, TurnStream
 from edge.turns import Clock, TurnOutcome, TurnRequest, TurnRunner
 from eventlog.publisher import EventLog
+from eventlog.reader import SessionLog
 from reward.intake import parse_reward_info
 from schemas.errors import (
     CapacityExceeded,
@@ -64,6 +65,7 @@ from session_projector.projections import UNAVAILABLE
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+Reader = Callable[[str], Awaitable[SessionLog]]
 
 
 class OpenSession(msgspec.Struct, frozen=True, kw_only=True):
@@ -234,9 +236,11 @@ _NO_CLAIM = _NoClaim()
 
 class EdgeService:
     def __init__(self, *, settings: EdgeSettings, registry: Registry, log: EventLog, turns: TurnRunner,
-                 clock: Clock = time.time, leases: KvLeases | None = None, index: SessionIndex | None = None) -> None:
+                 clock: Clock = time.time, leases: KvLeases | None = None, index: SessionIndex | None = None,
+                 reader: Reader | None = None) -> None:
         """``index``: the one-session-per-(uid, session_index) index (:class:`KvSessionIndex`; none in
-        in-memory unit tests, which then do not check the pair)."""
+        in-memory unit tests, which then do not check the pair). ``reader``: a session's events from the
+        log, for what the live state does not hold (stored conversations, :mod:`edge.stored`)."""
         self.settings = settings
         self._registry = registry
         self._log = log
@@ -244,6 +248,8 @@ class EdgeService:
         self._clock = clock
         self._leases = leases
         self._index = index
+        self._reader = reader
+        self.decoders: dict[str, Decode] = {}  # by wire: its adapter's decoding (the app registers them)
         self.metrics = turns.metrics  # the turns' registry: the edge's /metrics
         self.metrics.edge.sessions_open.set_function(registry.__len__)
 
@@ -341,6 +347,9 @@ class EdgeService:
                           request: TurnRequest) -> tuple[LiveSession, RequestIdentity, TurnRequest]:
         """The authorized session, the request's identity, and the request carrying its body digest."""
         live = await self.authorized(session_id, api_key)
+        continues = request.conversation.continues
+        if continues is not None and continues.session_id == live.session_id:
+            await self._stored(live, continues.request_no, request.wire)
         conversation = resolve(request.conversation, live.session_id, live.stored)
         if conversation.known is not None:  # what the session's next request on this wire is decoded against
             live.known[request.wire] = conversation.known
@@ -356,11 +365,26 @@ class EdgeService:
         earlier = repeated_request(live.state, identity)
         return recorded_outcome(live.state, earlier) if earlier is not None else None
 
-    async def stored_response(self, session_id: str, api_key: str | None,
-                              request_no: int) -> tuple[TurnOutcome, Stored]:
+    async def _stored(self, live: LiveSession, request_no: int, wire: str) -> Stored | None:
+        """The stored conversation of request ``request_no``: held, or rebuilt from the log (once)."""
+        stored = live.stored.get(request_no)
+        decode = self.decoders.get(wire)
+        if stored is not None or self._reader is None or decode is None or request_no in live.stored.unrecoverable \
+                or live.state.turn_of(request_no) is None:
+            return stored
+        session_log = await self._reader(live.session_id)
+        stored = recover(session_log.events, live.state, request_no, wire, decode)
+        if stored is None:
+            live.stored.unrecoverable.add(request_no)
+        else:
+            live.stored.keep(request_no, stored)
+        return stored
+
+    async def stored_response(self, session_id: str, api_key: str | None, request_no: int,
+                              wire: str = "responses") -> tuple[TurnOutcome, Stored]:
         """The answer a stored response got, and what was stored with it (``GET .../responses/{id}``)."""
         live = await self.authorized(session_id, api_key)
-        stored = live.stored.get(request_no)
+        stored = await self._stored(live, request_no, wire)
         outcome = recorded_outcome(live.state, request_no) if stored is not None else None
         if stored is None or outcome is None:
             raise ResponseNotFound(f"session {session_id} holds no stored response {request_no}",

@@ -12,10 +12,12 @@ default) leaves, on its live session, its conversation without the request's own
 that continues it starts with. Its history digests are kept with it, so that a continuation under
 the same tools and head costs no hashing of the history; the continued conversation's digests
 then say which chain it extends, exactly as if the agent had sent the history (token-exact: the
-chain goes on from its sampled tokens). A session keeps its last :data:`KEEP` stored
-conversations (agents continue the latest); an older one, another session's, an unknown one,
-or one the edge does not hold (it restarted, or took the session over: the conversations are in
-the log's request bodies, not in the fold) is a 404, and the agent can send the history instead.
+chain goes on from its sampled tokens). A live session keeps its last :data:`KEEP` stored
+conversations (agents continue the latest). One it does not hold (older, or stored before this
+edge restarted or took the session over) is rebuilt from the log (:func:`recover`): the request
+bodies the log keeps byte for byte, decoded again by their wire's adapter, each continuation resolved
+against the one it continued, and the replies from the fold. Another session's, an unknown one, or
+one not stored is a 404, and the agent can send the history instead.
 
 **Reasoning references** are resolved lazily, when a message holding one is rendered (a new
 chain's prompt, a rewritten turn): its reasoning is the text the fold holds for the turn it names,
@@ -26,15 +28,19 @@ reasoning it holds is already there as sampled tokens.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
 from edge.codec.conversation import Conversation, Message
 from edge.codec.digest import extend, prefix_digests, tools_digest
-from schemas.errors import MalformedRequest, ResponseNotFound
+from schemas.bodies import rebuild
+from schemas.errors import MalformedRequest, ResponseNotFound, RollbusError
+from schemas.events import RequestReceived
 from session.fold import SessionState
+
+Decode = Callable[[bytes], Conversation]  # a wire adapter's request decoding
 
 KEEP = 16  # stored conversations a live session keeps (the latest)
 
@@ -53,6 +59,7 @@ class StoredConversations:
     def __init__(self, keep: int = KEEP) -> None:
         self._keep = keep
         self._stored: OrderedDict[int, Stored] = OrderedDict()
+        self.unrecoverable: set[int] = set()  # request numbers the log was read for in vain
 
     def __len__(self) -> int:
         return len(self._stored)
@@ -66,9 +73,13 @@ class StoredConversations:
         head = conversation.messages[: conversation.head]
         digests = conversation.history_digests or tuple(
             map(bytes.hex, prefix_digests(tools_digest(conversation.tools), conversation.messages)))
-        self._stored[request_no] = Stored(messages=(*conversation.messages[conversation.head:], reply), head=head,
-                                          root=tools_digest(conversation.tools), digests=(*digests, tip),
-                                          options=conversation.options)
+        self.keep(request_no, Stored(messages=(*conversation.messages[conversation.head:], reply), head=head,
+                                     root=tools_digest(conversation.tools), digests=(*digests, tip),
+                                     options=conversation.options))
+
+    def keep(self, request_no: int, stored: Stored) -> None:
+        self._stored[request_no] = stored
+        self._stored.move_to_end(request_no)
         while len(self._stored) > self._keep:
             self._stored.popitem(last=False)
 
@@ -87,9 +98,8 @@ def resolve(conversation: Conversation, session_id: str, stored: StoredConversat
     found = stored.get(continues.request_no)
     if found is None:
         raise ResponseNotFound(
-            f"session {session_id} holds no stored response {continues.request_no} (it may be unknown, not "
-            f"stored, older than the last {KEEP}, or stored before this edge took the session over): "
-            "send the history instead", param="previous_response_id")
+            f"session {session_id} holds no stored response {continues.request_no} (unknown, not completed, or "
+            "sent with store: false): send the history instead", param="previous_response_id")
     return _continued(conversation, found)
 
 
@@ -105,6 +115,38 @@ def _continued(conversation: Conversation, found: Stored) -> Conversation:
         current = extend(current, message)
         digests.append(current.hex())
     return msgspec.structs.replace(conversation, messages=head + found.messages + new, history_digests=tuple(digests))
+
+
+def recover(events: Sequence[object], state: SessionState, request_no: int, wire: str, decode: Decode) -> Stored | None:
+    """The stored conversation of request ``request_no``, rebuilt from the session's log (``events``)
+    and fold state; None when it was not a stored one of ``wire`` that completed its turn."""
+    bodies = rebuild(events)
+    wires = {e.request_no: e.wire for e in events if type(e) is RequestReceived}
+    decoded: dict[int, Conversation] = {}
+    wanted = request_no
+    while True:  # back along its continuations, to one that sent its whole history
+        if wires.get(wanted) != wire or state.turn_of(wanted) is None or wanted in decoded:
+            return None
+        try:
+            conversation = decode(bodies.body(wanted))
+        except (RollbusError, KeyError):  # refused now (the stack's key changed), or a body not whole
+            return None
+        if not conversation.store:
+            return None
+        decoded[wanted] = conversation
+        if conversation.continues is None:
+            break
+        if conversation.continues.session_id != state.session_id or conversation.continues.request_no >= wanted:
+            return None
+        wanted = conversation.continues.request_no
+    store = StoredConversations(keep=len(decoded))
+    for number in sorted(decoded):  # forward again: each resolved against the one it continued
+        resolved = resolve(decoded[number], state.session_id, store)
+        _, turn = state.turn_of(number)  # type: ignore[misc]
+        reply = Message(role="assistant", content=turn.text, tool_calls=turn.tool_calls)
+        tip = extend(bytes.fromhex(resolved.history_digests[-1]), reply).hex()
+        store.put(number, resolved, msgspec.structs.replace(reply, reasoning=turn.reasoning), tip)
+    return store.get(request_no)
 
 
 def with_reasoning(state: SessionState, messages: Sequence[Message]) -> Sequence[Message]:

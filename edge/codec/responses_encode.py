@@ -90,8 +90,8 @@ def text_logprobs(outcome: TurnOutcome, options: ResponsesOptions, token_text: T
 def function_call(call: ToolCall, options: ResponsesOptions, item_id: str,
                   status: str = "completed") -> w.FunctionCallOut:
     namespace, name = options.namespaced.get(call.name, (None, call.name))
-    return w.FunctionCallOut(type="function_call", id=item_id, call_id=call.id, name=name, arguments=call.arguments, status=status,
-                             namespace=namespace)
+    return w.FunctionCallOut(type="function_call", id=item_id, call_id=call.id, name=name, arguments=call.arguments,
+                             status=status, namespace=namespace)
 
 
 def output_items(outcome: TurnOutcome, options: ResponsesOptions, refs: ReasoningRefs,

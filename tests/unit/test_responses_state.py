@@ -21,7 +21,7 @@ from edge.service import EdgeService, OpenSession
 from edge.settings import EdgeSettings
 from edge.stored import KEEP, with_reasoning
 from rollbus.testing.engine import HandlerEngine, replying
-from rollbus.testing.memory_log import in_memory_service
+from rollbus.testing.memory_log import InMemoryLog, in_memory_service
 
 IM_END = 151645
 TOOLS = [{"type": "function", "name": "calc", "description": "Evaluate.",
@@ -36,27 +36,29 @@ def codec() -> Any:
 
 
 class Edge:
-    def __init__(self, codec: Any, replies: list[str]) -> None:
+    def __init__(self, codec: Any, replies: list[str], log: InMemoryLog | None = None) -> None:
         ids = [[*codec[0].tokenizer.encode(text), IM_END] for text in replies]
         self.engine = HandlerEngine(replying(*ids))
-        self.service: EdgeService = in_memory_service(self.engine, codec=codec,
+        self.service: EdgeService = in_memory_service(self.engine, codec=codec, log=log,
                                                       settings=EdgeSettings(admin_token=ADMIN))
         self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(self.service)),
                                       base_url="http://edge")
 
     async def client(self) -> tuple[str, AsyncOpenAI]:
         opened = await self.service.open_session(OpenSession())
-        base = f"http://edge/sessions/{opened.session_id}/v1"
-        return opened.session_id, AsyncOpenAI(base_url=base, api_key=opened.api_key, http_client=self.http,
-                                              max_retries=0)
+        return opened.session_id, self.client_of(opened.session_id, opened.api_key)
+
+    def client_of(self, session_id: str, key: str) -> AsyncOpenAI:
+        return AsyncOpenAI(base_url=f"http://edge/sessions/{session_id}/v1", api_key=key, http_client=self.http,
+                           max_retries=0)
 
 
 @pytest.fixture
 async def make_edge(codec: Any) -> AsyncIterator[Any]:
     edges: list[Edge] = []
 
-    def make(*replies: str) -> Edge:
-        edges.append(Edge(codec, list(replies)))
+    def make(*replies: str, log: InMemoryLog | None = None) -> Edge:
+        edges.append(Edge(codec, list(replies), log))
         return edges[-1]
 
     yield make
@@ -148,11 +150,37 @@ async def test_reasoning_references_render_the_sampled_reasoning(make_edge):
     assert second.output[0].encrypted_content == ReasoningRefs(stack_key(ADMIN)).issue(sid, 2)
 
 
-async def test_a_session_keeps_its_latest_stored_conversations(make_edge):
-    edge = make_edge(*["ok"] * (KEEP + 1))
+async def test_a_session_keeps_its_latest_stored_conversations_and_rebuilds_older_ones_from_the_log(make_edge):
+    edge = make_edge(*["ok"] * (KEEP + 2))
     sid, client = await edge.client()
     ids = [(await client.responses.create(model="m", input=f"q{i}")).id for i in range(KEEP + 1)]
-    with pytest.raises(openai.NotFoundError, match="older than the last"):
-        await client.responses.create(model="m", input="more", previous_response_id=ids[0])
-    assert (await client.responses.retrieve(ids[-1])).id == ids[-1]
-    assert len(edge.service.registry.peek(sid).stored) == KEEP
+    stored = edge.service.registry.peek(sid).stored
+    assert len(stored) == KEEP and stored.get(1) is None
+    await client.responses.create(model="m", input="more", previous_response_id=ids[0])
+    first = list(edge.engine.requests[0].input_ids)
+    assert list(edge.engine.requests[-1].input_ids[:len(first)]) == first  # the first chain, continued
+    assert len(stored) == KEEP and stored.get(1) is not None
+
+
+async def test_a_restarted_edge_rebuilds_a_stored_conversation_from_the_log(make_edge):
+    log = InMemoryLog()
+    before = make_edge(CALL, "x", CALL, log=log)
+    sid, client = await before.client()
+    first = await client.responses.create(model="m", instructions="Be exact.", input="6*7?", tools=TOOLS)
+    second = await client.responses.create(model="m", instructions="Be exact.", previous_response_id=first.id,
+                                           input=[output_of("call_1_0"), {"role": "user", "content": "and?"}],
+                                           tools=TOOLS)
+    unstored = await client.responses.create(model="m", input="hi", tools=TOOLS, store=False)
+    after = make_edge("It is 42.", log=log)  # another edge on the same log: it holds nothing of the session
+    again = after.client_of(sid, client.api_key)
+    assert (await again.responses.retrieve(second.id)).model_dump() == second.model_dump()
+    third = await again.responses.create(model="m", instructions="Be exact.", previous_response_id=second.id,
+                                         input=[output_of("call_3_0")], tools=TOOLS)
+    assert third.output_text == "It is 42."
+    state = after.service.registry.peek(sid).state
+    assert [len(chain.turns) for chain in state.chains] == [3, 1]  # the first chain, continued after the restart
+    earlier = list(before.engine.requests[1].input_ids)
+    assert list(after.engine.requests[0].input_ids[:len(earlier)]) == earlier
+    with pytest.raises(openai.NotFoundError):
+        await again.responses.create(model="m", input="more", previous_response_id=unstored.id)
+    assert after.service.registry.peek(sid).stored.unrecoverable == {3}

@@ -118,8 +118,10 @@ def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True
         body, content_type = app.state.metrics.render(request.headers.get("accept", ""))
         return Response(content=body, headers={"content-type": content_type})
 
-    app.state.responses_wire = ResponsesWire(ReasoningRefs(stack_key(service.settings.admin_token)))
+    settings = getattr(service, "settings", None)  # (tests may serve routes without a service)
+    app.state.responses_wire = ResponsesWire(ReasoningRefs(stack_key(settings.admin_token if settings else "")))
     adapters: dict[str, WireAdapter] = {"v1/chat/completions": OpenAIWire(), "v1/messages": AnthropicWire(),
                                         "v1/responses": app.state.responses_wire}
-    service.decoders.update({adapter.name: adapter.decode for adapter in adapters.values()})
+    if hasattr(service, "decoders"):
+        service.decoders.update({adapter.name: adapter.decode for adapter in adapters.values()})
     return ModelRoutes(app, service, app.state.metrics, adapters)

@@ -224,15 +224,8 @@ class ResponseObject(msgspec.Struct, frozen=True, kw_only=True):
     service_tier: str | None = None
 
 
-# --- stream events (the text deltas are written from byte templates: edge.codec.responses_stream) -----
-
-
-class ResponseEvent(msgspec.Struct, frozen=True, kw_only=True):
-    """``response.created`` / ``.in_progress`` / ``.completed`` / ``.incomplete`` / ``.failed``."""
-
-    type: str
-    response: ResponseObject
-    sequence_number: int
+# --- stream events (text deltas and lifecycle events are written from byte templates:
+# edge.codec.responses_stream) -------------------------------------------------------------------
 
 
 class ItemEvent(msgspec.Struct, frozen=True, kw_only=True):

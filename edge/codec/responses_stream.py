@@ -68,8 +68,11 @@ class ResponsesStream:
         self._seq += 1
         return self._seq
 
-    def _lifecycle(self, kind: str, response: w.ResponseObject) -> bytes:
-        return _event(kind, w.ResponseEvent(type=kind, response=response, sequence_number=self._next()))
+    def _lifecycle(self, kind: str, response: bytes) -> bytes:
+        """``response.created``, ``.in_progress``, ``.completed``, ...: ``response`` is the encoded response."""
+        name = kind.encode()
+        return b"".join((b"event: ", name, b'\ndata: {"type":"', name, b'","response":', response,
+                         b',"sequence_number":', str(self._next()).encode(), b"}\n\n"))
 
     def _item(self, kind: str, item: object) -> bytes:
         return _event(kind, w.ItemEvent(type=kind, output_index=self._index, item=item, sequence_number=self._next()))
@@ -97,7 +100,7 @@ class ResponsesStream:
 
     def _started(self, event: StreamStarted) -> bytes:
         self._session, self._request_no, self._created = event.session_id, event.request_no, event.created
-        response = response_object(self._session, self._request_no, self._created, self._options)
+        response = _encoder.encode(response_object(self._session, self._request_no, self._created, self._options))
         return self._lifecycle("response.created", response) + self._lifecycle("response.in_progress", response)
 
     def _ids(self) -> tuple[str, str, str]:
@@ -184,10 +187,10 @@ class ResponsesStream:
         if not self._message and not outcome.tool_calls:  # the plain answer's (empty) message
             out += self._open_message() + self._close(status)
         response = finished(outcome, self._options, self._refs, self._token_text)
-        return out + self._lifecycle(f"response.{status}", response)
+        return out + self._lifecycle(f"response.{status}", _encoder.encode(response))
 
     def error(self, exc: RollbusError) -> bytes:
         failure = w.ResponseError(code=http_error(exc).code, message=exc.message)
         response = response_object(self._session, self._request_no, self._created, self._options, status="failed",
                                    error=failure)
-        return self._lifecycle("response.failed", response)
+        return self._lifecycle("response.failed", _encoder.encode(response))

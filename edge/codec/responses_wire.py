@@ -51,11 +51,12 @@ from schemas.errors import MalformedRequest, ResponseNotFound, RollbusError
 _RESPONSE_ID = re.compile(r"resp_([0-9a-z]{16,64})_([1-9][0-9]{0,9})")
 
 
-def parse_response_id(text: str) -> Continuation:
+def parse_response_id(text: str, param: str = "previous_response_id") -> Continuation:
+    """The session and request number a response id names (a 404 naming ``param`` when it names none)."""
     match = _RESPONSE_ID.fullmatch(text) if len(text) < 100 else None
     if match is None:
         raise ResponseNotFound(f"no response {text[:100]!r}: rollbus response ids are resp_<session id>_<n>",
-                               param="previous_response_id")
+                               param=param)
     return Continuation(match[1], int(match[2]))
 
 

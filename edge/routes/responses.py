@@ -19,7 +19,7 @@ router = APIRouter(route_class=wire_route(encode_error))
 async def get_response(session_id: str, response_id: str, request: Request) -> Response:
     service: EdgeService = request.app.state.service
     wire: ResponsesWire = request.app.state.responses_wire
-    named = parse_response_id(response_id)
+    named = parse_response_id(response_id, "response_id")
     if named.session_id != session_id:
         raise ResponseNotFound(f"response {response_id} is not one of session {session_id}'s", param="response_id")
     outcome, stored = await service.stored_response(session_id, bearer(request.headers), named.request_no)

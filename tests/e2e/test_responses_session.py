@@ -15,6 +15,7 @@ import pytest
 from openai import OpenAI
 
 from tests.e2e import scenario
+from tests.e2e.test_hostile_input import openai_error
 from tests.e2e.test_openai_session import TOOLS, open_session
 
 RESPONSES_TOOLS = [{"type": "function", **tool["function"], "strict": False} for tool in TOOLS]
@@ -127,3 +128,29 @@ def test_a_stored_response_is_retrieved_and_ids_of_another_session_are_refused(s
     with pytest.raises(openai.BadRequestError, match="not issued by this rollbus stack"):
         other.responses.create(model="m", input=[{"role": "user", "content": "hi"}, forged])
     assert len(engine.requests) == 2  # nothing refused reached the engine
+
+
+def test_hostile_input_on_the_responses_routes_gets_openai_shaped_4xx(stack, engine, tokenizer):
+    session = open_session(stack)
+    url, auth = f"{session['base_url']}/responses", {"Authorization": f"Bearer {session['api_key']}"}
+    deep = b"[" * 1000 + b"]" * 1000
+    cases = [
+        (httpx.post(url, content=b'{"model": "m", "input": ' + deep + b"}", headers=auth), 400, None),
+        (httpx.post(url, content=b'{"model": "m", "input": [' + deep + b"]}", headers=auth), 400, None),
+        (httpx.post(url, content=b'{"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": {"a": '
+                    + b"[" * 70 + b"]" * 70 + b"}}]}", headers=auth), 400, "tools[0].parameters"),
+        (httpx.post(url, json={"model": "m", "input": "hi", "max_output_tokens": 2**64}, headers=auth), 400, None),
+        (httpx.post(url, json={"model": "m", "input": [{"role": "user", "content": "hi"}, {
+            "type": "function_call", "call_id": "c", "name": "f", "arguments": "[" * 500 + "]" * 500}]}, headers=auth),
+         400, "input[1].arguments"),
+        (httpx.post(url, json={"model": "m", "input": "hi"}), 401, None),
+        (httpx.get(url, headers=auth), 405, None),
+        (httpx.get(f"{url}/resp_nope", headers=auth), 404, "response_id"),
+        (httpx.get(f"{url}/resp_{session['session_id']}_1", headers=auth), 404, "response_id"),
+        (httpx.get(f"{url}/resp_{session['session_id']}_1"), 401, None),
+        (httpx.delete(f"{url}/resp_{session['session_id']}_1", headers=auth), 405, None),
+    ]
+    for response, status, param in cases:
+        error = openai_error(response, status, param)
+        assert error["message"], response.text
+    assert engine.requests == []

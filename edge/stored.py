@@ -42,7 +42,7 @@ from session.fold import SessionState
 
 Decode = Callable[[bytes], Conversation]  # a wire adapter's request decoding
 
-KEEP = 16  # stored conversations a live session keeps (the latest)
+KEEP = 4  # stored conversations a live session keeps (the latest; older ones are rebuilt from the log)
 
 
 class Stored(msgspec.Struct, frozen=True, kw_only=True):

@@ -223,6 +223,7 @@ class ToolSet(msgspec.Struct, frozen=True):
     specs: tuple[ToolSpec, ...]  # what the model is shown
     namespaced: dict[str, tuple[str, str]]  # "<namespace>.<name>" -> (namespace, name)
     unserved: frozenset[str]  # types (and names) of the tools left out of the prompt
+    echo: msgspec.Raw = msgspec.Raw(b"[]")  # the tools as sent, for answers (its own bytes, not the body's)
 
 
 def _function(tool: ToolParam, where: str, namespace: ToolParam | None = None) -> ToolSpec:
@@ -278,5 +279,5 @@ def cached_tools(raw: bytes) -> ToolSet:
             raise MalformedRequest(f"invalid request: {exc} (in tools)", param="tools") from exc
         except RecursionError:
             raise MalformedRequest(f"{TOO_DEEP} (in tools)", param="tools") from None
-        tools = _TOOLS.put(raw, tool_set(defs or []), 2 * len(raw))
+        tools = _TOOLS.put(raw, msgspec.structs.replace(tool_set(defs or []), echo=msgspec.Raw(raw)), 3 * len(raw))
     return tools

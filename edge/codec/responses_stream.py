@@ -63,6 +63,7 @@ class ResponsesStream:
         self._texts: list[str] = []  # the open item's text so far
         self._head = self._mid = b""  # the open item's delta event: head + text + mid + sequence number + "}"
         self._message = False  # a message item went out
+        self._ids = ("", "", "")  # the reasoning item's, the message's, the calls' (with _<index>)
 
     def _next(self) -> int:
         self._seq += 1
@@ -100,17 +101,15 @@ class ResponsesStream:
 
     def _started(self, event: StreamStarted) -> bytes:
         self._session, self._request_no, self._created = event.session_id, event.request_no, event.created
+        self._ids = item_ids(self._session, self._request_no)
         response = _encoder.encode(response_object(self._session, self._request_no, self._created, self._options))
         return self._lifecycle("response.created", response) + self._lifecycle("response.in_progress", response)
-
-    def _ids(self) -> tuple[str, str, str]:
-        return item_ids(self._session, self._request_no)
 
     def _open_reasoning(self) -> bytes:
         out = self._close()
         self._index += 1
         self._open, self._texts = "reasoning", []
-        item_id = self._ids()[0]
+        item_id = self._ids[0]
         out += self._item("response.output_item.added", w.ReasoningOut(id=item_id, summary=[], content=[],
                                                                       status="in_progress"))
         if self._options.summary:
@@ -126,7 +125,7 @@ class ResponsesStream:
         out = self._close()
         self._index += 1
         self._open, self._texts, self._message = "message", [], True
-        item_id = self._ids()[1]
+        item_id = self._ids[1]
         out += self._item("response.output_item.added", w.OutputMessage(id=item_id, status="in_progress", content=[]))
         out += _event("response.content_part.added", w.ContentPartEvent(
             type="response.content_part.added", item_id=item_id, output_index=self._index, content_index=0,
@@ -142,7 +141,7 @@ class ResponsesStream:
         return self._close_reasoning(text, status) if kind == "reasoning" else self._close_message(text, status)
 
     def _close_reasoning(self, text: str, status: str) -> bytes:
-        item_id, index = self._ids()[0], self._index
+        item_id, index = self._ids[0], self._index
         if self._options.summary:
             out = _event("response.reasoning_summary_text.done", w.SummaryTextDoneEvent(
                 item_id=item_id, output_index=index, summary_index=0, text=text, sequence_number=self._next()))
@@ -157,7 +156,7 @@ class ResponsesStream:
         return out + self._item("response.output_item.done", item)
 
     def _close_message(self, text: str, status: str) -> bytes:
-        item_id, index = self._ids()[1], self._index
+        item_id, index = self._ids[1], self._index
         part = w.OutputText(text=text)
         out = _event("response.output_text.done", w.TextDoneEvent(
             type="response.output_text.done", item_id=item_id, output_index=index, content_index=0, text=text,
@@ -169,7 +168,7 @@ class ResponsesStream:
 
     def _call(self, event: ToolCallReady) -> bytes:
         self._index += 1
-        item_id = f"{self._ids()[2]}_{event.index}"
+        item_id = f"{self._ids[2]}_{event.index}"
         done = function_call(event.call, self._options, item_id)
         added = msgspec.structs.replace(done, arguments="", status="in_progress")
         out = self._item("response.output_item.added", added)

@@ -100,7 +100,7 @@ def _options(req: w.ResponsesRequest, tools: ToolSet) -> ResponsesOptions:
         previous_response_id=req.previous_response_id, effort=reasoning.effort if reasoning is not None else None,
         summary=summary if summary != "none" else None, store=req.store is not False,
         tool_choice=msgspec.to_builtins(req.tool_choice) if req.tool_choice is not None else "auto",
-        tools=req.tools if req.tools else msgspec.Raw(b"[]"), truncation=req.truncation or "disabled",
+        tools=tools.echo, truncation=req.truncation or "disabled",
         user=req.user, metadata=req.metadata or {}, service_tier=req.service_tier, namespaced=tools.namespaced,
         encrypted=ENCRYPTED in include, logprobs=LOGPROBS in include)
 

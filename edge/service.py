@@ -38,7 +38,7 @@ from edge.idempotency import RequestIdentity, identify, recorded_outcome, repeat
 from edge.live import LiveSession, Registry
 from edge.ownership import KvLeases
 from edge.settings import EdgeSettings
-from edge.stored import Decode, Stored, recover, resolve
+from edge.stored import Decode, Stored, held, resolve
 from edge.streaming import Item, RecordedStream, TurnStream
 from edge.turns import Clock, TurnOutcome, TurnRequest, TurnRunner
 from eventlog.publisher import EventLog
@@ -366,19 +366,10 @@ class EdgeService:
         return recorded_outcome(live.state, earlier) if earlier is not None else None
 
     async def _stored(self, live: LiveSession, request_no: int, wire: str) -> Stored | None:
-        """The stored conversation of request ``request_no``: held, or rebuilt from the log (once)."""
-        stored = live.stored.get(request_no)
-        decode = self.decoders.get(wire)
-        if stored is not None or self._reader is None or decode is None or request_no in live.stored.unrecoverable \
-                or live.state.turn_of(request_no) is None:
-            return stored
-        session_log = await self._reader(live.session_id)
-        stored = recover(session_log.events, live.state, request_no, wire, decode)
-        if stored is None:
-            live.stored.unrecoverable.add(request_no)
-        else:
-            live.stored.keep(request_no, stored)
-        return stored
+        """The stored conversation of request ``request_no``: held, or rebuilt from the log (edge.stored)."""
+        reader, session_id = self._reader, live.session_id
+        read = (lambda: reader(session_id)) if reader is not None else None
+        return await held(live.stored, live.state, request_no, wire, self.decoders.get(wire), read)
 
     async def stored_response(self, session_id: str, api_key: str | None, request_no: int,
                               wire: str = "responses") -> tuple[TurnOutcome, Stored]:

@@ -28,13 +28,14 @@ reasoning it holds is already there as sampled tokens.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
 
 from edge.codec.conversation import Conversation, Message
 from edge.codec.digest import extend, prefix_digests, tools_digest
+from eventlog.reader import SessionLog
 from schemas.bodies import rebuild
 from schemas.errors import MalformedRequest, ResponseNotFound, RollbusError
 from schemas.events import RequestReceived
@@ -147,6 +148,22 @@ def recover(events: Sequence[object], state: SessionState, request_no: int, wire
         tip = extend(bytes.fromhex(resolved.history_digests[-1]), reply).hex()
         store.put(number, resolved, msgspec.structs.replace(reply, reasoning=turn.reasoning), tip)
     return store.get(request_no)
+
+
+async def held(stored: StoredConversations, state: SessionState, request_no: int, wire: str, decode: Decode | None,
+               read: Callable[[], Awaitable[SessionLog]] | None) -> Stored | None:
+    """The stored conversation of request ``request_no`` on ``wire``: held in ``stored``, or rebuilt from
+    the session's log (``read``) and kept there; the log is read at most once per request number."""
+    found = stored.get(request_no)
+    if found is not None or read is None or decode is None or request_no in stored.unrecoverable \
+            or state.turn_of(request_no) is None:
+        return found
+    found = recover((await read()).events, state, request_no, wire, decode)
+    if found is None:
+        stored.unrecoverable.add(request_no)
+    else:
+        stored.keep(request_no, found)
+    return found
 
 
 def with_reasoning(state: SessionState, messages: Sequence[Message]) -> Sequence[Message]:

@@ -1,6 +1,7 @@
 """Fuzzing the three wires and ``POST /sessions`` over real HTTP against one running stack.
 
-Hypothesis draws nearly valid requests and hostile ones (:mod:`tests.e2e.fuzz_payloads`): a valid
+Hypothesis draws nearly valid requests and hostile ones (:mod:`tests.e2e.fuzz_payloads`,
+:mod:`tests.e2e.fuzz_responses`): a valid
 body with one field perturbed, bytes cut short or garbled, lone surrogates, integers past 64
 bits, nesting past the bounds, odd headers (mostly with the right key, so the decoder is reached).
 Some bodies extend the history of the session's last accepted request, so the incremental decoding
@@ -49,6 +50,7 @@ from rollbus.cli import build_parser
 from rollbus.commands.replay import replay_main
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
 from tests.e2e import fuzz_payloads as fp
+from tests.e2e import fuzz_responses as fr
 from tests.e2e.test_hostile_input import IM_END, Session, anthropic_error, openai_error
 from tests.e2e.test_openai_session import open_session
 from tests.stack import StackThread
@@ -184,7 +186,7 @@ BASE = {"openai": {"model": "m", "messages": [{"role": "user", "content": "hi"}]
         "anthropic": {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
         "responses": {"model": "m", "input": [{"role": "user", "content": "hi"}], "max_output_tokens": 4}}
 HISTORY = {"openai": "messages", "anthropic": "messages", "responses": "input"}
-NEW = {"openai": fp.openai_messages, "anthropic": fp.anthropic_messages, "responses": fp.responses_items}
+NEW = {"openai": fp.openai_messages, "anthropic": fp.anthropic_messages, "responses": fr.responses_items}
 
 
 def _extended(fuzzed: Fuzzed, data: st.DataObject) -> tuple[bytes, dict[str, Any] | None]:
@@ -215,7 +217,7 @@ def fuzz_wire(stack: StackThread, client: httpx.Client, wire: str, data: st.Data
     if data.draw(st.integers(0, 2)) == 0:
         raw, body = _extended(fuzzed, data)
     else:
-        requests = {"openai": fp.openai_request, "anthropic": fp.anthropic_request, "responses": fp.responses_request}
+        requests = {"openai": fp.openai_request, "anthropic": fp.anthropic_request, "responses": fr.responses_request}
         raw = data.draw(fp.body_bytes(requests[wire]()))
     url = fuzzed.url
     if data.draw(st.integers(0, 29)) == 0:  # another session's path, or no session's

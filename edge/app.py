@@ -1,7 +1,8 @@
 """The edge's ASGI app, assembled in one place.
 
-The model routes (one per wire) are served by the thin :class:`ModelRoutes` front;
-admin, reward, health and metrics by FastAPI behind it. State lives on ``app.state``.
+The model routes (one per wire: OpenAI chat completions, Anthropic messages, OpenAI responses)
+are served by the thin :class:`ModelRoutes` front; admin, reward, health, metrics and stored
+responses (``GET .../v1/responses/{id}``) by FastAPI behind it. State lives on ``app.state``.
 
 Every error is answered in a wire's JSON error shape, FastAPI's own too (an unknown path, a
 method a route does not serve, a request it cannot validate, an unexpected failure): under
@@ -21,11 +22,14 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from edge.codec import anthropic_wire, openai_wire
+from edge.codec.adapter import WireAdapter
 from edge.codec.anthropic_wire import AnthropicWire
 from edge.codec.openai_wire import OpenAIWire
+from edge.codec.reasoning_refs import ReasoningRefs, stack_key
+from edge.codec.responses_wire import ResponsesWire
 from edge.http_errors import MethodNotAllowed, RouteNotFound, http_error
 from edge.metrics import Metrics
-from edge.routes import admin, count_tokens, reward
+from edge.routes import admin, count_tokens, responses, reward
 from edge.routes.model import ModelRoutes, is_anthropic_path
 from edge.routes.wire import ErrorEncoder, json_response
 from edge.service import EdgeService
@@ -102,6 +106,7 @@ def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True
     app.include_router(admin.router)
     app.include_router(reward.router)
     app.include_router(count_tokens.router)
+    app.include_router(responses.router)
 
     @app.get("/healthz")
     async def healthz() -> Response:
@@ -114,5 +119,10 @@ def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True
         body, content_type = app.state.metrics.render(request.headers.get("accept", ""))
         return Response(content=body, headers={"content-type": content_type})
 
-    adapters = {"v1/chat/completions": OpenAIWire(), "v1/messages": AnthropicWire()}
+    settings = getattr(service, "settings", None)  # (tests may serve routes without a service)
+    app.state.responses_wire = ResponsesWire(ReasoningRefs(stack_key(settings.admin_token if settings else "")))
+    adapters: dict[str, WireAdapter] = {"v1/chat/completions": OpenAIWire(), "v1/messages": AnthropicWire(),
+                                        "v1/responses": app.state.responses_wire}
+    if hasattr(service, "decoders"):
+        service.decoders.update({adapter.name: adapter.decode for adapter in adapters.values()})
     return ModelRoutes(app, service, app.state.metrics, adapters)

@@ -16,6 +16,7 @@ only when it should answer differently from its parent. In short::
       TemplateNotIncremental  400     invalid_request_error / template_not_incremental invalid_request_error
     Unauthorized              401     authentication_error / authentication_error      authentication_error
     SessionNotFound           404     not_found_error / not_found_error                not_found_error
+    ResponseNotFound          404     not_found_error / not_found_error                not_found_error
     RouteNotFound             404     not_found_error / not_found_error                not_found_error
     MethodNotAllowed          405     invalid_request_error / method_not_allowed       invalid_request_error
     SessionClosed             409     conflict_error / session_closed                  invalid_request_error
@@ -58,6 +59,7 @@ from schemas.errors import (
     OutOfOrderEvent,
     OwnershipLost,
     PayloadTooLarge,
+    ResponseNotFound,
     RollbusError,
     SessionClosed,
     SessionNotFound,
@@ -107,6 +109,7 @@ ERRORS: dict[type[RollbusError], HttpError] = {
     TemplateNotIncremental: _bad("template_not_incremental"),
     Unauthorized: HttpError(401, "authentication_error", "authentication_error", "authentication_error"),
     SessionNotFound: HttpError(404, "not_found_error", "not_found_error", "not_found_error"),
+    ResponseNotFound: HttpError(404, "not_found_error", "not_found_error", "not_found_error"),
     RouteNotFound: HttpError(404, "not_found_error", "not_found_error", "not_found_error"),
     MethodNotAllowed: HttpError(405, "method_not_allowed", "invalid_request_error", "invalid_request_error"),
     SessionClosed: _conflict("session_closed"),

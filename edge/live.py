@@ -38,6 +38,7 @@ from edge.engine_input import InputBuffer
 from edge.idempotency import InFlight
 from edge.ownership import KvLeases, LeaseHandle
 from edge.settings import Clock
+from edge.stored import StoredConversations
 from eventlog.publisher import EventLog
 from schemas.bodies import literal, parts_against
 from schemas.errors import LogUnavailable, OwnershipLost, SessionClosed
@@ -94,6 +95,7 @@ class LiveSession:
         self.inflight = InFlight()  # requests in flight, by identity (edge.idempotency)
         self.bodies = StoredBodies()  # latest acknowledged request bodies (what new ones are stored against)
         self.known: dict[str, object] = {}  # by wire: the last request's decoded history (edge.codec.prefix)
+        self.stored = StoredConversations()  # conversations requests may continue (edge.stored)
         self.inputs: dict[int, InputBuffer] = {}  # long chains' engine input, grown in place (edge.engine_input)
         self.active = 0  # requests in flight
         self.touched = state.updated_at  # last activity: a request started or an event committed

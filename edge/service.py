@@ -25,7 +25,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -39,9 +39,11 @@ from edge.idempotency import RequestIdentity, identify, recorded_outcome, repeat
 from edge.live import LiveSession, Registry
 from edge.ownership import KvLeases
 from edge.settings import EdgeSettings
+from edge.stored import Decode, Stored, held, resolve
 from edge.streaming import Item, RecordedStream, TurnStream
 from edge.turns import Clock, TurnOutcome, TurnRequest, TurnRunner
 from eventlog.publisher import EventLog
+from eventlog.reader import SessionLog
 from reward.intake import parse_reward_info
 from schemas.errors import (
     CapacityExceeded,
@@ -49,6 +51,7 @@ from schemas.errors import (
     LogUnavailable,
     MalformedRequest,
     OwnershipLost,
+    ResponseNotFound,
     SessionClosed,
     Unauthorized,
 )
@@ -63,6 +66,7 @@ from session_projector.projections import UNAVAILABLE
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+Reader = Callable[[str], Awaitable[SessionLog]]
 
 
 class OpenSession(msgspec.Struct, frozen=True, kw_only=True):
@@ -233,9 +237,11 @@ _NO_CLAIM = _NoClaim()
 
 class EdgeService:
     def __init__(self, *, settings: EdgeSettings, registry: Registry, log: EventLog, turns: TurnRunner,
-                 clock: Clock = time.time, leases: KvLeases | None = None, index: SessionIndex | None = None) -> None:
+                 clock: Clock = time.time, leases: KvLeases | None = None, index: SessionIndex | None = None,
+                 reader: Reader | None = None) -> None:
         """``index``: the one-session-per-(uid, session_index) index (:class:`KvSessionIndex`; none in
-        in-memory unit tests, which then do not check the pair)."""
+        in-memory unit tests, which then do not check the pair). ``reader``: a session's events from the
+        log, for what the live state does not hold (stored conversations, :mod:`edge.stored`)."""
         self.settings = settings
         self._registry = registry
         self._log = log
@@ -243,6 +249,8 @@ class EdgeService:
         self._clock = clock
         self._leases = leases
         self._index = index
+        self._reader = reader
+        self.decoders: dict[str, Decode] = {}  # by wire: its adapter's decoding (the app registers them)
         self.metrics = turns.metrics  # the turns' registry: the edge's /metrics
         self.metrics.edge.sessions_open.set_function(registry.__len__)
 
@@ -340,11 +348,15 @@ class EdgeService:
                           request: TurnRequest) -> tuple[LiveSession, RequestIdentity, TurnRequest]:
         """The authorized session, the request's identity, and the request carrying its body digest."""
         live = await self.authorized(session_id, api_key)
-        conversation = request.conversation
+        continues = request.conversation.continues
+        if continues is not None and continues.session_id == live.session_id:
+            await self._stored(live, continues.request_no, request.wire)
+        conversation = resolve(request.conversation, live.session_id, live.stored)
         if conversation.known is not None:  # what the session's next request on this wire is decoded against
             live.known[request.wire] = conversation.known
         identity = identify(request.body, request.idempotency_key, request.retry_count, conversation.body_digest)
-        return live, identity, msgspec.structs.replace(request, body_digest=identity.body_digest)
+        return live, identity, msgspec.structs.replace(request, conversation=conversation,
+                                                       body_digest=identity.body_digest)
 
     @staticmethod
     async def _recorded(live: LiveSession, identity: RequestIdentity) -> TurnOutcome | None:
@@ -359,6 +371,23 @@ class EdgeService:
         (:meth:`TurnRunner.count_prompt`); nothing is recorded."""
         with live.in_use():
             return await self._turns.count_prompt(live, conversation)
+
+    async def _stored(self, live: LiveSession, request_no: int, wire: str) -> Stored | None:
+        """The stored conversation of request ``request_no``: held, or rebuilt from the log (edge.stored)."""
+        reader, session_id = self._reader, live.session_id
+        read = (lambda: reader(session_id)) if reader is not None else None
+        return await held(live.stored, live.state, request_no, wire, self.decoders.get(wire), read)
+
+    async def stored_response(self, session_id: str, api_key: str | None, request_no: int,
+                              wire: str = "responses") -> tuple[TurnOutcome, Stored]:
+        """The answer a stored response got, and what was stored with it (``GET .../responses/{id}``)."""
+        live = await self.authorized(session_id, api_key)
+        stored = await self._stored(live, request_no, wire)
+        outcome = recorded_outcome(live.state, request_no) if stored is not None else None
+        if stored is None or outcome is None:
+            raise ResponseNotFound(f"session {session_id} holds no stored response {request_no}",
+                                   param="response_id")
+        return outcome, stored
 
     def token_strings(self, token_ids: Sequence[int]) -> list[str]:
         """Each sampled token as text (for ``logprobs`` in replies)."""

@@ -30,6 +30,7 @@ from edge.engines.base import Constraint, Engine, GenerateRequest, GenerateResul
 from edge.live import LiveSession
 from edge.metrics import ABANDONED, ENGINE_ERROR, OK, REFUSED, Metrics
 from edge.settings import Clock, EdgeSettings
+from edge.stored import with_reasoning
 from eventlog.publisher import EventLog
 from schemas import tokens
 from schemas.errors import EngineError, RollbusError
@@ -339,6 +340,7 @@ class TurnRunner:
             raise RollbusError("commit of a turn without a plan")
         reply = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
         tip = extend(bytes.fromhex(plan.prefix_digest), reply).hex()
+        conversation = turn.request.conversation
         full = len(plan.input_ids) + len(result.token_ids) >= self._settings.max_trajectory_length
         request_no = turn.request_no
 
@@ -354,6 +356,8 @@ class TurnRunner:
         events = await live.commit(self._log, draft)
         completed = next(e for e in events if type(e) is TurnCompleted)
         live.bodies.stored(completed.chain, request_no, turn.request.body)
+        if conversation.store:
+            live.stored.put(request_no, conversation, msgspec.structs.replace(reply, reasoning=parsed.reasoning), tip)
         outcome = self._outcome(live, request_no, plan, result, parsed, full)
         self._counted.turn(turn.request.wire, outcome.finish_reason, OK, outcome.prompt_tokens,
                            outcome.completion_tokens)
@@ -366,16 +370,16 @@ class TurnRunner:
         messages = conversation.messages
         limit = self._settings.max_trajectory_length
         if isinstance(selection, NewChain):
-            prompt = self.codec.encode_prompt(messages, conversation.tools, room=limit)
+            prompt = self.codec.encode_prompt(with_reasoning(state, messages), conversation.tools, room=limit)
             return _Plan(chain=None, context=tokens.pack_ids(prompt), input_ids=prompt, n_messages=len(messages),
                          chat_turns=_chat_turns(messages), prefix_digest=digests[-1])
         if isinstance(selection, Rollback):
             try:
-                return self._rollback_plan(selection, messages, digests)
+                return self._rollback_plan(selection, with_reasoning(state, messages), digests)
             except TemplateNotIncremental:  # the template cannot express the rewrite: a new chain
                 return self._plan(state, conversation, NewChain(), digests)
         chain = selection.chain
-        new = messages[selection.n_history:]
+        new = with_reasoning(state, messages[selection.n_history:])
         increment = tokens.pack_ids(self.codec.encode_increment(new, last_token=chain.last_token(),
                                                                 room=limit - chain.length))
         if inputs is not None and chain.length >= MIN_TOKENS:  # a long chain: grown in place (edge.engine_input)

@@ -8,6 +8,7 @@
     │   └── IdempotencyKeyReused  an Idempotency-Key repeated with a different body
     ├── Unauthorized              missing or wrong api key / admin token
     ├── SessionNotFound
+    ├── ResponseNotFound          a stored response (Responses API) the session does not hold
     ├── SessionClosed             finalized or aborted
     ├── Conflict                  e.g. a reward after materialization
     │   ├── OwnershipLost         another writer appended to this session
@@ -61,6 +62,11 @@ class Unauthorized(RollbusError):
 
 class SessionNotFound(RollbusError):
     """No such session."""
+
+
+class ResponseNotFound(RollbusError):
+    """A response id (the Responses API's ``previous_response_id``, ``GET .../responses/{id}``) that
+    names no response the session stored: unknown, another session's, or not stored."""
 
 
 class SessionClosed(RollbusError):

@@ -79,7 +79,7 @@ class RequestReceived(Event, tag="request_received", kw_only=True):
     """
 
     request_no: int
-    wire: str  # "openai" | "anthropic"
+    wire: str  # "openai" | "anthropic" | "responses"
     parts: tuple[BodyPart, ...]
     body_size: int  # bytes of the whole body
     idempotency_key: str | None = None

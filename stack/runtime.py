@@ -46,7 +46,7 @@ from edge.settings import EdgeSettings
 from edge.turns import Clock, TurnRunner
 from eventlog.lag import Watched
 from eventlog.publisher import JetStreamLog
-from eventlog.reader import last_stream_seq, load_state
+from eventlog.reader import last_stream_seq, load_state, read_session
 from materializer.parquet import ParquetSink
 from materializer.service import Materializer, MaterializerOptions
 from reward.scorer import RewardScorer, load_scorer
@@ -231,7 +231,7 @@ def build_edge_service(settings: EdgeSettings, nc: Client, engine: Engine, *,
     turns = TurnRunner(settings=settings, codec=codec, engine=TimedEngine(engine, metrics), log=event_log,
                        parser=parser, clock=clock, metrics=metrics)
     return EdgeService(settings=settings, registry=registry, log=event_log, turns=turns, leases=leases, clock=clock,
-                       index=KvSessionIndex(js, cfg))
+                       index=KvSessionIndex(js, cfg), reader=lambda session_id: read_session(js, cfg, session_id))
 
 
 def build_keeper(service: EdgeService, js: JetStreamContext, *, clock: Clock = time.time) -> SessionKeeper:

@@ -33,7 +33,7 @@ class StreamEncoder(Protocol):
 
 
 class WireAdapter(Protocol):
-    name: str  # recorded with each request: "openai" | "anthropic"
+    name: str  # recorded with each request: "openai" | "anthropic" | "responses"
 
     def decode(self, body: bytes, known: Any = None) -> Conversation:
         """``known``: the last :attr:`Conversation.known` of the session on this wire, or None."""

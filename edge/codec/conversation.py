@@ -1,15 +1,19 @@
 """The wire-neutral conversation: what every wire adapter decodes into.
 
-OpenAI Chat Completions and Anthropic Messages requests both become a list of
-:class:`Message` and a list of :class:`ToolSpec`; the rest of the edge never sees a
+OpenAI Chat Completions, Anthropic Messages and OpenAI Responses requests all become a list
+of :class:`Message` and a list of :class:`ToolSpec`; the rest of the edge never sees a
 wire shape. What a request forces the reply to be is wire-neutral too: :data:`ToolChoice`
 (``auto``, ``none``, ``required`` or a :class:`NamedTool`, checked against the tools by
 :func:`checked_tool_choice`), whether several calls may come at once
 (``parallel_tool_calls``), and an :class:`OutputFormat` (JSON, or JSON valid for a schema).
 :mod:`edge.codec.constraint` derives the engine's constraint from them.
 
-:func:`template_message` turns a message into the Hugging Face chat-template form
-(``{"role", "content", "tool_calls": [{"type": "function", "function": ...}]}``).
+A request may name what the session already holds instead of sending it (the Responses API's
+``previous_response_id`` and reasoning references): :attr:`Conversation.continues` and
+:attr:`Message.reasoning_ref`, resolved by the edge against the session before the turn
+(:mod:`edge.stored`), after it checked that the session they name (:attr:`Conversation.refers_to`)
+is the one the request was sent to. :func:`template_message` turns a message into the Hugging Face chat-template
+form (``{"role", "content", "tool_calls": [{"type": "function", "function": ...}]}``).
 """
 
 from __future__ import annotations
@@ -89,6 +93,16 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     tool_call_id: str | None = None
     name: str | None = None
     reasoning: str | None = None
+    # The reasoning was sampled by this session's request ``reasoning_ref``: the edge renders that
+    # turn's reasoning (``reasoning`` is then what the agent sent with the reference, if anything).
+    reasoning_ref: int | None = None
+
+
+class Continuation(msgspec.Struct, frozen=True):
+    """A request that continues the stored conversation of an earlier response of a session."""
+
+    session_id: str
+    request_no: int
 
 
 class SamplingOverrides(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -119,6 +133,13 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True):
     history_digests: tuple[str, ...] = ()
     body_digest: str = ""  # sha256 hex of the body, when the adapter computed it while decoding
     known: Any = None  # what the session's next request is decoded against (edge.codec.prefix.KnownPrefix)
+    # Continues the stored conversation of that response: ``messages[:head]`` (the request's own
+    # instructions) go first, then the stored messages, then ``messages[head:]`` (edge.stored).
+    continues: Continuation | None = None
+    head: int = 0
+    store: bool = False  # keep this conversation, with its reply, for requests that continue it
+    refers_to: str | None = None  # the session the request's references name (checked by the edge)
+    options: Any = None  # the adapter's own: what its answer echoes from the request
 
 
 _json = msgspec.json.Decoder()

@@ -10,8 +10,11 @@ NATS'; they are process CPU time (``time.process_time``), which a machine busy w
 work disturbs far less than the wall clock.
 
 Modes: ``openai`` (plain, the baseline), ``openai-stream``, ``anthropic``,
-``anthropic-stream``; each session is a 3-turn tool conversation. Ratios are against
-``openai`` measured in the same run (``anthropic-stream``'s also against ``anthropic``).
+``anthropic-stream``, ``responses``, ``responses-stream`` (the OpenAI Responses API, its
+history sent back item by item, as Codex does); each session is a 3-turn tool conversation.
+Ratios are against ``openai`` measured in the same run (a streamed mode's also against its plain
+mode). The Responses API's budget: a turn at most 1.2x a chat turn's CPU, a streamed turn at
+most 1.5x a plain one.
 ``--baseline-tree PATH`` also runs ``openai`` with the code at PATH (e.g. main's checkout)
 in a subprocess, and prints this tree's ratio to it. The modes (each with an edge of its own)
 take turns session by session, so that a round of each ran on the same machine; each prints
@@ -49,7 +52,7 @@ TOOLS = [{"type": "function", "function": {"name": "calculator", "description": 
 REPLIES = ['Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>',
            '<tool_call>\n{"name": "calculator", "arguments": {"expression": "42+0"}}\n</tool_call>',
            "The answer is 42. " * 8]
-MODES = ("openai", "openai-stream", "anthropic", "anthropic-stream")
+MODES = ("openai", "openai-stream", "anthropic", "anthropic-stream", "responses", "responses-stream")
 
 
 class ReplayEngine:
@@ -158,8 +161,34 @@ def _accumulate_anthropic(body: bytes) -> list[dict[str, Any]]:
     return blocks
 
 
+RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
+
+
+async def _responses_session(client: httpx.AsyncClient, base: str, key: str, stream: bool) -> None:
+    items: list[dict[str, Any]] = [{"role": "user", "content": "What is 6*7?"}]
+    for _ in REPLIES:
+        body = {"model": "m", "input": items, "tools": RESPONSES_TOOLS, "stream": stream}
+        response = await client.post(f"{base}/v1/responses", json=body, headers={"x-api-key": key})
+        output = _accumulate_responses(response.content) if stream else response.json()["output"]
+        items += output
+        items += [{"type": "function_call_output", "call_id": item["call_id"], "output": "42"}
+                  for item in output if item["type"] == "function_call"]
+
+
+def _accumulate_responses(body: bytes) -> list[dict[str, Any]]:
+    """A streamed reply's output items, from its ``response.output_item.done`` events (as Codex builds them)."""
+    items = []
+    for line in body.splitlines():
+        if line.startswith(b"data: "):
+            event = json.loads(line[6:])
+            if event["type"] == "response.output_item.done":
+                items.append(event["item"])
+    return items
+
+
 async def _drive(mode: str, client: httpx.AsyncClient, session: OpenedSession) -> None:
-    drive = _openai_session if mode.startswith("openai") else _anthropic_session
+    drive = {"openai": _openai_session, "anthropic": _anthropic_session,
+             "responses": _responses_session}[mode.removesuffix("-stream")]
     await drive(client, f"/sessions/{session.session_id}", session.api_key, mode.endswith("stream"))
 
 

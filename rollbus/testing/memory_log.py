@@ -204,4 +204,5 @@ def in_memory_service(engine: Engine, *, log: InMemoryLog | None = None, setting
     template, parser = codec if codec is not None else load_codec(settings.tokenizer, settings.tool_format)
     registry = Registry(log.load_state, position=log.last_stream_seq, clock=clock)
     turns = TurnRunner(settings=settings, codec=template, engine=engine, log=log, parser=parser, clock=clock)
-    return EdgeService(settings=settings, registry=registry, log=log, turns=turns, clock=clock)
+    return EdgeService(settings=settings, registry=registry, log=log, turns=turns, clock=clock,
+                       reader=log.read_session)

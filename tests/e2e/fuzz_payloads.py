@@ -1,5 +1,6 @@
 """Hypothesis strategies for the fuzz tests (:mod:`tests.e2e.test_fuzz`): nearly valid and hostile
-bodies for the OpenAI and Anthropic wires and for ``POST /sessions``, and the headers they go with.
+bodies for the OpenAI and Anthropic wires and for ``POST /sessions``, and the headers they go with
+(the Responses wire's: :mod:`tests.e2e.fuzz_responses`).
 
 A body is drawn structure first: a valid request (a conversation with tool calls and results,
 tools, sampling fields, streaming options), then most often one perturbation at a path of it (a

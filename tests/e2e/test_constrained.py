@@ -119,6 +119,36 @@ def test_anthropic_any_and_tool_reach_the_engine(checked_stack, checked_engine, 
                                tool_choice={"type": "tool", "name": "bash"})
 
 
+def test_responses_required_named_and_json_schema_reach_the_engine(checked_stack, checked_engine, tokenizer):
+    session = open_session(checked_stack)
+    client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+    tools = [{"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"],
+              **({"description": t["function"]["description"]} if "description" in t["function"] else {})}
+             for t in TOOLS]
+    checked_engine.push(scripted(tokenizer, call_text("get_weather", {"city": "Paris", "days": 3})))
+    forced = client.responses.create(model="m", input="Weather in Paris?", tools=tools, tool_choice="required")
+    (call,) = [item for item in forced.output if item.type == "function_call"]
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris", "days": 3})
+    assert "ebnf" in checked_engine.constraints[-1]
+
+    checked_engine.push(scripted(tokenizer, call_text("search", {"q": "rain"})))
+    named = client.responses.create(model="m", input="Search.", tools=tools, parallel_tool_calls=False,
+                                    tool_choice={"type": "function", "name": "search"})
+    assert [item.name for item in named.output if item.type == "function_call"] == ["search"]
+    grammar = checked_engine.constraints[-1]["ebnf"]
+    assert '"const": "search"' in grammar and "get_weather" not in grammar
+
+    checked_engine.push(scripted(tokenizer, '{"answer": 7}'))
+    shaped = client.responses.create(model="m", input="Sum?", text={"format": {
+        "type": "json_schema", "name": "sum", "schema": ANSWER, "strict": True}})
+    assert json.loads(shaped.output_text) == {"answer": 7}
+    assert checked_engine.constraints[-1] == {"json_schema": json.dumps(ANSWER, separators=(",", ":"))}
+    turns = [e for e in checked_stack.events(session["session_id"]) if isinstance(e, TurnCompleted)]
+    assert [t.constrained for t in turns] == ["tool:required", "tool:search", "json_schema:sum"]
+    with pytest.raises(openai.BadRequestError, match="not among the tools"):
+        client.responses.create(model="m", input="x", tools=tools, tool_choice={"type": "function", "name": "nope"})
+
+
 def test_bad_forced_choices_are_400s_naming_the_field(checked_stack):
     session = open_session(checked_stack)
     client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)

@@ -1,16 +1,19 @@
-"""Fuzzing both wires and ``POST /sessions`` over real HTTP against one running stack.
+"""Fuzzing the three wires and ``POST /sessions`` over real HTTP against one running stack.
 
-Hypothesis draws nearly valid requests and hostile ones (:mod:`tests.e2e.fuzz_payloads`): a valid
+Hypothesis draws nearly valid requests and hostile ones (:mod:`tests.e2e.fuzz_payloads`,
+:mod:`tests.e2e.fuzz_responses`): a valid
 body with one field perturbed, bytes cut short or garbled, lone surrogates, integers past 64
 bits, nesting past the bounds, odd headers (mostly with the right key, so the decoder is reached).
-Some OpenAI and Anthropic bodies extend the history of the session's last accepted request, so
-the incremental decoding of a known prefix is fuzzed too. Every answer must come within a few
+Some bodies extend the history of the session's last accepted request, so the incremental decoding
+of a known prefix is fuzzed too; on the Responses wire some continue the last accepted response by
+its ``previous_response_id`` instead, and others carry forged reasoning references or ids the
+session never issued. Every answer must come within a few
 seconds, with a status the route documents (never a 5xx) and, for an error, the route's wire shape;
 a streamed answer must end with its wire's last event or an in-stream error. Afterwards a normal
 session still works through the official SDKs, and ``rollbus replay --verify`` passes for it, for a
 sample of the fuzzed sessions (finalized first) and for the whole log.
 
-2,050 examples in all (800 a wire, 450 session opens). The example database is off and the seed is
+2,850 examples in all (800 a wire, 450 session opens). The example database is off and the seed is
 Hypothesis's own (not ``derandomize``): every run, in CI too, explores inputs no run tried before,
 and none replays examples saved by a run against other code; what makes a failure reproducible is
 its message, which carries the exact request (URL, headers, body bytes), enough for a regression
@@ -47,6 +50,7 @@ from rollbus.cli import build_parser
 from rollbus.commands.replay import replay_main
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
 from tests.e2e import fuzz_payloads as fp
+from tests.e2e import fuzz_responses as fr
 from tests.e2e.test_hostile_input import IM_END, Session, anthropic_error, openai_error
 from tests.e2e.test_openai_session import open_session
 from tests.stack import StackThread
@@ -116,6 +120,8 @@ def check_answer(response: httpx.Response, wire: str, expected: set[int], shown:
             _check_stream(response.text, wire)
         elif wire == "openai":
             assert response.json()["object"] == "chat.completion"
+        elif wire == "responses":
+            assert response.json()["object"] == "response"
         elif wire == "anthropic":
             assert response.json()["type"] == "message"
         elif wire == "open":
@@ -132,6 +138,9 @@ def _check_stream(text: str, wire: str) -> None:
     last = events[-1]
     if wire == "openai":
         assert last == "data: [DONE]" or last.startswith('data: {"error":'), last
+    elif wire == "responses":
+        assert last.startswith(("event: response.completed", "event: response.incomplete",
+                                "event: response.failed")), last
     else:
         assert last.startswith(("event: message_stop", "event: error")), last
 
@@ -147,6 +156,7 @@ class Fuzzed:
         self.ids: list[str] = []
         self.session = self._open()
         self.last: dict[str, Any] | None = None
+        self.last_id: str | None = None  # the Responses wire: the id of the last plain response
         self.turns = 0
         self.tally: Counter[str] = Counter()
 
@@ -157,31 +167,45 @@ class Fuzzed:
 
     @property
     def url(self) -> str:
-        return self.session.openai if self.wire == "openai" else self.session.anthropic
+        return {"openai": self.session.openai, "anthropic": self.session.anthropic,
+                "responses": self.session.responses}[self.wire]
 
     def answered(self, response: httpx.Response, body: dict[str, Any] | None) -> None:
         if response.status_code == 200:
             self.turns += 1
             self.last = body
-        if response.status_code in (404, 409) or self.turns >= ROTATE_AFTER:
-            self.session, self.last, self.turns = self._open(), None, 0
+            streamed = response.headers.get("content-type", "").startswith("text/event-stream")
+            if self.wire == "responses" and not streamed:
+                self.last_id = response.json()["id"]
+        if response.status_code == 409 or (response.status_code == 404 and self.wire != "responses") \
+                or self.turns >= ROTATE_AFTER:  # (a Responses 404 may be a previous_response_id's)
+            self.session, self.last, self.last_id, self.turns = self._open(), None, None, 0
 
 
 BASE = {"openai": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
-        "anthropic": {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}}
+        "anthropic": {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+        "responses": {"model": "m", "input": [{"role": "user", "content": "hi"}], "max_output_tokens": 4}}
+HISTORY = {"openai": "messages", "anthropic": "messages", "responses": "input"}
+NEW = {"openai": fp.openai_messages, "anthropic": fp.anthropic_messages, "responses": fr.responses_items}
 
 
-def _extended(last: dict[str, Any] | None, wire: str, data: st.DataObject) -> tuple[bytes, dict[str, Any] | None]:
-    """``last`` (the request the session accepted last; a minimal one without it) with a reply and
-    new messages after its history, the rest of the body as it was (so the body starts with the
-    bytes of the known prefix); sometimes with its bytes mutated. What is drawn does not depend on
-    ``last`` (Hypothesis replays the draws)."""
-    body = copy.deepcopy(last if last is not None else BASE[wire])
-    new: Any = [{"role": "assistant", "content": "Hi."},
-                *data.draw(fp.openai_messages() if wire == "openai" else fp.anthropic_messages())]
+def _extended(fuzzed: Fuzzed, data: st.DataObject) -> tuple[bytes, dict[str, Any] | None]:
+    """The request the session accepted last (a minimal one without it) with a reply and new messages
+    after its history, the rest of the body as it was (so the body starts with the bytes of the known
+    prefix); on the Responses wire, half the time the new items alone, continuing the last response by
+    its id. Sometimes with its bytes mutated. What is drawn does not depend on the last request
+    (Hypothesis replays the draws)."""
+    wire, key = fuzzed.wire, HISTORY[fuzzed.wire]
+    body = copy.deepcopy(fuzzed.last if fuzzed.last is not None else BASE[wire])
+    new: Any = [{"role": "assistant", "content": "Hi."}, *data.draw(NEW[wire]())]
     if data.draw(st.booleans()):
         new = data.draw(fp.perturbed(new))
-    body["messages"] = [*body["messages"], *(new if isinstance(new, list) else [new])]
+    new = new if isinstance(new, list) else [new]
+    if wire == "responses" and data.draw(st.booleans()) and fuzzed.last_id is not None:
+        body = {**BASE[wire], "input": new[1:], "previous_response_id": fuzzed.last_id}
+    else:
+        history = body.get(key)
+        body[key] = [*(history if isinstance(history, list) else []), *new]
     raw = fp.encode(body)
     if data.draw(st.integers(0, 3)) == 0:
         return data.draw(fp.mutated_bytes(raw)), None
@@ -191,9 +215,10 @@ def _extended(last: dict[str, Any] | None, wire: str, data: st.DataObject) -> tu
 def fuzz_wire(stack: StackThread, client: httpx.Client, wire: str, data: st.DataObject, fuzzed: Fuzzed) -> None:
     body: dict[str, Any] | None = None
     if data.draw(st.integers(0, 2)) == 0:
-        raw, body = _extended(fuzzed.last, wire, data)
+        raw, body = _extended(fuzzed, data)
     else:
-        raw = data.draw(fp.body_bytes(fp.openai_request() if wire == "openai" else fp.anthropic_request()))
+        requests = {"openai": fp.openai_request, "anthropic": fp.anthropic_request, "responses": fr.responses_request}
+        raw = data.draw(fp.body_bytes(requests[wire]()))
     url = fuzzed.url
     if data.draw(st.integers(0, 29)) == 0:  # another session's path, or no session's
         other = data.draw(st.one_of(fp.short_text, st.just(fuzzed.session.id.upper()), st.just(fuzzed.ids[0])))
@@ -228,6 +253,9 @@ def sdk_session_works(stack: StackThread) -> str:
                 {"role": "user", "content": "again"}]
     second = claude.messages.create(model="m", max_tokens=8, messages=messages)  # type: ignore[arg-type]
     assert second.type == "message" and second.stop_reason is not None
+    third = openai.responses.create(model="m", input="hi", max_output_tokens=8)
+    assert third.status in ("completed", "incomplete")
+    assert openai.responses.retrieve(third.id).id == third.id
     final = httpx.post(f"{stack.url}/sessions/{opened['session_id']}/finalize", headers=stack.admin, timeout=30)
     assert final.status_code == 200 and final.json()["trajectories"] >= 1, final.text
     return opened["session_id"]
@@ -275,7 +303,7 @@ def still_works_and_replays(stack: StackThread, fuzzed_ids: list[str]) -> None:
 # --- the fuzz tests -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+@pytest.mark.parametrize("wire", ["openai", "anthropic", "responses"])
 def test_fuzzed_model_requests_never_get_a_5xx_and_the_stack_still_works(stack: StackThread, client: httpx.Client,
                                                                        wire: str) -> None:
     fuzzed = Fuzzed(stack, wire)

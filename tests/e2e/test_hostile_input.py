@@ -63,6 +63,7 @@ class Session:
         self.auth = {"Authorization": f"Bearer {self.key}"}
         self.openai = f"{opened['base_url']}/chat/completions"
         self.anthropic = f"{opened['anthropic_base_url']}/v1/messages"
+        self.responses = f"{opened['base_url']}/responses"
         self.reward = opened["reward_url"]
 
 

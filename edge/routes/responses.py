@@ -1,0 +1,26 @@
+"""``GET /sessions/{id}/v1/responses/{response_id}``: a stored response of the session, as the
+Responses API answers it (the session's key; a response the session does not hold is a 404)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from edge.codec.openai_wire import encode_error
+from edge.codec.responses_encode import encode_response
+from edge.codec.responses_wire import ResponsesWire, parse_response_id
+from edge.routes.wire import bearer, json_response, wire_route
+from edge.service import EdgeService
+from schemas.errors import ResponseNotFound
+
+router = APIRouter(route_class=wire_route(encode_error))
+
+
+@router.get("/sessions/{session_id}/v1/responses/{response_id}")
+async def get_response(session_id: str, response_id: str, request: Request) -> Response:
+    service: EdgeService = request.app.state.service
+    wire: ResponsesWire = request.app.state.responses_wire
+    named = parse_response_id(response_id, "response_id")
+    if named.session_id != session_id:
+        raise ResponseNotFound(f"response {response_id} is not one of session {session_id}'s", param="response_id")
+    outcome, stored = await service.stored_response(session_id, bearer(request.headers), named.request_no)
+    return json_response(encode_response(outcome, stored.options, wire.refs, service.token_strings))

@@ -14,9 +14,14 @@ re-placed at its next request.
 so one slow probe under load does not drain a busy server) gets no new sessions until a
 probe sees it healthy again. A refused connection marks the server unhealthy at once.
 
-**Retries**, bounded and only where nothing can have been generated: a request whose
+**Retries**, bounded and only where no token can have reached the agent: a request whose
 connection was refused (or whose connect timed out) never reached the server, so it is
-retried **once**, on another healthy server (the session is re-placed there). Nothing
+retried **once**, on another healthy server (the session is re-placed there). A request
+whose connection the server closed before its reply was whole (``Dropped``: above all a
+pooled keep-alive connection the server closed just as the request went out, a race every
+client of uvicorn-served engines meets) is retried **once**, on a fresh connection, when no
+part of it was streamed yet; pooled connections are kept ``KEEPALIVE_S`` (2 s), below the 5 s
+after which SGLang's and vLLM's servers (uvicorn) close them, so the race is rare. Nothing
 else is retried: not a timeout once the request was sent, not a 5xx, not a malformed
 reply, and never after a token was streamed; those reach the agent as 502/503/504 and
 the agent may retry the turn (the chain is left as it was).
@@ -60,6 +65,14 @@ REFUSAL_CHARS = 1000  # how much of an engine's refusal message reaches the agen
 
 class Refused(EngineUnavailable):
     """The connection was refused or timed out while connecting: nothing reached the server."""
+
+
+class Dropped(EngineError):
+    """The server closed the connection before its reply was whole (an HTTP protocol error: no
+    status line, or a body cut short)."""
+
+
+KEEPALIVE_S = 2.0  # how long an idle pooled connection is reused (the engines' servers close theirs after 5 s)
 
 
 class Assembler(Protocol):
@@ -110,7 +123,8 @@ class HttpEngine:
         self._abort_timeout = abort_timeout
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                                keepalive_expiry=KEEPALIVE_S),
         )
         self._prober: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -142,6 +156,8 @@ class HttpEngine:
                 return await self._generate_on(url, request)
             except Refused as exc:
                 self._refused(url, retry, exc)
+            except Dropped as exc:
+                self._dropped(url, retry, exc)
             finally:
                 self.pool.release(url)
         raise AssertionError("unreachable")
@@ -151,13 +167,17 @@ class HttpEngine:
         session = session_of(request.request_id)
         for retry in (True, False):
             url = self.pool.acquire(session)
+            streamed = False
             try:
                 async with contextlib.aclosing(self._stream_on(url, request)) as items:
                     async for item in items:
+                        streamed = True
                         yield item
                 return
             except Refused as exc:  # raised while connecting: nothing was streamed yet
                 self._refused(url, retry, exc)
+            except Dropped as exc:
+                self._dropped(url, retry and not streamed, exc)
             finally:
                 self.pool.release(url)
 
@@ -241,6 +261,12 @@ class HttpEngine:
         if not retry or not self.pool.healthy():
             raise EngineUnavailable(f"{exc.message}; no other healthy server to retry on") from exc
 
+    def _dropped(self, url: str, retry: bool, exc: Dropped) -> None:
+        """Log the retry of a dropped request; raise ``exc`` when it may not be retried."""
+        if not retry:
+            raise exc
+        log.info("%s server %s closed the connection before its reply; retrying on a fresh one", self.label, url)
+
     @contextlib.contextmanager
     def _converted(self, url: str) -> Iterator[None]:
         """The one place httpx errors become engine errors."""
@@ -250,6 +276,8 @@ class HttpEngine:
             raise Refused(f"{self.label} at {url} is unreachable: {exc!r}") from exc
         except httpx.TimeoutException as exc:
             raise EngineTimeout(f"{self.label} at {url} timed out: {exc!r}") from exc
+        except httpx.RemoteProtocolError as exc:
+            raise Dropped(f"{self.label} at {url} closed the connection before its reply: {exc!r}") from exc
         except httpx.HTTPError as exc:
             raise EngineError(f"{self.label} at {url} failed: {exc!r}") from exc
 

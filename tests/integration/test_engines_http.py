@@ -239,3 +239,67 @@ async def test_a_complete_reply_sends_no_abort(server, engine) -> None:
 async def test_abort_reaches_the_server(backend, server, engine) -> None:
     await engine.abort("ab12:3")
     assert server.aborted == [backend.abort_prefix + "ab12:3"]
+
+
+class Dropping:
+    """A TCP front for a server that reads the first ``drops`` POST requests of new connections and closes
+    them without a reply (a keep-alive connection the server closed as the request went out); the rest
+    are piped through."""
+
+    def __init__(self, upstream: str, drops: int) -> None:
+        self._host, self._port = upstream.removeprefix("http://").split(":")
+        self.drops = drops
+        self.url = ""
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> Dropping:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in self._handlers:
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        first = await reader.read(65536)
+        if self.drops > 0 and first.startswith(b"POST"):  # a generation (not a health probe) is dropped
+            self.drops -= 1
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(self._host, int(self._port))
+        up_writer.write(first)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
+
+
+@STREAMED
+async def test_a_request_dropped_before_any_reply_is_retried_once_on_a_fresh_connection(backend, server,
+                                                                                         streamed: bool) -> None:
+    async with Dropping(server.url, drops=1) as front:
+        engine = backend.engine([front.url], timeout=5.0)
+        server.push(ScriptedReply(TOKENS))
+        result = await run(engine, request(), streamed)
+        assert result.token_ids == tuple(TOKENS) and front.drops == 0
+        assert engine.pool.is_healthy(front.url)  # a dropped connection says nothing of the server's health
+
+        await engine.aclose()
+
+        front.drops = 2  # dropped twice: the retry is dropped too, and the agent gets the error
+        engine = backend.engine([front.url], timeout=5.0)
+        with pytest.raises(EngineError, match="closed the connection before its reply"):
+            await run(engine, request(), streamed)
+        await engine.aclose()

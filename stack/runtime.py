@@ -41,7 +41,8 @@ from edge.keeper import SessionKeeper
 from edge.live import Registry
 from edge.metrics import LAG_INTERVAL_S, Metrics, MetricsServer, TimedEngine, TimedLog, watch_lag
 from edge.ownership import KvLeases
-from edge.service import EdgeService, KvSessionIndex
+from edge.service import EdgeService
+from edge.session_index import KvSessionIndex
 from edge.settings import EdgeSettings
 from edge.turns import Clock, TurnRunner
 from eventlog.lag import Watched

@@ -49,21 +49,26 @@ def is_anthropic_path(path: str) -> bool:
 async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: str, scope: Scope, receive: Receive,
                        disconnect: Disconnect) -> bytes | SSEReply:
     """One model request: the plain reply's body, or a streamed one's events (:mod:`edge.routes.sse`). A
-    plain request is watched for its client leaving (``disconnect``)."""
+    plain request is watched for its client leaving (``disconnect``).
+
+    The session and its key are checked from the headers alone, before any of the body is read: a
+    client without the key is answered 401 at once (the HTTP server then closes the connection
+    rather than read a body nobody will look at), and ``Expect: 100-continue`` gets no ``100
+    Continue`` (the server sends it when the body is first read)."""
     headers = _headers(scope)
-    settings = service.settings
-    body = await receive_body(receive, headers, settings.max_request_bytes, settings.body_timeout_s)
-    live = service.registry.peek(session_id)
-    conversation = adapter.decode(body, live.known.get(adapter.name) if live is not None else None)
+    live = await service.authorize(session_id, bearer(headers))
+    with live.in_use():  # its lease kept while the body arrives
+        body = await receive_body(receive, headers, service.body_limits)
+    conversation = adapter.decode(body, live.known.get(adapter.name))
     turn = TurnRequest(conversation=conversation, wire=adapter.name, body=body,
                        idempotency_key=headers.get("idempotency-key"), retry_count=retry_count(headers),
                        disconnect=None if conversation.stream else disconnect)
     if conversation.stream:
-        stream, first = await service.stream(session_id, bearer(headers), turn)
+        stream, first = await service.stream(live, turn)
         return SSEReply(adapter.stream(conversation, service.token_strings), first, stream)
     unwatch = _watch(receive, disconnect)
     try:
-        outcome = await service.complete(session_id, bearer(headers), turn)
+        outcome = await service.complete(live, turn)
     finally:
         unwatch()
     return adapter.encode(outcome, conversation, service.token_strings)

@@ -289,7 +289,7 @@ class EdgeServer(EmbeddedGranian):
 
 
 def bind(host: str, port: int, *, listen: bool = True) -> socket.socket:
-    """A non-blocking TCP socket bound to ``host:port`` (listening unless ``listen=False``).
+    """A non-blocking TCP socket bound to ``host:port`` (listening unless ``listen=False``), with TCP_NODELAY.
 
     Raises :class:`StartupError` when the address cannot be had: the port is in use, needs
     privileges, or is out of range; the host is unknown or not this machine's.
@@ -297,6 +297,9 @@ def bind(host: str, port: int, *, listen: bool = True) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # no Nagle: an SSE frame is sent at once, not held while the previous one waits for the client's
+        # delayed ACK; set on the listening socket, it is inherited by every connection accepted on it
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
     except (OSError, OverflowError) as exc:
         sock.close()

@@ -271,10 +271,11 @@ class EdgeServer(EmbeddedGranian):
     connection after it.
     """
 
-    def __init__(self, app: Any, sock: socket.socket, *, header_read_timeout: float = HEADER_READ_TIMEOUT_S) -> None:
+    def __init__(self, app: Any, sock: socket.socket, *, header_read_timeout: float = HEADER_READ_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         host, port = sock.getsockname()[:2]
         super().__init__(app, address=host, port=port, interface=Interfaces.ASGINL, http=HTTPModes.http1,
-                         websockets=False, backlog=LISTEN_BACKLOG, backpressure=MAX_CONNECTIONS,
+                         websockets=False, backlog=LISTEN_BACKLOG, backpressure=max_connections,
                          http1_settings=HTTP1Settings(header_read_timeout=round(header_read_timeout * 1000)),
                          log_level=LogLevels.error, log_dictconfig=_GRANIAN_LOGGING)
         self._sock: socket.socket | None = sock

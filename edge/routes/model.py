@@ -21,14 +21,12 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from starlette.responses import Response
-
 from edge.codec.adapter import WireAdapter
 from edge.http_errors import MethodNotAllowed, http_error
 from edge.idempotency import retry_count
 from edge.metrics import Metrics, Tallied
 from edge.routes.sse import SSEReply
-from edge.routes.wire import bearer, error_response, json_response, receive_body
+from edge.routes.wire import bearer, error_answer, json_response, receive_body
 from edge.service import EdgeService
 from edge.turns import Disconnect, TurnRequest
 
@@ -139,9 +137,9 @@ class ModelRoutes:
                      send: Send) -> None:
         started = time.perf_counter()
         disconnect = Disconnect(self._service.settings.disconnect_grace_s)
+        status = 200
         try:
-            reply: bytes | SSEReply | Response = await handle_model(self._service, adapter, session_id, scope,
-                                                                    receive, disconnect)
+            reply = await handle_model(self._service, adapter, session_id, scope, receive, disconnect)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if not disconnect.gone or task is None or task.cancelling() > 1:
@@ -149,25 +147,26 @@ class ModelRoutes:
             task.uncancel()  # the client left while its turn sampled: the turn was abandoned; nobody to answer
             return
         except Exception as exc:
-            reply = error_response(exc, f"POST {scope['path']}", adapter.encode_error)
-        if isinstance(reply, bytes):
-            status = 200
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(reply)).encode())]})
-            await send({"type": "http.response.body", "body": reply})
-        elif isinstance(reply, SSEReply):
-            status = 200
-            await reply(receive, send)
+            status, body, extra = error_answer(exc, f"POST {scope['path']}", adapter.encode_error)
+            await _send_json(send, status, body, extra)
         else:
-            status = reply.status_code
-            await reply(scope, receive, send)
+            if isinstance(reply, bytes):
+                await _send_json(send, 200, reply)
+            else:
+                await reply(receive, send)
         counted = self._counters.get((tail, status))
         if counted is None:
             counted = self._counters[(tail, status)] = self._requests.labels(f"/sessions/{{session_id}}/{tail}",
                                                                               str(status))
         counted.inc()
         self._latency.observe(time.perf_counter() - started)
+
+
+async def _send_json(send: Send, status: int, body: bytes, extra: dict[str, str] | None = None) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(name.lower().encode(), value.encode()) for name, value in (extra or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _method_not_allowed(adapter: WireAdapter, scope: Scope, receive: Receive, send: Send) -> None:

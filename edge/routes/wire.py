@@ -67,15 +67,22 @@ async def guarded(handling: Awaitable[T], where: str, encode_error: ErrorEncoder
 def error_response(exc: Exception, where: str, encode_error: ErrorEncoder) -> Response:
     """A handler's error in the wire's shape (a non-rollbus error is a logged 500). Called from an
     ``except`` block (an unexpected error is logged with its traceback)."""
+    status, body, headers = error_answer(exc, where, encode_error)
+    response = json_response(body, status)
+    response.headers.update(headers)
+    return response
+
+
+def error_answer(exc: Exception, where: str, encode_error: ErrorEncoder) -> tuple[int, bytes, dict[str, str]]:
+    """:func:`error_response`'s status, body and extra headers (``Retry-After``, honoured by the openai and
+    anthropic SDKs' retries), for a route that answers in ASGI messages."""
     if not isinstance(exc, RollbusError):
         log.exception("unhandled error in %s", where)
-        return json_response(encode_error(RollbusError("internal error")), 500)
+        return 500, encode_error(RollbusError("internal error")), {}
     row = http_error(exc)
     if row.status >= 500:
         log.warning("%s -> %d: %s", where, row.status, exc.message)
-    response = json_response(encode_error(exc), row.status)
-    response.headers.update(retry_after_headers(exc, row))  # honoured by the openai and anthropic SDKs' retries
-    return response
+    return row.status, encode_error(exc), retry_after_headers(exc, row)
 
 
 Message = MutableMapping[str, Any]

@@ -56,15 +56,18 @@ def chat_body(text: str = "hi", **extra: Any) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def served_edge(nc: Client, cfg: LogConfig, engine_url: str, **settings: Any) -> AsyncIterator[ServedEdge]:
-    """An edge serving on a free port; ``settings``: :class:`EdgeSettings` fields to change."""
+async def served_edge(nc: Client, cfg: LogConfig, engine_url: str, *, max_connections: int | None = None,
+                      **settings: Any) -> AsyncIterator[ServedEdge]:
+    """An edge serving on a free port; ``settings``: :class:`EdgeSettings` fields to change;
+    ``max_connections``: the server's cap on connections served at once (:class:`EdgeServer`'s)."""
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     settings.setdefault("max_trajectory_length", 4096)
     edge_settings = EdgeSettings(public_url=url, admin_token=ADMIN, log=cfg, edge_id=f"http:{port}", **settings)
     service = build_edge_service(edge_settings, nc, SGLangEngine([engine_url]))
-    server = EdgeServer(create_app(service), sock)
+    server = EdgeServer(create_app(service), sock, **({} if max_connections is None else
+                                                      {"max_connections": max_connections}))
     task = asyncio.ensure_future(server.serve())
     try:
         yield ServedEdge(url, port)

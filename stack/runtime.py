@@ -137,6 +137,7 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     lease_ttl: float = 15.0
     idle_timeout: float = 3600.0
     disconnect_grace: float = 10.0
+    body_min_rate: float = EdgeSettings().body_min_rate  # bytes a second a request body must arrive at
     rollback_rewritten_turns: bool = True
     materializer: MaterializerOptions = MaterializerOptions()
     metrics_host: str = "127.0.0.1"  # a projector or materializer run alone: where it serves /metrics
@@ -452,7 +453,7 @@ class Stack:
                                 tool_format=options.tool_format, max_trajectory_length=options.max_trajectory_length,
                                 log=options.log, edge_id=options.edge_id or default_edge_id(port),
                                 lease_ttl_s=options.lease_ttl, idle_timeout_s=options.idle_timeout,
-                                disconnect_grace_s=options.disconnect_grace,
+                                disconnect_grace_s=options.disconnect_grace, body_min_rate=options.body_min_rate,
                                 rollback_rewritten_turns=options.rollback_rewritten_turns)
         service = self._service = build_edge_service(settings, nc, self._engine, metrics=self.metrics)
         self._spawn(build_keeper(service, js).run(self.stop_event), "keeper")

@@ -1,10 +1,12 @@
 """The model-facing routes, generic over the wire: one handler, one adapter per wire.
 
 ``POST /sessions/{id}/v1/chat/completions`` (OpenAI) and ``POST /sessions/{id}/v1/messages``
-(Anthropic): decode the wire's request with its adapter, run the turn (plain or streamed)
-through :class:`EdgeService`, answer in the adapter's shape. Errors raised before a
-stream starts (bad request, bad key, unknown or closed session, engine down) are HTTP
-errors in the wire's error shape; a failure after it started is the wire's in-stream
+(Anthropic): authorize the request from its headers (:meth:`EdgeService.authorize`, before any
+of the body is read), read the body (at a minimum rate, decoded from its ``Content-Encoding``:
+:func:`edge.routes.wire.receive_body`), decode the wire's request with its adapter, run the turn
+(plain or streamed) in the authorized session, answer in the adapter's shape. Errors raised
+before a stream starts (no key, bad request, closed session, engine down) are HTTP errors in
+the wire's error shape; a failure after it started is the wire's in-stream
 error event. A client that leaves a stream early abandons its turn (see
 :mod:`edge.streaming`).
 

@@ -50,6 +50,8 @@ Draft = Callable[[SessionState], Sequence[Event]]
 Loader = Callable[[str], Awaitable[tuple[SessionState, int]]]
 Position = Callable[[str], Awaitable[int]]  # stream seq of the session's last envelope
 Summaries = Callable[[str], Awaitable[SessionSummary | None]]  # from projections, without replaying
+Admit = Callable[[str], None]
+"""Given a session's ``api_key_digest``, raises to refuse the request (:meth:`Registry.get`)."""
 
 
 def _numbered(event: Event, seq: int) -> Event:
@@ -179,7 +181,7 @@ class Registry:
         self._clock = clock
         self._live: dict[str, LiveSession] = {}
         self._loading: dict[str, asyncio.Future[LiveSession]] = {}
-        self._closed: OrderedDict[str, SessionSummary] = OrderedDict()
+        self._closed: OrderedDict[str, tuple[SessionSummary, str | None]] = OrderedDict()  # summary, key digest
         self._closed_cache = closed_cache
 
     def __len__(self) -> int:
@@ -199,23 +201,44 @@ class Registry:
         session.on_lost = self._forget
         self._live[session.session_id] = session
 
-    async def get(self, session_id: str) -> LiveSession:
-        """The live session; taken over from the log when this edge does not hold it."""
+    async def get(self, session_id: str, admit: Admit | None = None) -> LiveSession:
+        """The live session; taken over from the log when this edge does not hold it. ``admit``, given the
+        session's key digest, may refuse the caller first: before a closed session is reported closed
+        (:class:`SessionClosed`) and before a session is taken over (its lease acquired)."""
         live = self._live.get(session_id)
-        if live is not None:
-            return live
-        closed = self._closed.get(session_id)
-        if closed is not None:
-            raise SessionClosed(f"session {session_id} is {closed.status}")
-        pending = self._loading.get(session_id)
-        if pending is None:
-            pending = asyncio.ensure_future(self._load(session_id))
-            self._loading[session_id] = pending
-            pending.add_done_callback(lambda _: self._loading.pop(session_id, None))
-        live = await asyncio.shield(pending)
+        if live is None:
+            live = await self._taken_over(session_id, admit)
+        elif admit is not None:
+            admit(live.state.api_key_digest)
         if live.state.status != "open":
             raise SessionClosed(f"session {session_id} is {live.state.status}")
         return live
+
+    async def _taken_over(self, session_id: str, admit: Admit | None) -> LiveSession:
+        closed = self._closed.get(session_id)
+        if closed is not None:
+            summary, digest = closed
+            if admit is not None:
+                if digest is None:
+                    digest = (await self._loader(session_id))[0].api_key_digest
+                    self._remember(summary, digest)
+                admit(digest)
+            raise SessionClosed(f"session {session_id} is {summary.status}")
+        read = None
+        if admit is not None and session_id not in self._loading:  # the key is checked before the lease is taken
+            read = await self._loader(session_id)
+            admit(read[0].api_key_digest)
+            held = self._live.get(session_id)  # taken over meanwhile, for another request
+            if held is not None:
+                return held
+        pending = self._loading.get(session_id)
+        if pending is None:
+            pending = asyncio.ensure_future(self._load(session_id, read))
+            self._loading[session_id] = pending
+            pending.add_done_callback(lambda _: self._loading.pop(session_id, None))
+        elif admit is not None and read is None:  # being taken over for another request: this one's key first
+            admit((await self._loader(session_id))[0].api_key_digest)
+        return await asyncio.shield(pending)
 
     async def load(self, session_id: str) -> LiveSession:
         """The session rebuilt from the log now, whatever its status (not kept: for a one-off append)."""
@@ -232,19 +255,21 @@ class Registry:
             return summarize(live.state)
         closed = self._closed.get(session_id)
         if closed is not None:
-            return closed
+            return closed[0]
         summary = await self._summaries(session_id) if self._summaries is not None else None
+        digest = None
         if summary is None:  # not projected (yet): replay
             state, _ = await self._loader(session_id)
-            summary = summarize(state)
+            summary, digest = summarize(state), state.api_key_digest
         if summary.status != "open":
-            self._remember(summary)
+            self._remember(summary, digest)
         return summary
 
-    async def _load(self, session_id: str) -> LiveSession:
-        state, stream_seq = await self._loader(session_id)
+    async def _load(self, session_id: str, read: tuple[SessionState, int] | None = None) -> LiveSession:
+        """Take the session over (``read``: its state and position, if just read from the log)."""
+        state, stream_seq = read if read is not None else await self._loader(session_id)
         if state.status != "open":
-            self._remember(summarize(state))
+            self._remember(summarize(state), state.api_key_digest)
             return LiveSession(state, stream_seq, clock=self._clock)
         lease = await self._leases.acquire(session_id) if self._leases is not None else None
         if self._position is not None and await self._position(session_id) != stream_seq:
@@ -252,7 +277,7 @@ class Registry:
         live = LiveSession(state, stream_seq, lease, clock=self._clock)
         if state.status != "open":
             await self._drop_lease(live)
-            self._remember(summarize(state))
+            self._remember(summarize(state), state.api_key_digest)
             return live
         self.add(live)
         return live
@@ -261,7 +286,7 @@ class Registry:
         """Drop a closed session's live state (its tokens) and lease, keeping its summary for reads."""
         live = self._live.pop(session_id, None)
         if live is not None:
-            self._remember(summarize(live.state))
+            self._remember(summarize(live.state), live.state.api_key_digest)
             await self._drop_lease(live)
 
     async def drop(self, session_id: str) -> None:
@@ -285,8 +310,9 @@ class Registry:
         if self._live.get(live.session_id) is live:
             del self._live[live.session_id]
 
-    def _remember(self, summary: SessionSummary) -> None:
-        self._closed[summary.session_id] = summary
+    def _remember(self, summary: SessionSummary, digest: str | None) -> None:
+        """Keep a closed session's summary, and its key's digest (``None``: not known here)."""
+        self._closed[summary.session_id] = (summary, digest)
         self._closed.move_to_end(summary.session_id)
         while len(self._closed) > self._closed_cache:
             self._closed.popitem(last=False)

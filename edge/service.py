@@ -8,37 +8,36 @@ from the log (:mod:`edge.idempotency`); a finalized or aborted session is releas
 One session per ``(uid, session_index)``: the materializer keys trajectories
 ``{uid}_{session_index}_{trajectory_index}``, so a second session with the pair would have its
 records dropped. Opening a session with a client-chosen uid claims the pair in the session
-index (:class:`KvSessionIndex`): refused with 409 while another session of the same or a newer
+index (:class:`edge.session_index.KvSessionIndex`): refused with 409 while another session of the same or a newer
 ``metadata.attempt`` holds it; a newer attempt (verl re-issuing a prompt) takes it over. When
 the session's own open fails after the claim (its lease or its first append), the claim is
 undone (deleted, or the previous holder written back), so the pair is not held by a session
 that does not exist; should undoing fail too (the log unreachable), the pair stays held until
 a newer attempt takes it over or an operator deletes the key.
+
+A model or reward request is authorized (:meth:`EdgeService.authorize`) from its headers alone,
+before its body is read; the turn then runs in the session that authorization found.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
-import logging
 import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import msgspec
-from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
-from nats.js.kv import KeyValue
 
 from edge.codec.conversation import Conversation
 from edge.codec.strict import check_sampling
 from edge.idempotency import RequestIdentity, identify, recorded_outcome, repeated_request
 from edge.live import LiveSession, Registry
 from edge.ownership import KvLeases
-from edge.settings import EdgeSettings
+from edge.session_index import NO_CLAIM, IndexClaim, SessionIndex, attempt_of
+from edge.settings import EdgeSettings, body_limits
 from edge.stored import Decode, Stored, held, resolve
 from edge.streaming import Item, RecordedStream, TurnStream
 from edge.turns import Clock, TurnOutcome, TurnRequest, TurnRunner
@@ -48,24 +47,20 @@ from reward.intake import parse_reward_info
 from schemas.errors import (
     CapacityExceeded,
     Conflict,
-    LogUnavailable,
     MalformedRequest,
     OwnershipLost,
     ResponseNotFound,
     SessionClosed,
+    SessionNotFound,
     Unauthorized,
 )
 from schemas.events import RewardReported, SamplingDefaults, SessionAborted, SessionFinalized, SessionOpened
-from schemas.log import LogConfig, check_session_id
-from schemas.metadata import or_default, read_settings
+from schemas.log import check_session_id
+from schemas.metadata import read_settings
 from schemas.values import INT32_MAX, check_free_form
 from session.fold import apply
 from session.summary import SessionSummary, summarize
-from session_projector.projections import UNAVAILABLE
 
-log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 Reader = Callable[[str], Awaitable[SessionLog]]
 
 
@@ -81,6 +76,10 @@ class OpenSession(msgspec.Struct, frozen=True, kw_only=True):
 class OpenedSession(msgspec.Struct, frozen=True, kw_only=True):
     session_id: str
     api_key: str
+
+
+REFUSED = "a valid api key for this session is required (Authorization: Bearer or x-api-key)"
+"""The one answer (401) to a model or reward request without its session's key, whatever else is wrong."""
 
 
 def key_digest(api_key: str) -> str:
@@ -118,123 +117,6 @@ def _check_open_request(spec: OpenSession) -> str:
     return uid
 
 
-class IndexHolder(msgspec.Struct, frozen=True, kw_only=True):
-    """The value of a session index entry: the session that holds a (uid, session_index)."""
-
-    session_id: str
-    attempt: int = 0
-
-
-_holder_decoder = msgspec.json.Decoder(IndexHolder)
-
-
-def _holder(value: bytes, key: str) -> IndexHolder:
-    try:
-        return _holder_decoder.decode(value)
-    except msgspec.DecodeError as exc:  # not written by an edge: who holds the pair is unknown
-        raise LogUnavailable(f"session index entry {key} is not a session index entry: {exc}") from exc
-
-
-def index_key(uid: str, session_index: int) -> str:
-    """The session index key of ``(uid, session_index)``: a digest, safe as a KV key whatever the uid."""
-    return hashlib.sha256(msgspec.json.encode([uid, session_index])).hexdigest()
-
-
-def attempt_of(metadata: dict[str, Any]) -> int:
-    """The session's dispatch attempt (``metadata.attempt``, checked by :func:`_check_metadata`; 0 without it)."""
-    return or_default(read_settings(metadata)[0].attempt, 0)
-
-
-class IndexClaim(Protocol):
-    async def release(self) -> None:
-        """Undo the claim (best effort): the session it was for was not opened."""
-
-
-class SessionIndex(Protocol):
-    async def claim(self, uid: str, session_index: int, attempt: int, session_id: str) -> IndexClaim:
-        """Make ``session_id`` the holder of ``(uid, session_index)``, or raise :class:`Conflict`."""
-
-
-class _KvClaim:
-    def __init__(self, kv: KeyValue, key: str, revision: int, previous: bytes | None, timeout: float) -> None:
-        self._kv = kv
-        self._key = key
-        self._revision = revision
-        self._previous = previous
-        self._timeout = timeout
-
-    async def release(self) -> None:
-        try:
-            if self._previous is None:
-                await asyncio.wait_for(self._kv.delete(self._key, last=self._revision), self._timeout)
-            else:
-                await asyncio.wait_for(self._kv.update(self._key, self._previous, last=self._revision), self._timeout)
-        except (KeyWrongLastSequenceError, *UNAVAILABLE) as exc:
-            log.warning("session index key %s not released: %r", self._key, exc)
-
-
-class KvSessionIndex:
-    """``cfg.session_index_bucket``: ``index_key(uid, session_index)`` -> :class:`IndexHolder`, written
-    by compare-and-set (revision 0 to create). Read and written only when a session opens."""
-
-    def __init__(self, js: JetStreamContext, cfg: LogConfig, *, timeout: float = 5.0, tries: int = 4) -> None:
-        self._js = js
-        self._cfg = cfg
-        self._timeout = timeout
-        self._tries = tries
-        self._kv: KeyValue | None = None
-
-    async def claim(self, uid: str, session_index: int, attempt: int, session_id: str) -> IndexClaim:
-        kv = await self._bucket()
-        key = index_key(uid, session_index)
-        value = msgspec.json.encode(IndexHolder(session_id=session_id, attempt=attempt))
-        for _ in range(self._tries):
-            try:
-                entry = await self._bounded(kv.get(key))
-            except KeyNotFoundError as exc:  # never held, or a released claim (its marker's revision)
-                previous, revision = None, int(exc.entry.revision or 0) if exc.entry is not None else 0
-            else:
-                previous, revision = entry.value or b"", int(entry.revision or 0)
-                holder = _holder(previous, key)
-                if attempt <= holder.attempt:
-                    raise Conflict(
-                        f"uid {uid!r} session_index {session_index} is already taken by session "
-                        f"{holder.session_id} (attempt {holder.attempt}); only a newer metadata.attempt "
-                        f"than {holder.attempt} may open it again", param="session_index")
-            try:
-                new_revision = await self._bounded(kv.update(key, value, last=revision))
-            except KeyWrongLastSequenceError:  # another open of the pair came first: look again
-                continue
-            if previous is not None:
-                log.info("uid %r session_index %d: attempt %d takes over from session %s", uid, session_index,
-                         attempt, _holder(previous, key).session_id)
-            return _KvClaim(kv, key, new_revision, previous, self._timeout)
-        raise Conflict(f"uid {uid!r} session_index {session_index} is being opened concurrently",
-                       param="session_index")
-
-    async def _bucket(self) -> KeyValue:
-        if self._kv is None:
-            try:
-                self._kv = await self._bounded(self._js.key_value(self._cfg.session_index_bucket))
-            except NotFoundError as exc:
-                raise LogUnavailable(f"KV bucket {self._cfg.session_index_bucket} does not exist") from exc
-        return self._kv
-
-    async def _bounded(self, call: Awaitable[T]) -> T:
-        try:
-            return await asyncio.wait_for(call, self._timeout)
-        except UNAVAILABLE as exc:
-            raise LogUnavailable("JetStream did not answer a session index operation") from exc
-
-
-class _NoClaim:
-    async def release(self) -> None:
-        return None
-
-
-_NO_CLAIM = _NoClaim()
-
-
 class EdgeService:
     def __init__(self, *, settings: EdgeSettings, registry: Registry, log: EventLog, turns: TurnRunner,
                  clock: Clock = time.time, leases: KvLeases | None = None, index: SessionIndex | None = None,
@@ -251,6 +133,7 @@ class EdgeService:
         self._index = index
         self._reader = reader
         self.decoders: dict[str, Decode] = {}  # by wire: its adapter's decoding (the app registers them)
+        self.body_limits = body_limits(settings)  # the model routes' request bodies
         self.metrics = turns.metrics  # the turns' registry: the edge's /metrics
         self.metrics.edge.sessions_open.set_function(registry.__len__)
 
@@ -293,7 +176,7 @@ class EdgeService:
     async def _claim(self, uid: str, spec: OpenSession, session_id: str) -> IndexClaim:
         """Claim ``(uid, session_index)`` for the new session; a uid drawn here is unique already."""
         if self._index is None or spec.uid is None:
-            return _NO_CLAIM
+            return NO_CLAIM
         return await self._index.claim(uid, spec.session_index, attempt_of(spec.metadata), session_id)
 
     def _opened(self, session_id: str, uid: str, spec: OpenSession, api_key: str) -> SessionOpened:
@@ -306,23 +189,34 @@ class EdgeService:
             tool_format=self.settings.tool_format, edge_id=self.settings.edge_id,
         )
 
-    async def authorized(self, session_id: str, api_key: str | None) -> LiveSession:
-        """The open session, if ``api_key`` is its key."""
-        live = self._registry.peek(session_id)  # held here: its id was checked when it was taken
-        if live is None:
-            live = await self._registry.get(check_session_id(session_id))
+    async def authorize(self, session_id: str, api_key: str | None) -> LiveSession:
+        """The open session whose key ``api_key`` is: what a model or reward request is checked against
+        from its headers alone, before its body is read. Without the session's key every refusal is the
+        same :data:`REFUSED` (no key, a wrong one, a malformed, unknown, finalized or aborted session), so
+        that such a client learns nothing about the session; with it, a closed session is
+        :class:`SessionClosed`."""
         if api_key is None:
-            raise Unauthorized("missing api key (Authorization: Bearer or x-api-key)")
-        if live.verified_key is not None and same_secret(api_key, live.verified_key):
+            raise Unauthorized(REFUSED)
+        live = self._registry.peek(session_id)
+        if live is not None and live.verified_key is not None and same_secret(api_key, live.verified_key):
             return live
-        if not hmac.compare_digest(key_digest(api_key), live.state.api_key_digest):
-            raise Unauthorized("invalid api key for this session")
+        digest = key_digest(api_key)
+
+        def admit(expected: str) -> None:
+            if not hmac.compare_digest(digest, expected):
+                raise Unauthorized(REFUSED)
+
+        try:
+            live = await self._registry.get(check_session_id(session_id), admit)
+        except SessionNotFound:
+            raise Unauthorized(REFUSED) from None
         live.verified_key = api_key
         return live
 
-    async def complete(self, session_id: str, api_key: str | None, request: TurnRequest) -> TurnOutcome:
-        """Run a model turn, or answer a repeated request with the completion recorded for it."""
-        live, identity, request = await self._identified(session_id, api_key, request)
+    async def complete(self, live: LiveSession, request: TurnRequest) -> TurnOutcome:
+        """Run a model turn in the authorized session (:meth:`authorize`), or answer a repeated request
+        with the completion recorded for it."""
+        live, identity, request = await self._identified(live, request)
         with live.in_use():
             outcome = await self._recorded(live, identity) if identity.may_repeat else None
             if outcome is not None:
@@ -331,11 +225,11 @@ class EdgeService:
             with live.inflight.running(identity, request.disconnect):
                 return await self._turns.run(live, request)
 
-    async def stream(self, session_id: str, api_key: str | None,
-                     request: TurnRequest) -> tuple[TurnStream | RecordedStream, Item]:
-        """Start a streamed turn: the stream and its first event (see :mod:`edge.streaming`). A repeated
-        request whose turn is recorded gets that completion streamed back; the engine is not called."""
-        live, identity, request = await self._identified(session_id, api_key, request)
+    async def stream(self, live: LiveSession, request: TurnRequest) -> tuple[TurnStream | RecordedStream, Item]:
+        """Start a streamed turn in the authorized session: the stream and its first event (see
+        :mod:`edge.streaming`). A repeated request whose turn is recorded gets that completion streamed
+        back; the engine is not called."""
+        live, identity, request = await self._identified(live, request)
         with live.in_use():
             outcome = await self._recorded(live, identity)
         if outcome is not None:
@@ -344,10 +238,12 @@ class EdgeService:
             return recorded, recorded.first
         return await TurnStream.open(self._turns, live, request)
 
-    async def _identified(self, session_id: str, api_key: str | None,
+    async def _identified(self, live: LiveSession,
                           request: TurnRequest) -> tuple[LiveSession, RequestIdentity, TurnRequest]:
-        """The authorized session, the request's identity, and the request carrying its body digest."""
-        live = await self.authorized(session_id, api_key)
+        """The session as this edge holds it now, the request's identity, and the request carrying its
+        body digest (and what it names of the session resolved: a stored conversation, reasoning)."""
+        if live.lost:  # let go while the body was read (its log moved, or an append's outcome is unknown)
+            live = await self._registry.get(live.session_id)
         continues = request.conversation.continues
         if continues is not None and continues.session_id == live.session_id:
             await self._stored(live, continues.request_no, request.wire)
@@ -378,10 +274,11 @@ class EdgeService:
         read = (lambda: reader(session_id)) if reader is not None else None
         return await held(live.stored, live.state, request_no, wire, self.decoders.get(wire), read)
 
-    async def stored_response(self, session_id: str, api_key: str | None, request_no: int,
+    async def stored_response(self, live: LiveSession, request_no: int,
                               wire: str = "responses") -> tuple[TurnOutcome, Stored]:
-        """The answer a stored response got, and what was stored with it (``GET .../responses/{id}``)."""
-        live = await self.authorized(session_id, api_key)
+        """The answer a stored response of the authorized session got, and what was stored with it
+        (``GET .../responses/{id}``)."""
+        session_id = live.session_id
         stored = await self._stored(live, request_no, wire)
         outcome = recorded_outcome(live.state, request_no) if stored is not None else None
         if stored is None or outcome is None:
@@ -393,27 +290,31 @@ class EdgeService:
         """Each sampled token as text (for ``logprobs`` in replies)."""
         return [self._turns.codec.tokenizer.decode([t]) for t in token_ids]
 
-    async def report_reward(self, session_id: str, api_key: str | None, reward_info: dict[str, Any]) -> None:
-        """Record a posted reward. After the session ended it is still recorded (for audit) but changes
-        nothing: the records are derived from the session as it ended, so the caller gets 409."""
-        posted = parse_reward_info(reward_info)
-        event = RewardReported(session_id=session_id, seq=0, time=self._clock(), reward=posted.reward,
-                               extra=posted.extra)
+    async def reward_access(self, session_id: str, api_key: str | None) -> LiveSession:
+        """The session a reward is posted to, authorized like a model request (:meth:`authorize`); with
+        its key, a closed session too, read from the log (the reward is recorded there for audit)."""
         try:
-            live = await self.authorized(session_id, api_key)
-            with live.in_use():
-                await live.commit(self._log, lambda _: [event])
-        except SessionClosed:
-            status = await self._record_late_reward(session_id, api_key, event)
-            raise SessionClosed(f"session {session_id} is {status}: its records are derived without this reward "
-                                "(it was recorded in the log for audit)") from None
+            return await self.authorize(session_id, api_key)
+        except SessionClosed:  # the key is the session's: checked first
+            return await self._registry.load(session_id)
 
-    async def _record_late_reward(self, session_id: str, api_key: str | None, event: RewardReported) -> str:
-        late = await self._registry.load(session_id)
-        if api_key is None or not hmac.compare_digest(key_digest(api_key), late.state.api_key_digest):
-            raise Unauthorized("invalid api key for this session")
-        await late.commit(self._log, lambda _: [event], allow_closed=True)
-        return late.state.status
+    async def report_reward(self, live: LiveSession, reward_info: dict[str, Any]) -> None:
+        """Record a posted reward (``live``: from :meth:`reward_access`). After the session ended it is
+        still recorded (for audit) but changes nothing: the records are derived from the session as it
+        ended, so the caller gets 409."""
+        posted = parse_reward_info(reward_info)
+        event = RewardReported(session_id=live.session_id, seq=0, time=self._clock(), reward=posted.reward,
+                               extra=posted.extra)
+        if live.state.status == "open":
+            try:
+                with live.in_use():
+                    await live.commit(self._log, lambda _: [event])
+                return
+            except SessionClosed:  # it ended since
+                live = await self._registry.load(live.session_id)
+        await live.commit(self._log, lambda _: [event], allow_closed=True)
+        raise SessionClosed(f"session {live.session_id} is {live.state.status}: its records are derived without "
+                            "this reward (it was recorded in the log for audit)")
 
     async def summary(self, session_id: str) -> SessionSummary:
         return await self._registry.summary(check_session_id(session_id))

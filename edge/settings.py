@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import msgspec
 
@@ -21,6 +22,10 @@ class EdgeSettings(msgspec.Struct, frozen=True, kw_only=True):
     default_max_tokens: int = 4096  # per turn, when neither request nor session says
     max_request_bytes: int = 16 * 1024 * 1024
     body_timeout_s: float = 30.0  # a request body that sends nothing for this long is refused (400)
+    # and one that is not whole within body_base_s + its size / body_min_rate (its Content-Length, else
+    # max_request_bytes) is refused too (400): a trickle holds its connection for a bounded time
+    body_base_s: float = 10.0
+    body_min_rate: float = 64 * 1024  # bytes per second
     max_open_sessions: int = 100_000
     edge_id: str = "edge-0"  # unique among running edges (a restarted edge with the same id takes over at once)
     lease_ttl_s: float = 15.0  # a crashed edge's open sessions can be taken over this long after its last renewal
@@ -28,3 +33,24 @@ class EdgeSettings(msgspec.Struct, frozen=True, kw_only=True):
     rollback_rewritten_turns: bool = True  # a request that rewrites a chain's last reply rolls it back
     disconnect_grace_s: float = 10.0  # a plain turn whose client left is aborted this long after (unless retried)
     log: LogConfig = LogConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class BodyLimits:
+    """What a request body may be: at most ``max_bytes`` (sent, and decoded from its ``Content-Encoding``),
+    never silent for ``silence_s`` seconds, and whole within :meth:`time_allowed`."""
+
+    max_bytes: int
+    silence_s: float
+    base_s: float
+    min_rate: float  # bytes per second
+
+    def time_allowed(self, declared: int | None) -> float:
+        """Seconds a body of ``declared`` bytes (``None``: chunked, so up to ``max_bytes``) may take to arrive."""
+        return self.base_s + (self.max_bytes if declared is None else declared) / self.min_rate
+
+
+def body_limits(settings: EdgeSettings, max_bytes: int | None = None) -> BodyLimits:
+    """The edge's body limits (``max_bytes``: a route's own size limit, else the edge's)."""
+    return BodyLimits(max_bytes=settings.max_request_bytes if max_bytes is None else max_bytes,
+                      silence_s=settings.body_timeout_s, base_s=settings.body_base_s, min_rate=settings.body_min_rate)

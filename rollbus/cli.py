@@ -34,6 +34,7 @@ from typing import NoReturn
 import msgspec
 
 from edge.codec.fidelity import load_codec
+from edge.settings import EdgeSettings
 from materializer.service import MaterializerOptions
 from rollbus.commands import demo, export, materialize, replay, rollout, sessions, view
 from rollbus.tools import EXIT_ERROR, LOG_LEVEL_HELP, check_nats, duration, number, size
@@ -108,6 +109,17 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
                         help="session lease: another edge may take over a dead edge's sessions after it [15]")
     parser.add_argument("--idle-timeout", type=number(float, at_least=0), default=3600.0, metavar="SECONDS",
                         help="abort open sessions nothing touched for this long; 0: never [3600]")
+    parser.add_argument("--body-min-rate", type=_rate, default=EdgeSettings().body_min_rate, metavar="SIZE",
+                        help="bytes a second a request body must arrive at: refused (400) past "
+                             f"{EdgeSettings().body_base_s:g} s + its size at this rate [64KiB]")
+
+
+def _rate(text: str) -> int:
+    """``--body-min-rate``: bytes a second, written as a size (``64KiB``); more than 0."""
+    rate = size(text)
+    if rate <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return rate
 
 
 def _materializer_flags(parser: argparse.ArgumentParser) -> None:
@@ -226,6 +238,7 @@ def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOpti
         edge_id=args.edge_id if edge else "",
         lease_ttl=args.lease_ttl if edge else 15.0,
         idle_timeout=args.idle_timeout if edge else 3600.0,
+        body_min_rate=args.body_min_rate if edge else EdgeSettings().body_min_rate,
         materializer=_materializer_options(args) if "materializer" in components else MaterializerOptions(),
         metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
         metrics_port=None if edge else getattr(args, "metrics_port", None),  # the edge serves its own

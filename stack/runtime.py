@@ -41,7 +41,8 @@ from edge.keeper import SessionKeeper
 from edge.live import Registry
 from edge.metrics import LAG_INTERVAL_S, Metrics, MetricsServer, TimedEngine, TimedLog, watch_lag
 from edge.ownership import KvLeases
-from edge.service import EdgeService, KvSessionIndex
+from edge.service import EdgeService
+from edge.session_index import KvSessionIndex
 from edge.settings import EdgeSettings
 from edge.turns import Clock, TurnRunner
 from eventlog.lag import Watched
@@ -136,6 +137,7 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     lease_ttl: float = 15.0
     idle_timeout: float = 3600.0
     disconnect_grace: float = 10.0
+    body_min_rate: float = EdgeSettings().body_min_rate  # bytes a second a request body must arrive at
     rollback_rewritten_turns: bool = True
     materializer: MaterializerOptions = MaterializerOptions()
     metrics_host: str = "127.0.0.1"  # a projector or materializer run alone: where it serves /metrics
@@ -271,10 +273,11 @@ class EdgeServer(EmbeddedGranian):
     connection after it.
     """
 
-    def __init__(self, app: Any, sock: socket.socket, *, header_read_timeout: float = HEADER_READ_TIMEOUT_S) -> None:
+    def __init__(self, app: Any, sock: socket.socket, *, header_read_timeout: float = HEADER_READ_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         host, port = sock.getsockname()[:2]
         super().__init__(app, address=host, port=port, interface=Interfaces.ASGINL, http=HTTPModes.http1,
-                         websockets=False, backlog=LISTEN_BACKLOG, backpressure=MAX_CONNECTIONS,
+                         websockets=False, backlog=LISTEN_BACKLOG, backpressure=max_connections,
                          http1_settings=HTTP1Settings(header_read_timeout=round(header_read_timeout * 1000)),
                          log_level=LogLevels.error, log_dictconfig=_GRANIAN_LOGGING)
         self._sock: socket.socket | None = sock
@@ -289,7 +292,7 @@ class EdgeServer(EmbeddedGranian):
 
 
 def bind(host: str, port: int, *, listen: bool = True) -> socket.socket:
-    """A non-blocking TCP socket bound to ``host:port`` (listening unless ``listen=False``).
+    """A non-blocking TCP socket bound to ``host:port`` (listening unless ``listen=False``), with TCP_NODELAY.
 
     Raises :class:`StartupError` when the address cannot be had: the port is in use, needs
     privileges, or is out of range; the host is unknown or not this machine's.
@@ -297,6 +300,9 @@ def bind(host: str, port: int, *, listen: bool = True) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # no Nagle: an SSE frame is sent at once, not held while the previous one waits for the client's
+        # delayed ACK; set on the listening socket, it is inherited by every connection accepted on it
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
     except (OSError, OverflowError) as exc:
         sock.close()
@@ -448,7 +454,7 @@ class Stack:
                                 tool_format=options.tool_format, max_trajectory_length=options.max_trajectory_length,
                                 log=options.log, edge_id=options.edge_id or default_edge_id(port),
                                 lease_ttl_s=options.lease_ttl, idle_timeout_s=options.idle_timeout,
-                                disconnect_grace_s=options.disconnect_grace,
+                                disconnect_grace_s=options.disconnect_grace, body_min_rate=options.body_min_rate,
                                 rollback_rewritten_turns=options.rollback_rewritten_turns)
         service = self._service = build_edge_service(settings, nc, self._engine, metrics=self.metrics)
         self._spawn(build_keeper(service, js).run(self.stop_event), "keeper")

@@ -14,7 +14,7 @@ import msgspec
 from fastapi import APIRouter, Request, Response
 
 from edge.codec.anthropic_wire import decode_count_request, encode_error
-from edge.routes.wire import bearer, json_response, read_body, wire_route
+from edge.routes.wire import bearer, json_response, receive_body, wire_route
 from edge.service import EdgeService
 
 router = APIRouter(route_class=wire_route(encode_error))
@@ -27,7 +27,8 @@ class TokenCount(msgspec.Struct, frozen=True, kw_only=True):
 @router.post("/sessions/{session_id}/v1/messages/count_tokens")
 async def count_tokens(session_id: str, request: Request) -> Response:
     service: EdgeService = request.app.state.service
-    live = await service.authorized(session_id, bearer(request.headers))
-    body = await read_body(request, service.settings.max_request_bytes)
+    live = await service.authorize(session_id, bearer(request.headers))
+    with live.in_use():  # its lease kept while the body arrives
+        body = await receive_body(request.receive, request.headers, service.body_limits)
     count = await service.count_tokens(live, decode_count_request(body))
     return json_response(msgspec.json.encode(TokenCount(input_tokens=count)))

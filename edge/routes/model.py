@@ -1,10 +1,12 @@
 """The model-facing routes, generic over the wire: one handler, one adapter per wire.
 
 ``POST /sessions/{id}/v1/chat/completions`` (OpenAI) and ``POST /sessions/{id}/v1/messages``
-(Anthropic): decode the wire's request with its adapter, run the turn (plain or streamed)
-through :class:`EdgeService`, answer in the adapter's shape. Errors raised before a
-stream starts (bad request, bad key, unknown or closed session, engine down) are HTTP
-errors in the wire's error shape; a failure after it started is the wire's in-stream
+(Anthropic): authorize the request from its headers (:meth:`EdgeService.authorize`, before any
+of the body is read), read the body (at a minimum rate, decoded from its ``Content-Encoding``:
+:func:`edge.routes.wire.receive_body`), decode the wire's request with its adapter, run the turn
+(plain or streamed) in the authorized session, answer in the adapter's shape. Errors raised
+before a stream starts (no key, bad request, closed session, engine down) are HTTP errors in
+the wire's error shape; a failure after it started is the wire's in-stream
 error event. A client that leaves a stream early abandons its turn (see
 :mod:`edge.streaming`).
 
@@ -21,14 +23,12 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from starlette.responses import Response
-
 from edge.codec.adapter import WireAdapter
 from edge.http_errors import MethodNotAllowed, http_error
 from edge.idempotency import retry_count
 from edge.metrics import Metrics, Tallied
 from edge.routes.sse import SSEReply
-from edge.routes.wire import bearer, error_response, json_response, receive_body
+from edge.routes.wire import bearer, error_answer, json_response, receive_body
 from edge.service import EdgeService
 from edge.turns import Disconnect, TurnRequest
 
@@ -49,21 +49,26 @@ def is_anthropic_path(path: str) -> bool:
 async def handle_model(service: EdgeService, adapter: WireAdapter, session_id: str, scope: Scope, receive: Receive,
                        disconnect: Disconnect) -> bytes | SSEReply:
     """One model request: the plain reply's body, or a streamed one's events (:mod:`edge.routes.sse`). A
-    plain request is watched for its client leaving (``disconnect``)."""
+    plain request is watched for its client leaving (``disconnect``).
+
+    The session and its key are checked from the headers alone, before any of the body is read: a
+    client without the key is answered 401 at once (the HTTP server then closes the connection
+    rather than read a body nobody will look at), and ``Expect: 100-continue`` gets no ``100
+    Continue`` (the server sends it when the body is first read)."""
     headers = _headers(scope)
-    settings = service.settings
-    body = await receive_body(receive, headers, settings.max_request_bytes, settings.body_timeout_s)
-    live = service.registry.peek(session_id)
-    conversation = adapter.decode(body, live.known.get(adapter.name) if live is not None else None)
+    live = await service.authorize(session_id, bearer(headers))
+    with live.in_use():  # its lease kept while the body arrives
+        body = await receive_body(receive, headers, service.body_limits)
+    conversation = adapter.decode(body, live.known.get(adapter.name))
     turn = TurnRequest(conversation=conversation, wire=adapter.name, body=body,
                        idempotency_key=headers.get("idempotency-key"), retry_count=retry_count(headers),
                        disconnect=None if conversation.stream else disconnect)
     if conversation.stream:
-        stream, first = await service.stream(session_id, bearer(headers), turn)
+        stream, first = await service.stream(live, turn)
         return SSEReply(adapter.stream(conversation, service.token_strings), first, stream)
     unwatch = _watch(receive, disconnect)
     try:
-        outcome = await service.complete(session_id, bearer(headers), turn)
+        outcome = await service.complete(live, turn)
     finally:
         unwatch()
     return adapter.encode(outcome, conversation, service.token_strings)
@@ -134,9 +139,9 @@ class ModelRoutes:
                      send: Send) -> None:
         started = time.perf_counter()
         disconnect = Disconnect(self._service.settings.disconnect_grace_s)
+        status = 200
         try:
-            reply: bytes | SSEReply | Response = await handle_model(self._service, adapter, session_id, scope,
-                                                                    receive, disconnect)
+            reply = await handle_model(self._service, adapter, session_id, scope, receive, disconnect)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if not disconnect.gone or task is None or task.cancelling() > 1:
@@ -144,25 +149,26 @@ class ModelRoutes:
             task.uncancel()  # the client left while its turn sampled: the turn was abandoned; nobody to answer
             return
         except Exception as exc:
-            reply = error_response(exc, f"POST {scope['path']}", adapter.encode_error)
-        if isinstance(reply, bytes):
-            status = 200
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(reply)).encode())]})
-            await send({"type": "http.response.body", "body": reply})
-        elif isinstance(reply, SSEReply):
-            status = 200
-            await reply(receive, send)
+            status, body, extra = error_answer(exc, f"POST {scope['path']}", adapter.encode_error)
+            await _send_json(send, status, body, extra)
         else:
-            status = reply.status_code
-            await reply(scope, receive, send)
+            if isinstance(reply, bytes):
+                await _send_json(send, 200, reply)
+            else:
+                await reply(receive, send)
         counted = self._counters.get((tail, status))
         if counted is None:
             counted = self._counters[(tail, status)] = self._requests.labels(f"/sessions/{{session_id}}/{tail}",
                                                                               str(status))
         counted.inc()
         self._latency.observe(time.perf_counter() - started)
+
+
+async def _send_json(send: Send, status: int, body: bytes, extra: dict[str, str] | None = None) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(name.lower().encode(), value.encode()) for name, value in (extra or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _method_not_allowed(adapter: WireAdapter, scope: Scope, receive: Receive, send: Send) -> None:

@@ -24,6 +24,7 @@ class RewardBody(msgspec.Struct, frozen=True, kw_only=True):
 @router.post("/sessions/{session_id}/reward_info")
 async def reward_info(session_id: str, request: Request) -> Response:
     service: EdgeService = request.app.state.service
+    live = await service.reward_access(session_id, bearer(request.headers))  # from the headers: before the body
     body = decode_strict(await read_body(request, _LIMIT), RewardBody)
-    await service.report_reward(session_id, bearer(request.headers), body.reward_info)
+    await service.report_reward(live, body.reward_info)
     return json_response(b'{"status":"ok"}')

@@ -18,7 +18,9 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
 from edge.http_errors import http_error, retry_after_headers
+from edge.routes.encoding import decoded
 from edge.service import same_secret
+from edge.settings import BodyLimits, body_limits
 from schemas.errors import MalformedRequest, PayloadTooLarge, RollbusError, Unauthorized
 
 log = logging.getLogger(__name__)
@@ -65,60 +67,78 @@ async def guarded(handling: Awaitable[T], where: str, encode_error: ErrorEncoder
 def error_response(exc: Exception, where: str, encode_error: ErrorEncoder) -> Response:
     """A handler's error in the wire's shape (a non-rollbus error is a logged 500). Called from an
     ``except`` block (an unexpected error is logged with its traceback)."""
+    status, body, headers = error_answer(exc, where, encode_error)
+    response = json_response(body, status)
+    response.headers.update(headers)
+    return response
+
+
+def error_answer(exc: Exception, where: str, encode_error: ErrorEncoder) -> tuple[int, bytes, dict[str, str]]:
+    """:func:`error_response`'s status, body and extra headers (``Retry-After``, honoured by the openai and
+    anthropic SDKs' retries), for a route that answers in ASGI messages."""
     if not isinstance(exc, RollbusError):
         log.exception("unhandled error in %s", where)
-        return json_response(encode_error(RollbusError("internal error")), 500)
+        return 500, encode_error(RollbusError("internal error")), {}
     row = http_error(exc)
     if row.status >= 500:
         log.warning("%s -> %d: %s", where, row.status, exc.message)
-    response = json_response(encode_error(exc), row.status)
-    response.headers.update(retry_after_headers(exc, row))  # honoured by the openai and anthropic SDKs' retries
-    return response
+    return row.status, encode_error(exc), retry_after_headers(exc, row)
 
 
 Message = MutableMapping[str, Any]
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 past ``limit`` bytes (checked before and while reading),
-    and with 400 when it stalls (:func:`receive_body`)."""
-    timeout = request.app.state.service.settings.body_timeout_s
-    return await receive_body(request.receive, request.headers, limit, timeout)
+    """The request body (:func:`receive_body`), at most ``limit`` bytes."""
+    limits = body_limits(request.app.state.service.settings, limit)
+    return await receive_body(request.receive, request.headers, limits)
 
 
-async def receive_body(receive: Callable[[], Awaitable[Message]], headers: Mapping[str, str], limit: int,
-                       timeout: float) -> bytes:
-    """An ASGI request's body: 413 past ``limit`` bytes (declared, or as it arrives), 400 when the
-    client leaves before it is whole or sends nothing for ``timeout`` seconds (the HTTP server bounds
-    only the time to the headers; a body that stalls would hold its request forever)."""
-    check_declared_size(headers, limit)
+async def receive_body(receive: Callable[[], Awaitable[Message]], headers: Mapping[str, str],
+                       limits: BodyLimits) -> bytes:
+    """An ASGI request's body, decoded from its ``Content-Encoding`` (:mod:`edge.routes.encoding`): 413 past
+    ``limits.max_bytes`` (declared, as it arrives, or as it is decoded); 400 when the client leaves before
+    it is whole, sends nothing for ``limits.silence_s`` seconds, or has not sent it all within
+    ``limits.time_allowed`` (the HTTP server bounds only the time to the headers; a body that stalls or
+    trickles would hold its request for as long as its client likes)."""
+    declared = check_declared_size(headers, limits.max_bytes)
+    allowed = limits.time_allowed(declared)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + allowed
     chunks: list[bytes] = []
     size = 0
     while True:
+        wait = min(limits.silence_s, deadline - loop.time())
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(wait):
                 message = await receive()
         except TimeoutError:
-            raise MalformedRequest(f"the request body stalled: nothing arrived for {timeout:g} s") from None
+            if wait < limits.silence_s:
+                of = f" of {declared}" if declared is not None else ""
+                raise MalformedRequest(f"the request body came too slowly: {size}{of} bytes in {allowed:.3g} s "
+                                       f"(it must arrive at {limits.min_rate:g} bytes/s)") from None
+            raise MalformedRequest(f"the request body stalled: nothing arrived for {limits.silence_s:g} s") from None
         if message["type"] == "http.disconnect":
             raise MalformedRequest("the client disconnected before sending the whole body")
         chunk: bytes = message.get("body", b"")
         size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        if size > limits.max_bytes:
+            raise PayloadTooLarge(f"request body exceeds {limits.max_bytes} bytes")
         chunks.append(chunk)
         if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            return await decoded(body, headers.get("content-encoding"), limits.max_bytes)
 
 
-def check_declared_size(headers: Mapping[str, str], limit: int) -> None:
-    """Refuse (413) a body whose ``Content-Length`` is over ``limit`` before reading any of it."""
+def check_declared_size(headers: Mapping[str, str], limit: int) -> int | None:
+    """The body's declared size (``Content-Length``); refused (413) over ``limit`` before any of it is read."""
     declared = headers.get("content-length")
     if declared is None or not (declared.isascii() and declared.isdigit()):
-        return  # not a number: the HTTP server refuses it, else the body is counted as it is read
+        return None  # not a number: the HTTP server refuses it, else the body is counted as it is read
     digits = declared.lstrip("0")
     if len(digits) > 18 or int(digits or "0") > limit:  # int() refuses a few thousand digits
         raise PayloadTooLarge(f"request body is {declared} bytes (limit {limit})")
+    return int(digits or "0")
 
 
 def bearer(headers: Mapping[str, str]) -> str | None:

@@ -139,7 +139,7 @@ def test_errors_come_in_anthropic_shape_through_the_sdk(stack, engine, tokenizer
     cases = [
         (lambda: client("wrong").messages.create(**GOOD), anthropic.AuthenticationError, "authentication_error"),
         (lambda: client(session["api_key"], base.replace(session["session_id"], "f" * 32)).messages.create(**GOOD),
-         anthropic.NotFoundError, "not_found_error"),
+         anthropic.AuthenticationError, "authentication_error"),  # unknown: as a wrong key (no existence oracle)
     ]
     for call, kind, error_type in cases:
         with pytest.raises(kind) as caught:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from nats.js import JetStreamContext
 
-from edge.service import IndexHolder, KvSessionIndex, index_key
+from edge.session_index import IndexHolder, KvSessionIndex, index_key
 from schemas.errors import Conflict, LogUnavailable
 from schemas.log import LogConfig
 from tests.e2e.test_openai_session import open_session

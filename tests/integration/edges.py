@@ -82,7 +82,7 @@ class Agent:
                            retry_count=retries)
 
     async def send(self, edge: EdgeService, request: TurnRequest) -> TurnOutcome:
-        outcome = await edge.complete(self.session_id, self.api_key, request)
+        outcome = await edge.complete(await edge.authorize(self.session_id, self.api_key), request)
         return outcome
 
     def heard(self, outcome: TurnOutcome) -> None:

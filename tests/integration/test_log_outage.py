@@ -17,7 +17,8 @@ from nats.aio.msg import Msg
 
 from edge.app import create_app
 from edge.ownership import KvLeases
-from edge.service import KvSessionIndex, OpenSession, index_key
+from edge.service import OpenSession
+from edge.session_index import KvSessionIndex, index_key
 from eventlog.acks import AckedPublisher, PublishRejected
 from eventlog.publisher import JetStreamLog
 from eventlog.reader import last_stream_seq, load_state, read_session

@@ -233,8 +233,8 @@ async def test_a_session_is_opened_served_and_finalized(codec) -> None:
     edge, agent = service(codec, log, engine), Agent()
     opened_session = await edge.open_session(OpenSession(uid="task1", metadata={"agent_name": "solver"}))
     sid, key = opened_session.session_id, opened_session.api_key
-    outcome = agent.heard(await edge.complete(sid, key, agent.request("hi")))
-    await edge.report_reward(sid, key, {"reward": 1.0})
+    outcome = agent.heard(await edge.complete(await edge.authorize(sid, key), agent.request("hi")))
+    await edge.report_reward(await edge.reward_access(sid, key), {"reward": 1.0})
     summary = await edge.finalize(sid)
     assert (summary.status, summary.turns, summary.trajectories, summary.reward) == ("finalized", 1, 1, 1.0)
     assert await edge.finalize(sid) == summary and not edge.registry.holds(sid)  # idempotent, released
@@ -242,7 +242,7 @@ async def test_a_session_is_opened_served_and_finalized(codec) -> None:
     assert (state.uid, state.agent_name, state.status) == ("task1", "solver", "finalized")
     assert state.chains[0].turns[0].text == outcome.content
     with pytest.raises(SessionClosed):
-        await edge.complete(sid, key, agent.request("again"))
+        await edge.complete(await edge.authorize(sid, key), agent.request("again"))
 
 
 async def test_a_restarted_edge_rebuilds_the_session_from_the_log_and_continues_its_chain(codec) -> None:
@@ -251,23 +251,23 @@ async def test_a_restarted_edge_rebuilds_the_session_from_the_log_and_continues_
     opened_session = await first.open_session(OpenSession())
     sid, key = opened_session.session_id, opened_session.api_key
     request = agent.request("one", key="req-1")
-    original = await first.complete(sid, key, request)
+    original = await first.complete(await first.authorize(sid, key), request)
     before = (await log.load_state(sid))[0].chains[0].token_ids()
 
     restarted = service(codec, log, engine)  # a new registry, nothing in memory: the log is all it has
     assert not restarted.registry.holds(sid)
-    again = await restarted.complete(sid, key, request)
+    again = await restarted.complete(await restarted.authorize(sid, key), request)
     assert len(engine.requests) == 1  # a retry: answered from the log (log probs as stored: float32)
     assert msgspec.structs.replace(again, logprobs=None) == msgspec.structs.replace(original, logprobs=None)
     assert np.array_equal(np.float32(again.logprobs), np.float32(original.logprobs))
     agent.heard(original)
-    await restarted.complete(sid, key, agent.request("two"))
+    await restarted.complete(await restarted.authorize(sid, key), agent.request("two"))
     assert id_list(engine.requests[-1].input_ids)[: len(before)] == before and restarted.registry.holds(sid)
     state, _ = await log.load_state(sid)
     assert len(state.chains) == 1 and len(state.chains[0].turns) == 2
 
     with pytest.raises(OwnershipLost):  # the first edge's state is stale: the log refuses its append
-        await first.complete(sid, key, agent.request("three"))
+        await first.complete(await first.authorize(sid, key), agent.request("three"))
     assert not first.registry.holds(sid)
     assert (await log.load_state(sid))[0] == (await restarted.registry.get(sid)).state
 
@@ -277,7 +277,7 @@ async def test_a_streamed_turn_reaches_its_finish_only_once_it_is_in_the_log(cod
     edge, agent = service(codec, log, engine), Agent()
     opened_session = await edge.open_session(OpenSession())
     sid = opened_session.session_id
-    stream, first = await edge.stream(sid, opened_session.api_key, agent.request("hi"))
+    stream, first = await edge.stream(await edge.authorize(sid, opened_session.api_key), agent.request("hi"))
     assert isinstance(first, StreamStarted) and first.prompt_tokens == len(engine.requests[0].input_ids)
     texts, finished = [], []
     async for batch in stream.events():

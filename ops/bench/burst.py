@@ -141,8 +141,9 @@ async def _bare_put(url: str, session_ids: list[str], partition: str) -> tuple[i
 async def _run(stack: Stack, sessions: int, concurrency: int, transfer_queue: bool) -> dict[str, object]:
     url = nats_url(stack.printed)
     rss = RssPeak(stack.proc.pid)
+    driver = Driver(stack.url, "tok", concurrency=concurrency)
     async with ConsumerPeak(url) as consumers:
-        step = await Driver(stack.url, "tok", concurrency=concurrency).step(sessions)
+        step = await driver.step(sessions)
         statuses, last_marked = await wait_marked(url, step.session_ids, timeout=max(300.0, sessions / 10))
     rss.stop()
     first_finalize = step.finalized_at - step.finalize_s
@@ -153,6 +154,7 @@ async def _run(stack: Stack, sessions: int, concurrency: int, transfer_queue: bo
         "peak consumers": consumers.peak, "rss up MiB": rss.up / 2**20, "rss nats MiB": rss.nats / 2**20,
         "records/s": sessions / (last_marked - first_finalize),
         "lost": found.lost, "duplicated": found.duplicated, "quarantined": found.quarantined,
+        "retried": dict(driver.retried),
     }
     if transfer_queue:
         records, seconds = await _bare_put(url, step.session_ids, f"bare{sessions}")
@@ -191,7 +193,7 @@ def main() -> None:
               f"{row['finalize s']:.1f}s  last finalize->last record {row['last finalize -> last record s']:.1f}s  "
               f"peak consumers {row['peak consumers']}  RSS up {row['rss up MiB']:.0f} MiB nats "
               f"{row['rss nats MiB']:.0f} MiB  lost {row['lost']} dup {row['duplicated']} "
-              f"quarantined {row['quarantined']}{ratio}")
+              f"quarantined {row['quarantined']}  requests retried {row['retried'] or 0}{ratio}")
 
 
 if __name__ == "__main__":

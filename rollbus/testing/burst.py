@@ -58,14 +58,36 @@ class Step(msgspec.Struct, kw_only=True):
     trajectories: int  # as the finalize answers counted them
 
 
+RETRIED = (429, 502, 503, 504)  # what the official SDKs retry (besides 408, 409 and connection errors)
+
+
 class Driver:
-    """Runs steps against the edge at ``url`` with ``concurrency`` sessions in flight."""
+    """Runs steps against the edge at ``url`` with ``concurrency`` sessions in flight. Like the official
+    SDKs, a request answered 429/502/503/504 or cut off is retried (twice, after 0.5 s and 1 s): the
+    retries are counted in :attr:`retried` by cause."""
 
     def __init__(self, url: str, admin_token: str, *, concurrency: int = 64, n: int = 8) -> None:
         self._url = url
         self._admin = {"Authorization": f"Bearer {admin_token}"}
         self._concurrency = concurrency
         self._n = n
+        self.retried: Counter[str] = Counter()
+
+    async def _post(self, client: httpx.AsyncClient, path: str, headers: dict[str, str],
+                    body: dict[str, Any] | None = None) -> Any:
+        for delay in (0.5, 1.0, None):
+            try:
+                response = await client.post(path, json=body, headers=headers)
+            except httpx.TransportError as exc:
+                if delay is None:
+                    raise
+                self.retried[type(exc).__name__] += 1
+            else:
+                if response.status_code not in RETRIED or delay is None:
+                    return _ok(response)
+                self.retried[str(response.status_code)] += 1
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
 
     async def step(self, sessions: int, *, global_steps: int = 1, uid_prefix: str = "p") -> Step:
         limits = httpx.Limits(max_connections=self._concurrency, max_keepalive_connections=self._concurrency)
@@ -92,21 +114,21 @@ class Driver:
     async def _session(self, client: httpx.AsyncClient, i: int, global_steps: int, uid_prefix: str) -> str:
         spec = {"uid": f"{uid_prefix}{i // self._n}", "session_index": i % self._n,
                 "metadata": {"rollout_n": self._n, "global_steps": global_steps}}
-        opened = _ok(await client.post("/sessions", json=spec, headers=self._admin))
+        opened = await self._post(client, "/sessions", self._admin, spec)
         key = {"Authorization": f"Bearer {opened['api_key']}"}
         path = f"/sessions/{opened['session_id']}/v1/chat/completions"
         messages: list[dict[str, Any]] = [{"role": "user", "content": f"What is 19 + 23? (task {i})"}]
-        first = _ok(await client.post(path, json={"model": "m", "messages": messages, "tools": TOOLS}, headers=key))
+        first = await self._post(client, path, key, {"model": "m", "messages": messages, "tools": TOOLS})
         message = first["choices"][0]["message"]
         call = message["tool_calls"][0]
         messages += [message, {"role": "tool", "tool_call_id": call["id"], "content": "42"}]
-        _ok(await client.post(path, json={"model": "m", "messages": messages, "tools": TOOLS}, headers=key))
-        _ok(await client.post(f"/sessions/{opened['session_id']}/reward_info",
-                              json={"reward_info": {"reward": 1.0}}, headers=key))
+        await self._post(client, path, key, {"model": "m", "messages": messages, "tools": TOOLS})
+        await self._post(client, f"/sessions/{opened['session_id']}/reward_info", key,
+                         {"reward_info": {"reward": 1.0}})
         return str(opened["session_id"])
 
     async def _finalize(self, client: httpx.AsyncClient, session_id: str) -> int:
-        return int(_ok(await client.post(f"/sessions/{session_id}/finalize", headers=self._admin))["trajectories"])
+        return int((await self._post(client, f"/sessions/{session_id}/finalize", self._admin))["trajectories"])
 
 
 def _ok(response: httpx.Response) -> Any:

@@ -1,0 +1,149 @@
+"""Fixtures of the agent compatibility suite: the pinned agents, installed on first use; one
+``rollbus up`` (a real process) in front of one scripted SGLang engine whose model is a
+:class:`~rollbus.testing.tool_user.ToolUser`, shared by the suite's tests (which run one at a time).
+
+An agent that cannot be installed skips its tests with the reason, unless ``ROLLBUS_REQUIRE_AGENTS=1``
+(``.ci/run`` sets it), when they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from edge.codec.tokenizer import Tokenizer, load_tokenizer
+from rollbus.testing.scripted import ScriptedEngineServer
+from rollbus.testing.tool_user import Call, Encoding, Policy, ToolUser
+from tests.agents import exact
+from tests.agents.install import InstallFailed, cache_root, install
+from tests.agents.pins import PINS
+from tests.e2e.test_cli import Up
+
+# Claude Code's first prompt is some 19k tokens (its tools' schemas); Codex's some 10k.
+MAX_TRAJECTORY_LENGTH = 40960
+
+
+class Installs:
+    """Each pinned agent installed at most once a pytest run; a failure remembered as its reason."""
+
+    def __init__(self) -> None:
+        self.done: dict[str, Path | InstallFailed] = {}
+        self.seconds: dict[str, float | None] = {}
+
+    def get(self, name: str) -> Path:
+        if name not in self.done:
+            try:
+                self.done[name], self.seconds[name] = install(PINS[name], cache_root())
+            except InstallFailed as exc:
+                self.done[name] = exc
+        found = self.done[name]
+        if isinstance(found, InstallFailed):
+            if os.environ.get("ROLLBUS_REQUIRE_AGENTS") == "1":
+                pytest.fail(f"ROLLBUS_REQUIRE_AGENTS=1 but {found}")
+            pytest.skip(str(found))
+        return found
+
+
+@pytest.fixture(scope="session")
+def installs() -> Installs:
+    return Installs()
+
+
+class RunningUp(Up):
+    """``rollbus up`` whose output, once it is running, is read on a thread (a full pipe would stall it)."""
+
+    def __init__(self, data_dir: Path, engine_url: str, *args: str) -> None:
+        self.data_dir = data_dir
+        super().__init__(data_dir, engine_url, *args)
+        self.admin = {"Authorization": "Bearer tok"}
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Tokenizer:
+    return load_tokenizer("builtin:qwen2.5")
+
+
+@pytest.fixture(scope="session")
+def model(tokenizer: Tokenizer) -> ToolUser:
+    return ToolUser(Encoding(encode=tokenizer.encode, decode=tokenizer.decode, end_id=tokenizer.eos_token_id))
+
+
+@pytest.fixture(scope="session")
+def engine(model: ToolUser) -> Iterator[ScriptedEngineServer]:
+    with ScriptedEngineServer(responder=model) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def up(engine: ScriptedEngineServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningUp]:
+    running = RunningUp(tmp_path_factory.mktemp("agents") / "data", engine.url, "--log-level", "WARNING",
+                        "--max-trajectory-length", str(MAX_TRAJECTORY_LENGTH), "--batch-delay", "0.05")
+    yield running
+    assert running.stop() == 0, "".join(running.lines[-50:])
+
+
+@dataclass
+class AgentSession:
+    """One agent's session on the shared stack: the engine requests it causes are those made after
+    :attr:`first` (tests run one at a time)."""
+
+    up: RunningUp
+    engine: ScriptedEngineServer
+    model: ToolUser
+    session: dict[str, str]
+    first: int
+    workdir: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def turns(self) -> list[Any]:
+        return self.model.turns[self.first:]
+
+    @property
+    def called(self) -> list[str]:
+        return [turn.tool for turn in self.turns if turn.tool is not None]
+
+    def check(self, chains: int = 1) -> list[dict[str, Any]]:
+        """Finalize the session and assert its records are token-exact (:mod:`tests.agents.exact`)."""
+        session_id = self.session["session_id"]
+        assert exact.finalize(self.up.url, self.up.admin, session_id) == chains
+        rows = exact.wait_rows(self.up.data_dir / "trajectories", session_id, chains)
+        inputs = [list(request["input_ids"]) for request in list(self.engine.requests)[self.first:]]
+        exact.check_records(rows, inputs, self.model.replies[self.first:])
+        exact.replay_verify(self.up.data_dir, session_id)
+        return rows
+
+
+@pytest.fixture
+def agent_session(up: RunningUp, engine: ScriptedEngineServer, model: ToolUser,
+                  tmp_path: Path) -> Callable[..., AgentSession]:
+    """Open a session for an agent, the model reset (:meth:`ToolUser.reset`); a work directory and an
+    environment with nothing but ``PATH`` and ``HOME`` (of its own), which the test adds the session's
+    URL and key to."""
+
+    def start(uid: str, answer: str, prefer: Sequence[str] = (), finish: Call | None = None,
+              policy: Policy | None = None) -> AgentSession:
+        created = httpx.post(f"{up.url}/sessions", json={"uid": uid, "metadata": {"agent_name": uid}},
+                             headers=up.admin, timeout=30)
+        assert created.status_code == 201, created.text
+        model.reset(answer, prefer, finish, policy)
+        home, work = tmp_path / "home", tmp_path / "work"
+        home.mkdir()
+        work.mkdir()
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home)}
+        return AgentSession(up, engine, model, created.json(), len(model.replies), work, env)
+
+    return start

@@ -37,7 +37,7 @@ def _npm(name: str, version: str, package: str, binary: str) -> Pin:
 
 
 PINS: dict[str, Pin] = {pin.name: pin for pin in (
-    _npm("claude-code", "2.1.197", "@anthropic-ai/claude-code", "claude"),
+    _npm("claude-code", "2.1.332", "@anthropic-ai/claude-code", "claude"),
     _npm("codex", "0.171.0", "@openai/codex", "codex"),
     _pypi("openai-agents", "0.24.0", "openai-agents==0.24.0"),
     _pypi("langgraph", "1.2.24", "langgraph==1.2.24", "langchain-openai==1.7.4"),

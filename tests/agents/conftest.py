@@ -1,4 +1,5 @@
-"""Fixtures of the agent compatibility suite: the pinned agents, installed on first use; one
+"""Fixtures of the agent compatibility suite: the pinned agents, installed on first use (those of every
+selected test at once, in parallel: ``pytest.mark.agent(NAME)`` names a test's agent); one
 ``rollbus up`` (a real process) in front of one scripted SGLang engine whose model is a
 :class:`~rollbus.testing.tool_user.ToolUser`, shared by the suite's tests (which run one at a time).
 
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,29 +33,57 @@ MAX_TRAJECTORY_LENGTH = 40960
 
 
 class Installs:
-    """Each pinned agent installed at most once a pytest run; a failure remembered as its reason."""
+    """Each pinned agent installed at most once a pytest run, on threads (pip and npm mostly wait on the
+    network); a failure kept as its reason."""
 
     def __init__(self) -> None:
-        self.done: dict[str, Path | InstallFailed] = {}
-        self.seconds: dict[str, float | None] = {}
+        self._pool = ThreadPoolExecutor(max_workers=len(PINS), thread_name_prefix="agent-install")
+        self._futures: dict[str, Future[tuple[Path, float | None]]] = {}
+
+    def start(self, names: Iterable[str]) -> None:
+        for name in names:
+            if name not in self._futures:
+                self._futures[name] = self._pool.submit(install, PINS[name], cache_root())
 
     def get(self, name: str) -> Path:
-        if name not in self.done:
-            try:
-                self.done[name], self.seconds[name] = install(PINS[name], cache_root())
-            except InstallFailed as exc:
-                self.done[name] = exc
-        found = self.done[name]
-        if isinstance(found, InstallFailed):
+        """The agent's executable; the test skips (fails, with ``ROLLBUS_REQUIRE_AGENTS=1``) when it cannot be
+        installed."""
+        self.start([name])
+        try:
+            return self._futures[name].result()[0]
+        except InstallFailed as exc:
             if os.environ.get("ROLLBUS_REQUIRE_AGENTS") == "1":
-                pytest.fail(f"ROLLBUS_REQUIRE_AGENTS=1 but {found}")
-            pytest.skip(str(found))
-        return found
+                pytest.fail(f"ROLLBUS_REQUIRE_AGENTS=1 but {exc}")
+            pytest.skip(str(exc))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def agent_of(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("agent")
+    return marker.args[0] if marker is not None else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "agent(name): the pinned agent program (tests/agents/pins.py) a test runs")
 
 
 @pytest.fixture(scope="session")
-def installs() -> Installs:
-    return Installs()
+def installs(request: pytest.FixtureRequest) -> Iterator[Installs]:
+    """Starts installing the agents of every selected test."""
+    pending = Installs()
+    pending.start(dict.fromkeys(name for item in request.session.items if (name := agent_of(item))))
+    yield pending
+    pending.close()
+
+
+@pytest.fixture
+def agent(installs: Installs, request: pytest.FixtureRequest) -> Path:
+    """The executable of the test's agent (``pytest.mark.agent``): its virtualenv's Python, or its binary."""
+    name = agent_of(request.node)
+    assert name in PINS, f"{request.node.nodeid}: pytest.mark.agent names none of {sorted(PINS)}"
+    return installs.get(name)
 
 
 class RunningUp(Up):

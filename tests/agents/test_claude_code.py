@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rollbus.testing.tool_user import TOOL_RESULT, Turn, example_arguments, read_tools, tool_call
 from tests.agents.run import run
 
+pytestmark = pytest.mark.agent("claude-code")
 ANSWER = "The command printed rollbus."
 SUBTASK = "SUBTASK-7: add 2 and 2 with Bash and answer with the number."
 AGENT_CALL = {"description": "Add two numbers", "prompt": SUBTASK, "subagent_type": "general-purpose"}
@@ -41,10 +44,9 @@ def run_claude(claude, session, prompt: str) -> dict:
     return result
 
 
-def test_claude_code_calls_one_of_its_tools_and_answers(installs, agent_session):
-    claude = installs.get("claude-code")
+def test_claude_code_calls_one_of_its_tools_and_answers(agent, agent_session):
     session = agent_session("claude-code", ANSWER, prefer=("Bash",))
-    assert run_claude(claude, session, "Print the word rollbus.")["result"] == ANSWER
+    assert run_claude(agent, session, "Print the word rollbus.")["result"] == ANSWER
     assert session.called == ["Bash"] and len(session.turns) == 2
     (row,) = session.check()
     assert "<tool_response>\nrollbus\n" in session.model.encoding.decode(row["input_ids"])  # it ran
@@ -65,10 +67,9 @@ def delegate(prompt: str) -> Turn:
     return Turn(tool_call("Agent", AGENT_CALL), "Agent")
 
 
-def test_claude_code_runs_a_sub_agent_in_a_chain_of_its_own(installs, agent_session, tokenizer):
-    claude = installs.get("claude-code")
+def test_claude_code_runs_a_sub_agent_in_a_chain_of_its_own(agent, agent_session, tokenizer):
     session = agent_session("claude-code-agent", PARENT_ANSWER, policy=delegate)
-    assert run_claude(claude, session, "Add 2 and 2; delegate it to a sub-agent.")["result"] == PARENT_ANSWER
+    assert run_claude(agent, session, "Add 2 and 2; delegate it to a sub-agent.")["result"] == PARENT_ANSWER
     assert session.called == ["Agent", "Bash"] and session.turns[-1].text == PARENT_ANSWER
     rows = session.check(chains=2)
     texts = [tokenizer.decode(row["input_ids"]) for row in rows]

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.agents.run import run
 
+pytestmark = pytest.mark.agent("codex")
 ANSWER = "The command printed rollbus."
 SHELL_TOOLS = ("exec_command", "shell", "shell_command", "local_shell")
 CONFIG = """model = "rollbus-model"
@@ -26,15 +29,14 @@ wire_api = "responses"
 """
 
 
-def test_codex_exec_runs_a_command_and_answers(installs, agent_session):
-    codex = installs.get("codex")
+def test_codex_exec_runs_a_command_and_answers(agent, agent_session):
     session = agent_session("codex", ANSWER, prefer=SHELL_TOOLS)
     home = session.workdir.parent / "codex-home"
     home.mkdir()
     (home / "config.toml").write_text(CONFIG.format(base_url=session.session["base_url"]))
     env = {**session.env, "CODEX_HOME": str(home), "ROLLBUS_SESSION_KEY": session.session["api_key"]}
     last = session.workdir.parent / "last-message.txt"
-    done = run([codex, "exec", "--skip-git-repo-check", "--json", "--output-last-message", last,
+    done = run([agent, "exec", "--skip-git-repo-check", "--json", "--output-last-message", last,
                 "Print the word rollbus with a shell command, then tell me what it printed."], env, session.workdir)
     assert last.read_text().strip() == ANSWER
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.agents.run import run
 
+pytestmark = pytest.mark.agent("mini-swe-agent")
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
-def test_mini_swe_agent_runs_a_command_and_submits(installs, agent_session):
-    python = installs.get("mini-swe-agent")
+def test_mini_swe_agent_runs_a_command_and_submits(agent, agent_session):
     session = agent_session("mini-swe-agent", "unused", finish=("bash", {"command": SUBMIT}))
     env = {**session.env, "OPENAI_BASE_URL": session.session["base_url"], "OPENAI_API_KEY": session.session["api_key"],
            "MSWEA_CONFIGURED": "true", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     trajectory = session.workdir / "trajectory.json"
-    run([python, "-m", "minisweagent.run.mini", "--model", "openai/gpt-4.1", "--task", "Print the word rollbus.",
+    run([agent, "-m", "minisweagent.run.mini", "--model", "openai/gpt-4.1", "--task", "Print the word rollbus.",
          "--yolo", "--exit-immediately", "--output", trajectory], env, session.workdir)
     saved = json.loads(trajectory.read_text())
     assert saved["info"]["exit_status"] == "Submitted", saved["info"]

@@ -12,16 +12,16 @@ import pytest
 
 from tests.agents.run import run_python
 
+pytestmark = pytest.mark.agent("openai-agents")
 ANSWER = "The echo tool answered: rollbus."
 
 
 @pytest.mark.parametrize("mode", ["chat", "chat-stream", "responses"])
-def test_openai_agents_calls_its_tool_and_answers(mode, installs, agent_session):
-    python = installs.get("openai-agents")
+def test_openai_agents_calls_its_tool_and_answers(mode, agent, agent_session):
     run = agent_session(f"openai-agents-{mode}", ANSWER)
     env = {**run.env, "OPENAI_BASE_URL": run.session["base_url"], "OPENAI_API_KEY": run.session["api_key"],
            "OPENAI_AGENTS_DISABLE_TRACING": "1"}
-    result = run_python(python, "openai_agents_run.py", [mode, "Echo the word rollbus, then tell me what you got."],
+    result = run_python(agent, "openai_agents_run.py", [mode, "Echo the word rollbus, then tell me what you got."],
                         env, run.workdir)
     assert result == {"output": ANSWER, "called": ["rollbus"]}
     assert run.called == ["echo"] and len(run.turns) == 2

@@ -8,16 +8,18 @@ Only the session's URL and key are set (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``)
 
 from __future__ import annotations
 
+import pytest
+
 from tests.agents.run import run_python
 
+pytestmark = pytest.mark.agent("smolagents")
 ANSWER = "The echo tool answered: rollbus."
 
 
-def test_smolagents_tool_calling_agent_calls_its_tool_and_answers(installs, agent_session):
-    python = installs.get("smolagents")
+def test_smolagents_tool_calling_agent_calls_its_tool_and_answers(agent, agent_session):
     run = agent_session("smolagents", ANSWER)
     env = {**run.env, "OPENAI_BASE_URL": run.session["base_url"], "OPENAI_API_KEY": run.session["api_key"]}
-    result = run_python(python, "smolagents_run.py", ["Echo the word rollbus, then tell me what you got."],
+    result = run_python(agent, "smolagents_run.py", ["Echo the word rollbus, then tell me what you got."],
                         env, run.workdir)
     assert result == {"output": ANSWER, "called": ["rollbus"]}
     assert run.called == ["echo", "final_answer"] and len(run.turns) == 2

@@ -10,6 +10,7 @@ An agent that cannot be installed skips its tests with the reason, unless ``ROLL
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,8 +25,9 @@ from edge.codec.tokenizer import Tokenizer, load_tokenizer
 from rollbus.testing.scripted import ScriptedEngineServer
 from rollbus.testing.tool_user import Call, Encoding, Policy, ToolUser
 from tests.agents import exact
-from tests.agents.install import InstallFailed, cache_root, install
+from tests.agents.install import INSTALL_TIMEOUT_S, InstallFailed, cache_root, install
 from tests.agents.pins import PINS
+from tests.agents.run import AGENT_TIMEOUT_S
 from tests.e2e.test_cli import Up
 
 # Claude Code's first prompt is some 19k tokens (its tools' schemas); Codex's some 10k.
@@ -69,6 +71,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "agent(name): the pinned agent program (tests/agents/pins.py) a test runs")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """An agent's test may wait for its install (minutes, cold) before it runs the agent."""
+    for item in items:
+        if agent_of(item) is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(INSTALL_TIMEOUT_S + 2 * AGENT_TIMEOUT_S))
+
+
 @pytest.fixture(scope="session")
 def installs(request: pytest.FixtureRequest) -> Iterator[Installs]:
     """Starts installing the agents of every selected test."""
@@ -93,12 +102,19 @@ class RunningUp(Up):
         self.data_dir = data_dir
         super().__init__(data_dir, engine_url, *args)
         self.admin = {"Authorization": "Bearer tok"}
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drain = threading.Thread(target=self._read, daemon=True)
+        self._drain.start()
 
-    def _drain(self) -> None:
+    def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(60)
+        self._drain.join(10)
+        return code
 
 
 @pytest.fixture(scope="session")
@@ -170,8 +186,8 @@ def agent_session(up: RunningUp, engine: ScriptedEngineServer, model: ToolUser,
                              headers=up.admin, timeout=30)
         assert created.status_code == 201, created.text
         model.reset(answer, prefer, finish, policy)
-        home, work = tmp_path / "home", tmp_path / "work"
-        home.mkdir()
+        home, work = tmp_path / uid / "home", tmp_path / uid / "work"
+        home.mkdir(parents=True)
         work.mkdir()
         env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home)}
         return AgentSession(up, engine, model, created.json(), len(model.replies), work, env)

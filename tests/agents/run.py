@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 PROGRAMS = Path(__file__).parent / "programs"
-AGENT_TIMEOUT_S = 180
+AGENT_TIMEOUT_S = 300
 
 
 def run(command: Sequence[str | Path], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -8,7 +8,7 @@ lists them in the system prompt, one JSON object a line between ``<tools>`` and 
 * while the prompt holds no tool result, calls one tool: the first of ``prefer`` the agent offers,
   else the most harmless by its name (:func:`pick_tool`), with arguments valid for its schema
   (:func:`example_arguments`);
-* once a tool result is in the prompt (``<tool_response>``), answers: with the call that finishes
+* once a tool result is in the prompt (:data:`TOOL_RESULTS`), answers: with the call that finishes
   the agent where it has one (given as ``finish``: mini-swe-agent finishes on a command's output;
   or its ``final_answer`` tool: smolagents), else in text.
 
@@ -28,6 +28,9 @@ from rollbus.testing.scripted import ScriptedReply, default_logprobs
 
 TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
 TOOL_RESULT = "<tool_response>"
+# How a tool's result shows in the prompt: the template's tool turn, or smolagents' (it sends its calls
+# back as assistant text and their results as a user turn, "Observation:\n...").
+TOOL_RESULTS = (TOOL_RESULT, "<|im_start|>user\nObservation:\n")
 # Words of a tool's name that say it only looks (best first), and words that say it may change something.
 HARMLESS = ("echo", "glob", "ls", "list", "read", "view", "get", "search", "find", "lookup")
 SHELL = ("bash", "shell", "exec", "command", "terminal", "run")
@@ -166,7 +169,7 @@ def next_turn(prompt: str, answer: str, prefer: Sequence[str] = (), finish: Call
     """Call a tool while the prompt has no tool result, then answer: with ``finish`` when given, else
     through the final-answer tool where the agent has one, else in text."""
     tools = read_tools(prompt)
-    if TOOL_RESULT in prompt:
+    if any(result in prompt for result in TOOL_RESULTS):
         if finish is not None:
             return Turn(tool_call(*finish), finish[0])
         if any(tool.name == FINAL_ANSWER for tool in tools):

@@ -1,10 +1,10 @@
 """The one check every agent's session passes: its records are token-exact.
 
-Each engine request the agent caused belongs to exactly one record (its input ids a prefix of the
-record's ``input_ids``, the first of them the record's prompt); per record, ``response_mask`` is 1
-on exactly the tokens its requests sampled and 0 on the context between them, ``rollout_log_probs``
-are the engine's (the scripted engine's defaults) on those tokens and 0 elsewhere; and
-``rollbus replay --verify`` exits 0 for the session.
+Each engine request the agent caused belongs to exactly one record (its input ids, then the tokens it
+sampled, a prefix of the record's ``input_ids``; the first of them the record's prompt); per record,
+``response_mask`` is 1 on exactly the tokens its requests sampled and 0 on the context between them,
+``rollout_log_probs`` are the engine's (the scripted engine's defaults) on those tokens and 0
+elsewhere; and ``rollbus replay --verify`` exits 0 for the session.
 """
 
 from __future__ import annotations
@@ -40,14 +40,16 @@ def expected_response(inputs: list[list[int]], replies: list[list[int]]) -> tupl
     return tokens, mask, logprobs
 
 
-def owners(rows: list[dict[str, Any]], inputs: list[list[int]]) -> list[list[int]]:
-    """For each request, the indexes of the records whose ``input_ids`` start with its input."""
-    return [[r for r, row in enumerate(rows) if row["input_ids"][: len(ids)] == ids] for ids in inputs]
+def owners(rows: list[dict[str, Any]], inputs: list[list[int]], replies: list[list[int]]) -> list[list[int]]:
+    """For each request, the indexes of the records whose ``input_ids`` start with its input and then
+    its reply (a chain forked from another shares its first input, not what was sampled after it)."""
+    turns = [ids + reply for ids, reply in zip(inputs, replies, strict=True)]
+    return [[r for r, row in enumerate(rows) if row["input_ids"][: len(ids)] == ids] for ids in turns]
 
 
 def check_records(rows: list[dict[str, Any]], inputs: list[list[int]], replies: list[list[int]]) -> None:
     """Assert the records are exactly what the engine was asked and sampled (module docstring)."""
-    owned = owners(rows, inputs)
+    owned = owners(rows, inputs, replies)
     assert all(len(o) == 1 for o in owned), f"requests owned by no record or by several: {owned}"
     for r, row in enumerate(rows):
         mine = [i for i, o in enumerate(owned) if o == [r]]

@@ -106,6 +106,18 @@ def test_next_turn_calls_once_then_answers(qwen):
     assert json.loads(final.text.split("\n")[1]) == {"name": "final_answer", "arguments": {"answer": "42"}}
 
 
+def test_next_turn_reads_smolagents_observations_as_tool_results(qwen):
+    """smolagents sends its calls back as assistant text and their results as a user turn; its system
+    prompt's examples also say "Observation:", which is no result."""
+    tools = [spec("echo"), spec("final_answer")]
+    system = {"role": "system", "content": "Example:\nObservation: 42\nObservation:\n7"}
+    first = [system, {"role": "user", "content": "New task:\nEcho x."}]
+    assert next_turn(render(qwen, tools, first), "x").tool == "echo"
+    observed = [*first, {"role": "assistant", "content": "Calling tools:\n[{'id': 'call_1_0'}]"},
+                {"role": "user", "content": "Observation:\necho: x"}]
+    assert next_turn(render(qwen, tools, observed), "x").tool == "final_answer"
+
+
 def test_tool_user_encodes_each_turn_with_the_end_token_and_keeps_it(qwen):
     user = ToolUser(Encoding(qwen.encode, qwen.decode, qwen.eos_token_id), answer="Fine.")
     reply = user(qwen.encode(render(qwen, [spec("echo")])), {})

@@ -30,7 +30,7 @@ from tests.agents.pins import PINS
 from tests.agents.run import AGENT_TIMEOUT_S
 from tests.e2e.test_cli import Up
 
-# Claude Code's first prompt is some 19k tokens (its tools' schemas); Codex's some 10k.
+# Claude Code's first prompt is some 19k tokens (its tools' schemas).
 MAX_TRAJECTORY_LENGTH = 40960
 
 

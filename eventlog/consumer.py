@@ -21,7 +21,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
-from nats.js.errors import ServiceUnavailableError
+from nats.js.errors import APIError, ServiceUnavailableError
 
 from schemas.errors import RollbusError
 
@@ -40,11 +40,27 @@ def _config(durable: str, subject: str, ack_wait: float, max_ack_pending: int) -
                           ack_wait=ack_wait, filter_subject=subject, max_ack_pending=max_ack_pending)
 
 
+async def _subscribe(js: JetStreamContext, stream: str, subject: str, config: ConsumerConfig
+                     ) -> JetStreamContext.PullSubscription:
+    """Bind to the durable consumer with this process's configuration. nats-py's ``pull_subscribe`` only
+    binds to a durable that exists, keeping the configuration it was created with (an ``--ack-wait`` given
+    later would never apply; a stack killed while it ran with a long one would have its signals wait that
+    long), so the consumer is created or updated first: JetStream updates the editable fields (``ack_wait``,
+    ``max_ack_pending``) in place, and messages already delivered are redelivered by the new ``ack_wait``.
+    A consumer that cannot take this configuration (another filter) is bound to as it is, with a warning."""
+    try:
+        await asyncio.wait_for(js.add_consumer(stream, config), 10)
+    except APIError as exc:
+        log.warning("consumer %s on %s keeps its configuration (%s)", config.durable_name, stream, exc.description)
+    return await asyncio.wait_for(js.pull_subscribe(subject, durable=config.durable_name, stream=stream,
+                                                    config=config), 10)
+
+
 async def pull_batches(js: JetStreamContext, *, stream: str, durable: str, subject: str, stop: asyncio.Event,
                        batch: int = 64, ack_wait: float = 30.0) -> AsyncIterator[list[Msg]]:
     """Batches of up to ``batch`` messages from a durable pull consumer, until ``stop`` is set."""
     config = _config(durable, subject, ack_wait, max(batch * 4, 256))
-    sub = await asyncio.wait_for(js.pull_subscribe(subject, durable=durable, stream=stream, config=config), 10)
+    sub = await _subscribe(js, stream, subject, config)
     try:
         while not stop.is_set():
             try:
@@ -80,7 +96,7 @@ async def consume_batches(js: JetStreamContext, *, stream: str, durable: str, su
                           stop: asyncio.Event, max_batch: int = 256, max_delay: float = 0.5, ack_wait: float = 30.0,
                           retry_delay: float = 1.0) -> None:
     config = _config(durable, subject, ack_wait, max(max_batch * 4, 256))
-    sub = await asyncio.wait_for(js.pull_subscribe(subject, durable=durable, stream=stream, config=config), 10)
+    sub = await _subscribe(js, stream, subject, config)
     try:
         while not stop.is_set():
             msgs = await _gather(sub, max_batch, max_delay)

@@ -40,12 +40,19 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.object_store import ObjectStore
 
 from eventlog.reader import iter_messages, last_stream_seq
-from rollbus.commands.archive_io import CALL_TIMEOUT_S, ArchiveWriter, Counts, IncompleteLog, bucket
+from rollbus.commands.archive_io import (
+    CALL_TIMEOUT_S,
+    ArchiveWriter,
+    Counts,
+    IncompleteLog,
+    bucket,
+    check_archive,
+)
 from rollbus.commands.importing import import_target
 from rollbus.progress import Progress, summary
 from rollbus.tools import EXIT_OK, add_connection_args, duration, run_tool
 from schemas import blobs
-from schemas.archive import ArchivedEnvelope, ArchivedMarker, ArchivedPiece, ArchiveHeader
+from schemas.archive import ArchivedEnvelope, ArchivedMarker, ArchivedPiece, ArchiveError, ArchiveHeader
 from schemas.errors import LogUnavailable
 from schemas.log import HDR_BLOBS, LogConfig, check_session_id
 from stack.provision import bytes_text
@@ -109,6 +116,10 @@ def run_export(args: argparse.Namespace) -> int:
 def run_import(args: argparse.Namespace) -> int:
     if not args.file.is_file():
         raise UserError(f"{args.file}: no such file")
+    try:  # a file that is no archive is refused before a log is opened (or an embedded store created)
+        check_archive(args.file)
+    except ArchiveError as exc:
+        raise UserError(str(exc)) from exc
     return asyncio.run(import_target(args))
 
 

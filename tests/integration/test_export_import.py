@@ -262,6 +262,16 @@ def test_the_command_line_round_trip_through_an_embedded_store(tmp_path: Path, c
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "not an archive record" in err, err
 
+    # replay, sessions and export open the imported store with an embedded server too (no --nats, no stack)
+    assert main(["replay", "--verify", "--all", "--data-dir", str(data)]) == 0
+    assert "verified 2 finalized sessions (2 records in their markers)" in capsys.readouterr().out
+    assert main(["replay", f"{30:032x}", "--data-dir", str(data)]) == 0
+    assert f"session {30:032x}" in capsys.readouterr().out
+    assert main(["sessions", "--data-dir", str(data)]) == 0
+    capsys.readouterr()
+    again = tmp_path / "again.jsonl"
+    assert main(["export", "--all", "-o", str(again), "--data-dir", str(data)]) == 0
+    assert "exported 2 sessions" in capsys.readouterr().out
     with EmbeddedNats(data / "nats", name="check") as server:
         async def check() -> None:
             client = await connect(server.url, name="check")

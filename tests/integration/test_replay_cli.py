@@ -110,7 +110,11 @@ async def test_replay_shows_the_chains_and_json_carries_every_token(js, log_conf
     assert await replay_main(js, log_config, args(script.session_id)) == 0
     table = capsys.readouterr().out
     assert f"session {script.session_id}" in table and "finalized" in table
-    assert "chain 0  open" in table and "chain 1  closed (max_trajectory_length)" in table
+    assert "chain 0  ended with the session (finalized)" in table  # not "open": the session is finalized
+    assert "chain 1  closed (max_trajectory_length)" in table
+    turns = [line.rsplit("  ", 1)[1] for line in table.splitlines() if line.startswith("chain ")]
+    assert turns == [f"{len(c.turns)} turn{'' if len(c.turns) == 1 else 's'}" for c in state.chains]
+    assert "1 turn" in turns  # (chain 1 has one)
     assert "mask (response): 1x3 0x2 1x3" in table
     assert "records (as the materializer derives them):" in table and "p1_1_0" in table
 

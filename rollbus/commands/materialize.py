@@ -119,7 +119,7 @@ def _line(progress: Progress) -> str:
     elapsed = max(time.monotonic() - progress.started, 1e-9)
     share = 100.0 * progress.position / max(progress.last, 1)
     return (f"  log {progress.position}/{progress.last} ({share:.0f}%)  sessions {progress.sessions}  "
-            f"records {progress.records}  {progress.sessions / elapsed:.0f} sessions/s")
+            f"records {progress.records}  {rate_text(progress.sessions, elapsed, 'sessions')}")
 
 
 def _reporter(shown: Shown, progress: Progress) -> None:

@@ -184,3 +184,25 @@ async def test_request_bodies_are_printed_byte_exact_and_a_forged_one_is_found(n
     assert await replay_main(js, log_config, args("--verify", script.session_id)) == 1
     out = capsysbinary.readouterr().out.decode()
     assert f"DIFF {script.session_id} request_body 3" in out and "4 request bodies" in out
+
+
+async def test_sessions_lists_newest_first_as_the_viewer_does(nc, js, log_config, capsys):
+    """The latest --limit sessions, newest first (it listed the oldest first, the viewer the newest)."""
+    opened = {f"{0xa0 + i:032x}": at for i, at in enumerate([100.0, 300.0, 200.0, 400.0])}
+    log, counts = JetStreamLog(nc, log_config), {}
+    for session_id, at in opened.items():
+        script = SessionScript(session_id=session_id, uid="ordered", session_index=0)
+        script.turn(0, [1, 2], [3], new_chain=True)
+        events = [msgspec.structs.replace(e, time=e.time + at) for e in script.events]
+        await append_all(log, session_id, envelopes(events))
+        counts[session_id] = len(events)
+    async with running(Projector(js, log_config)):
+        await wait_projected(js, log_config, counts, timeout=60)
+    newest = sorted(opened, key=opened.__getitem__, reverse=True)
+    sessions = lambda *argv: build_parser().parse_args(["sessions", *argv, "--nats", "nats://unused"])  # noqa: E731
+    assert await sessions_main(js, log_config, sessions("--json")) == 0
+    assert [s["session_id"] for s in json.loads(capsys.readouterr().out)] == newest
+    assert await sessions_main(js, log_config, sessions("--limit", "2")) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines()[2:4]] == newest[:2]
+    assert "2 of 4 matching sessions shown" in out

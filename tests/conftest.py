@@ -37,7 +37,9 @@ _LOG_AT = pytest.StashKey[int]()  # the size of its log when a test began
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
-    with EmbeddedNats(tmp_path_factory.mktemp("nats") / "store", name="rollbus-test") as server:
+    # die_with_parent: a pytest killed (a CI timeout, SIGKILL) takes its server along instead of leaving it
+    # running alone; safe here, for a session fixture starts it from the main thread, which outlives it.
+    with EmbeddedNats(tmp_path_factory.mktemp("nats") / "store", name="rollbus-test", die_with_parent=True) as server:
         _SHARED.append(server)
         yield server
         _SHARED.remove(server)

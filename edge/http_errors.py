@@ -29,7 +29,7 @@ only when it should answer differently from its parent. In short::
       EngineRefused           400     invalid_request_error / invalid_request_error    invalid_request_error
       EngineUnavailable       503     api_error / engine_unavailable                   overloaded_error
       EngineTimeout           504     api_error / engine_timeout                       api_error
-    LogUnavailable            503     api_error / log_unavailable                      overloaded_error
+    LogUnavailable            503     api_error / log_unavailable                      overloaded_error      +R
     SinkUnavailable           503     api_error / sink_unavailable                     overloaded_error
     FoldError                 500     api_error / fold_error                           api_error
       OutOfOrderEvent         500     api_error / out_of_order_event                   api_error
@@ -122,7 +122,7 @@ ERRORS: dict[type[RollbusError], HttpError] = {
     EngineRefused: _bad("invalid_request_error"),
     EngineUnavailable: _server(503, "engine_unavailable", "overloaded_error"),
     EngineTimeout: _server(504, "engine_timeout"),
-    LogUnavailable: _server(503, "log_unavailable", "overloaded_error"),
+    LogUnavailable: HttpError(503, "log_unavailable", "api_error", "overloaded_error", retry_after=True),
     SinkUnavailable: _server(503, "sink_unavailable", "overloaded_error"),
     FoldError: _server(500, "fold_error"),
     OutOfOrderEvent: _server(500, "out_of_order_event"),

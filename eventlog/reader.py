@@ -44,7 +44,7 @@ from nats.errors import (
 )
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError, ServiceUnavailableError
+from nats.js.errors import NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from schemas import blobs, envelope
 from schemas.errors import FoldError, LogUnavailable, SessionNotFound
@@ -52,11 +52,14 @@ from schemas.events import SCHEMA_VERSION, AnyEvent
 from schemas.log import HDR_BLOBS, HDR_SCHEMA, LogConfig, check_session_id
 from session.fold import SessionState, fold
 
-# What "JetStream is not there right now" looks like from nats-py (its timeouts are TimeoutErrors): a read
-# that meets one is LogUnavailable (503), never taken for an answer (no session, someone else's lease).
+# What "JetStream is not there right now" looks like from nats-py (its timeouts are TimeoutErrors): a read, or a
+# KV write (a lease, a session index claim, a projection), that meets one is LogUnavailable (503, retryable),
+# never taken for an answer (no session, someone else's lease). NoStreamResponseError is nats-py's no-responders
+# for a JetStream publish (a KV put or update): no stream leader takes the subject, e.g. for the seconds a
+# cluster elects one after a node died.
 UNAVAILABLE: tuple[type[Exception], ...] = (
-    TimeoutError, NoRespondersError, ServiceUnavailableError, ConnectionClosedError, ConnectionDrainingError,
-    ConnectionReconnectingError, StaleConnectionError, OutboundBufferLimitError)
+    TimeoutError, NoRespondersError, NoStreamResponseError, ServiceUnavailableError, ConnectionClosedError,
+    ConnectionDrainingError, ConnectionReconnectingError, StaleConnectionError, OutboundBufferLimitError)
 
 
 class SessionLog(msgspec.Struct, frozen=True, kw_only=True):

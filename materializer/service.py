@@ -154,7 +154,11 @@ class Materializer:
                 await asyncio.wait_for(self._stop.wait(), delay)
             return msgs
         self._transient_failures = 0
-        log.info("materialized %d sessions (%d failed, will retry)", len(by_session) - len(failed), len(failed))
+        if failed:
+            log.warning("materialized %d sessions; %d not written, will retry", len(by_session) - len(failed),
+                        len(failed))
+        else:
+            log.info("materialized %d sessions", len(by_session))
         return [msg for session_id in failed for msg in by_session[session_id]]
 
     async def write(self, session_ids: list[str]) -> list[str]:

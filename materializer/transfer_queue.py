@@ -45,6 +45,11 @@ logging.getLogger("transfer_queue.utils.common").setLevel(logging.ERROR)
 
 T = TypeVar("T")
 
+# ray.init's logging for this process: its driver-side log lines below ERROR ("Started a local Ray instance",
+# the SIGTERM handler a thread cannot set, token authentication's notice) are noise to a rollbus user, and
+# the workers' output is not forwarded (log_to_driver=False); errors still show.
+RAY_QUIET: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
+
 # transfer_queue registers its controller under this name (see ``transfer_queue.interface.init``).
 CONTROLLER_ACTOR = ("TransferQueueController", "transfer_queue")
 _FAILURES = (ValueError, RuntimeError, KeyError, OSError, RayError, zmq.ZMQError)
@@ -74,11 +79,11 @@ class TransferQueueConnection:
 
     def _init_ray(self) -> None:
         if self.address is not None:
-            ray.init(address=self.address, log_to_driver=False, namespace="rollbus")
+            ray.init(address=self.address, namespace="rollbus", **RAY_QUIET)
             return
         cpus = max(self.storage_units + 1, os.cpu_count() or 1)
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, namespace="rollbus",
-                 _node_ip_address="127.0.0.1")
+        ray.init(num_cpus=cpus, include_dashboard=False, namespace="rollbus", _node_ip_address="127.0.0.1",
+                 **RAY_QUIET)
         self._owns_ray = True
 
     def close(self) -> None:

@@ -37,7 +37,14 @@ def _is_tty(stream: TextIO) -> bool:
 
 
 def rate_text(done: int, elapsed_s: float, unit: str) -> str:
-    return f"{done / elapsed_s:,.0f} {unit}/s" if elapsed_s > 0 else f"- {unit}/s"
+    """``done / elapsed_s`` per second, whole from 10 up, else to two significant digits (4 sessions in 39 s
+    are ``0.1 sessions/s``, not ``0``)."""
+    if elapsed_s <= 0:
+        return f"- {unit}/s"
+    rate = done / elapsed_s
+    if rate >= 10 or rate == 0:
+        return f"{rate:,.0f} {unit}/s"
+    return f"{rate:.2g} {unit}/s" if rate >= 0.01 else f"<0.01 {unit}/s"
 
 
 class Progress:

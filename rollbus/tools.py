@@ -1,7 +1,13 @@
 """What the command-line tools share: user mistakes as one line, finding and joining the log.
 
-The NATS server of the read-only tools (``replay``, ``sessions``) is ``--nats URL``, else
-``$ROLLBUS_NATS``, else the one a running ``rollbus up`` announced in ``<data-dir>/edge.json``.
+Every tool that reads or writes the log (``replay``, ``sessions``, ``export``, ``import``,
+``view``, ``materialize``) finds it the same way (:func:`find_log`, :func:`opened_log`):
+``--nats URL`` (``$ROLLBUS_NATS`` for all but ``materialize``), else the NATS server of the
+``rollbus up`` running on ``--data-dir`` (its ``<data-dir>/edge.json``, while its pid lives),
+else an embedded nats-server the tool starts on ``<data-dir>/nats`` and stops when it is done.
+That store must exist (a typo'd ``--data-dir`` is refused: "no log"), except for ``import``,
+which creates a fresh one. A store another process has open is refused in one line (one store
+takes one server: :meth:`stack.nats_server.EmbeddedNats.start`).
 
 A mistake the user can fix (a busy port, no NATS server where ``--nats`` points, an
 unwritable ``--data-dir``) is a :class:`~stack.user_error.UserError`: the CLI prints its
@@ -20,7 +26,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -28,8 +34,9 @@ from nats.js.client import JetStreamContext
 
 from schemas.errors import RollbusError
 from schemas.log import LogConfig
+from stack.nats_server import EmbeddedNats
 from stack.provision import connect
-from stack.user_error import UserError, one_line
+from stack.user_error import UserError, check_writable_dir, one_line
 
 # A tool's body: (JetStream, log names, parsed args) -> exit code.
 ToolMain = Callable[[JetStreamContext, LogConfig, argparse.Namespace], Awaitable[int]]
@@ -89,20 +96,62 @@ def size(text: str) -> int:
 
 def add_connection_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats", metavar="URL", default=os.environ.get("ROLLBUS_NATS"),
-                        help="the log's NATS server [$ROLLBUS_NATS, else the one in <data-dir>/edge.json]")
+                        help="the log's NATS server [$ROLLBUS_NATS, else the running `rollbus up` of --data-dir, "
+                             "else an embedded one on <data-dir>/nats]")
     parser.add_argument("--data-dir", type=Path, default=Path("rollbus-data"),
-                        help="where a running `rollbus up` wrote edge.json (only read) [./rollbus-data]")
+                        help="the stack's directory: its running `rollbus up` (edge.json), else its nats/ store "
+                             "[./rollbus-data]")
     parser.add_argument("--log-level", default="WARNING", metavar="LEVEL", help=LOG_LEVEL_HELP)
 
 
-def nats_url(args: argparse.Namespace) -> str | None:
-    if args.nats:
-        return str(args.nats)
-    state = Path(args.data_dir) / "edge.json"
+def running_nats(data_dir: Path) -> str | None:
+    """The NATS URL of the ``rollbus up`` running on ``data_dir`` (its edge.json, while its pid lives), else None."""
     try:
-        return str(json.loads(state.read_text())["nats_url"])
+        info = json.loads((data_dir / "edge.json").read_text())
+        os.kill(int(info["pid"]), 0)
+        return str(info["nats_url"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def embedded_store(data_dir: Path, *, create: bool = False) -> Path:
+    """``<data-dir>/nats`` for an embedded nats-server: it must hold a log unless ``create``, and the data dir
+    must be writable (the server writes its store, log, ports and lock files there)."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise UserError(f"--data-dir {data_dir} is a file, not a directory")
+    store = data_dir / "nats"
+    if not create and not store.is_dir():
+        raise UserError(f"no log: no NATS server given (--nats URL), no running `rollbus up` in --data-dir "
+                        f"{data_dir}, and no nats/ store there to open")
+    check_writable_dir(data_dir, flag="--data-dir", subdirs=("nats",))
+    return store
+
+
+async def find_log(args: argparse.Namespace, *, create: bool = False) -> str | Path:
+    """Where the log is (see the module docstring): a NATS URL something answers at, or the store to start an
+    embedded server on (checked, not started: :func:`opened_log` starts it)."""
+    if args.nats:
+        await check_nats(str(args.nats))
+        return str(args.nats)
+    url = running_nats(Path(args.data_dir))
+    if url is not None:
+        await check_nats(url, where=f" (the running stack's, in {Path(args.data_dir) / 'edge.json'})")
+        return url
+    return embedded_store(Path(args.data_dir), create=create)
+
+
+@contextlib.asynccontextmanager
+async def opened_log(place: str | Path, *, name: str) -> AsyncIterator[str]:
+    """The URL of ``place`` (from :func:`find_log`): as it is, or an embedded server started on the store and
+    stopped on leaving."""
+    if isinstance(place, str):
+        yield place
+        return
+    embedded = await asyncio.to_thread(EmbeddedNats(place, name=name).start)
+    try:
+        yield embedded.url
+    finally:
+        await asyncio.to_thread(embedded.stop)
 
 
 def _server_address(server: str) -> tuple[str, int]:
@@ -172,25 +221,19 @@ async def check_nats(url: str, *, where: str = "") -> None:
 
 
 async def run_tool(args: argparse.Namespace, main: ToolMain, *, cfg: LogConfig = LogConfig()) -> int:
-    """Connect, run ``main``, close; errors become one line on stderr and exit code 2."""
-    url = nats_url(args)
-    if url is None:
-        print("rollbus: no NATS server: pass --nats URL (or run `rollbus up` in this --data-dir)", file=sys.stderr)
-        return EXIT_ERROR
-    where = "" if args.nats else f" (from {Path(args.data_dir) / 'edge.json'})"
+    """Find the log (:func:`find_log`), connect, run ``main``, close; errors become one line on stderr and exit
+    code 2. ``args.log_url`` is the URL it ran against."""
     try:
-        await check_nats(url, where=where)
-        nc = await connect(url, name=f"rollbus-{args.command}", timeout_s=10)
+        place = await find_log(args)
+        async with opened_log(place, name=f"rollbus-{args.command}") as url:
+            args.log_url = url
+            nc = await connect(url, name=f"rollbus-{args.command}", timeout_s=10)
+            try:
+                return await main(nc.jetstream(), cfg, args)
+            finally:
+                await nc.close()
     except UserError as exc:
-        print(f"rollbus: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        print(f"rollbus {args.command}: {one_line(str(exc))}", file=sys.stderr)
     except RollbusError as exc:
-        print(f"rollbus: {one_line(exc.message)}", file=sys.stderr)
-        return EXIT_ERROR
-    try:
-        return await main(nc.jetstream(), cfg, args)
-    except RollbusError as exc:
-        print(f"rollbus: {one_line(exc.message)}", file=sys.stderr)
-        return EXIT_ERROR
-    finally:
-        await nc.close()
+        print(f"rollbus {args.command}: {one_line(exc.message)}", file=sys.stderr)
+    return EXIT_ERROR

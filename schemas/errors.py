@@ -19,7 +19,7 @@
     │   ├── EngineRefused         the engine refused the input (its HTTP 400, e.g. too long)
     │   ├── EngineUnavailable     refused, unhealthy
     │   └── EngineTimeout
-    ├── LogUnavailable            JetStream did not answer or acknowledge (reading or writing)
+    ├── LogUnavailable            JetStream did not answer or acknowledge (reading or writing; ``retry_after``)
     ├── SinkUnavailable           a record sink (TransferQueue) did not take a write
     └── FoldError                 an event that does not fit the state (a bug or a corrupt log)
         └── OutOfOrderEvent       an event whose sequence is not the next one
@@ -27,10 +27,15 @@
 The classes carry no HTTP status and no wire error type: those are the edge's, in one table
 keyed by class (:data:`edge.http_errors.ERRORS`, which also lists each one's status). What
 an error carries is domain data: its message, the request field it is about (``param``) and,
-for the two that know one, how many seconds until a retry may succeed (``retry_after``).
+for those that know one, how many seconds until a retry may succeed (``retry_after``).
 """
 
 from __future__ import annotations
+
+# What a 503 for the log tells a client to wait before retrying: a three-node cluster that lost a node refuses
+# writes for 2-7 s while it elects leaders (tests/cluster/test_open_during_node_kill.py), so an SDK's few
+# retries (the openai SDK honours Retry-After up to 60 s) span it; a blip costs a client 2 s.
+LOG_RETRY_AFTER_S = 2.0
 
 
 class RollbusError(Exception):
@@ -121,7 +126,12 @@ class EngineTimeout(EngineError):
 
 
 class LogUnavailable(RollbusError):
-    """JetStream (the log, its KV buckets or object store) did not answer, acknowledge or hold still."""
+    """JetStream (the log, its KV buckets or object store) did not answer, acknowledge or hold still.
+
+    It comes back by itself (a cluster elects a new leader within seconds of losing a node, a
+    restarted server restores its streams): ``retry_after`` is :data:`LOG_RETRY_AFTER_S` unless set."""
+
+    retry_after: float | None = LOG_RETRY_AFTER_S
 
 
 class SinkUnavailable(RollbusError):

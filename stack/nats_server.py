@@ -108,6 +108,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -131,6 +132,7 @@ _BINARY_NAME = "nats-server.exe" if sys.platform == "win32" else "nats-server"
 _POLL_S = 0.01
 _LOG_TAIL_LINES = 20
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+_STORE_FAILED = re.compile(r"Stream create failed for '[^']*': (.*)")  # the cause behind nats' err_code 10049
 FSYNC_MODES = ("default", "always")  # see "Durability" in the module docstring
 Fsync = Literal["default", "always"]
 
@@ -446,6 +448,18 @@ class EmbeddedNats:
             return False
         finally:
             conn.close()
+
+    def store_failure(self) -> str | None:
+        """Why the server last failed to create a stream's store, as it logged it since it started (its clients
+        are told only "error creating store for stream"): e.g. ``open .../meta.inf.tmp: too many open files``."""
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(self._log_start)
+                text = log.read().decode(errors="replace")
+        except OSError:
+            return None
+        causes = _STORE_FAILED.findall(text)
+        return causes[-1].strip() if causes else None
 
     def _log_tail(self) -> str:
         try:

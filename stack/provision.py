@@ -66,6 +66,9 @@ PING_INTERVAL_S = 2
 MAX_OUTSTANDING_PINGS = 2
 ERR_STREAM_NAME_IN_USE = 10058  # "stream name already in use with a different configuration"
 ERR_NO_PEERS = 10005  # "no suitable peers for placement": a cluster still forming (or short of nodes for R>1)
+# "error creating store for stream": the server could not make the store's files (a full disk, no free file
+# descriptors, an unwritable store); it tells its clients only this sentence and logs the cause.
+ERR_STORE_FAILED = 10049
 
 # Settings that are compared but never changed in place (the server refuses to change the
 # storage type; a retention change could let the server delete the log).
@@ -264,7 +267,7 @@ async def _ensure_stream(js: JetStreamContext, want: _Want, timeout_s: float) ->
             return
         except APIError as exc:
             if not isinstance(exc, BadRequestError) or exc.err_code != ERR_STREAM_NAME_IN_USE:
-                raise ProvisionError(f"cannot create stream {want.name}: {exc.description}") from exc
+                raise _refused(f"stream {want.name}", exc) from exc
         # Another process created it first, perhaps differently: reconcile with theirs.
         have = (await _bounded(js.stream_info(want.name), timeout_s)).config
     await _reconcile(js, have, want, timeout_s)
@@ -275,9 +278,9 @@ async def _ensure_bucket(js: JetStreamContext, bucket: str, timeout_s: float, re
     try:
         await _placed(lambda: js.create_key_value(bucket=bucket, history=1, storage=StorageType.FILE,
                                                   replicas=replicas or 1), timeout_s)
-    except BadRequestError as exc:
-        if exc.err_code != ERR_STREAM_NAME_IN_USE:
-            raise ProvisionError(f"cannot create KV bucket {bucket}: {exc.description}") from exc
+    except APIError as exc:
+        if not isinstance(exc, BadRequestError) or exc.err_code != ERR_STREAM_NAME_IN_USE:
+            raise _refused(f"KV bucket {bucket}", exc) from exc
         want = _Want(
             StreamConfig(name=f"KV_{bucket}", storage=StorageType.FILE, max_msgs_per_subject=1,
                          num_replicas=replicas or 1),
@@ -293,13 +296,20 @@ async def _ensure_object_store(js: JetStreamContext, bucket: str, timeout_s: flo
     config = ObjectStoreConfig(bucket=bucket, storage=StorageType.FILE, replicas=replicas or 1)
     try:
         await _placed(lambda: js.create_object_store(bucket, config=config), timeout_s)
-    except BadRequestError as exc:
-        if exc.err_code != ERR_STREAM_NAME_IN_USE:
-            raise ProvisionError(f"cannot create object store {bucket}: {exc.description}") from exc
+    except APIError as exc:
+        if not isinstance(exc, BadRequestError) or exc.err_code != ERR_STREAM_NAME_IN_USE:
+            raise _refused(f"object store {bucket}", exc) from exc
         if replicas is not None:
             want = _Want(StreamConfig(name=f"OBJ_{bucket}", num_replicas=replicas), ("num_replicas",))
             have = (await _bounded(js.stream_info(want.name), timeout_s)).config
             await _reconcile(js, have, want, timeout_s)
+
+
+def _refused(what: str, exc: APIError) -> ProvisionError:
+    """A create the server refused (any API error: a 500 too, which nats-py raises as ServerError)."""
+    why = " (the NATS server's log says why: a full disk, no free file descriptors, ...)" \
+        if exc.err_code == ERR_STORE_FAILED else ""
+    return ProvisionError(f"cannot create {what}: {exc.description}{why}")
 
 
 async def _reconcile(js: JetStreamContext, have: StreamConfig, want: _Want, timeout_s: float) -> None:

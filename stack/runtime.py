@@ -55,7 +55,7 @@ from schemas.log import LogConfig
 from session_projector.projections import current_summary, iter_projections
 from session_projector.service import Projector
 from stack.nats_server import EmbeddedNats, Fsync, NatsSupervisor
-from stack.provision import Retention, connect, provision
+from stack.provision import ProvisionError, Retention, connect, provision
 from stack.user_error import UserError, check_writable_dir, one_line
 
 if TYPE_CHECKING:
@@ -408,7 +408,13 @@ class Stack:
             self.nats_supervisor = await asyncio.to_thread(NatsSupervisor(self.nats).start)
         self.nc = await connect(self.nats_url, name="rollbus-" + "-".join(options.components))
         js = self.nc.jetstream()
-        await provision(js, options.log, retention=options.retention, replicas=options.replicas)
+        try:
+            await provision(js, options.log, retention=options.retention, replicas=options.replicas)
+        except ProvisionError as exc:  # the embedded server logged why it could not create a store: say it
+            cause = self.nats.store_failure() if self.nats is not None else None
+            if cause is None:
+                raise
+            raise ProvisionError(f"{exc.message}; nats-server: {cause}") from exc
         watched: list[Watched] = []
         if "projector" in options.components:
             self.metrics.declare("projector")

@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 import msgspec
+import pyarrow as pa
 import pyarrow.parquet as pq
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import NotFoundError
 
 from schemas.archive import (
     ArchiveError,
+    ArchiveHeader,
     ArchiveRecord,
     check_header,
     from_batch,
@@ -87,6 +89,15 @@ class ArchiveWriter:
             self._parquet.close()
 
 
+def check_archive(path: Path) -> ArchiveHeader:
+    """The header of the archive at ``path``: a file that cannot be an archive (missing, a directory, empty,
+    truncated Parquet, a first record that is no header) raises :class:`ArchiveError` before any work."""
+    try:
+        return check_header(next(read_archive(path)))
+    except OSError as exc:
+        raise ArchiveError(f"{path}: cannot read it ({(exc.strerror or str(exc)).lower()})") from exc
+
+
 def read_archive(path: Path) -> Iterator[ArchiveRecord]:
     """The records of an export, header first (checked), in either format (told apart by their first bytes)."""
     with path.open("rb") as file:
@@ -113,5 +124,5 @@ def _parquet_records(path: Path) -> Iterator[ArchiveRecord]:
     try:
         for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
             yield from from_batch(batch)
-    except OSError as exc:  # pyarrow's error for a file that is not Parquet
-        raise ArchiveError(f"{path}: {exc}") from exc
+    except (OSError, pa.ArrowException) as exc:  # not Parquet, truncated (no footer), a corrupt page
+        raise ArchiveError(f"{path}: not a readable Parquet archive ({exc})") from exc

@@ -32,6 +32,7 @@ import asyncio
 import datetime as dt
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -40,12 +41,19 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.object_store import ObjectStore
 
 from eventlog.reader import iter_messages, last_stream_seq
-from rollbus.commands.archive_io import CALL_TIMEOUT_S, ArchiveWriter, Counts, IncompleteLog, bucket
+from rollbus.commands.archive_io import (
+    CALL_TIMEOUT_S,
+    ArchiveWriter,
+    Counts,
+    IncompleteLog,
+    bucket,
+    check_archive,
+)
 from rollbus.commands.importing import import_target
-from rollbus.progress import Progress, summary
+from rollbus.progress import Progress, rate_text, summary
 from rollbus.tools import EXIT_OK, add_connection_args, duration, run_tool
 from schemas import blobs
-from schemas.archive import ArchivedEnvelope, ArchivedMarker, ArchivedPiece, ArchiveHeader
+from schemas.archive import ArchivedEnvelope, ArchivedMarker, ArchivedPiece, ArchiveError, ArchiveHeader
 from schemas.errors import LogUnavailable
 from schemas.log import HDR_BLOBS, LogConfig, check_session_id
 from stack.provision import bytes_text
@@ -109,6 +117,10 @@ def run_export(args: argparse.Namespace) -> int:
 def run_import(args: argparse.Namespace) -> int:
     if not args.file.is_file():
         raise UserError(f"{args.file}: no such file")
+    try:  # a file that is no archive is refused before a log is opened (or an embedded store created)
+        check_archive(args.file)
+    except ArchiveError as exc:
+        raise UserError(str(exc)) from exc
     return asyncio.run(import_target(args))
 
 
@@ -145,7 +157,7 @@ async def export_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Names
     summary("export", [("sessions", str(counts.sessions)), ("envelopes", str(counts.envelopes)),
                        ("pieces", f"{counts.pieces} ({bytes_text(counts.piece_bytes)})"),
                        ("markers", str(counts.markers)), ("file", f"{bytes_text(size)} {fmt}"),
-                       ("rate", f"{counts.envelopes / max(progress.elapsed_s, 1e-9):,.0f} envelopes/s")])
+                       ("rate", rate_text(counts.envelopes, progress.elapsed_s, "envelopes"))])
     return EXIT_OK
 
 
@@ -230,8 +242,16 @@ async def _export_envelopes(js: JetStreamContext, cfg: LogConfig, sessions: set[
         counts.envelopes += 1
         met.setdefault(session_id)
         counts.sessions = len(met)
-        progress.update(seq - start + 1, total=last - start + 1, detail=f"{counts.sessions} sessions")
+        progress.update(counts.envelopes, **_position(sessions, seq - start + 1, last - start + 1, counts))
     return list(met)
+
+
+def _position(sessions: set[str] | None, read: int, of: int, counts: Counts) -> dict[str, Any]:
+    """The progress's total and detail: every envelope read is exported with ``--all`` (the total is the range);
+    of a selection only its own are, so the count is what was exported and the detail how far the log is read."""
+    if sessions is None:
+        return {"total": of, "detail": f"{counts.sessions} sessions"}
+    return {"total": None, "detail": f"{counts.sessions} sessions, log {read}/{of} read"}
 
 
 async def _piece(store: ObjectStore, session_id: str, digest: bytes) -> ArchivedPiece:

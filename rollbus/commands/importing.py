@@ -27,9 +27,8 @@ from nats.js.object_store import ObjectStore
 
 from eventlog.reader import iter_messages, last_stream_seq
 from rollbus.commands.archive_io import CALL_TIMEOUT_S, Counts, bucket, read_archive
-from rollbus.commands.materialize import running_nats
 from rollbus.progress import Progress, summary
-from rollbus.tools import EXIT_ERROR, EXIT_OK, check_nats
+from rollbus.tools import EXIT_ERROR, EXIT_OK, find_log, opened_log
 from schemas import blobs, envelope
 from schemas.archive import ArchivedEnvelope, ArchivedMarker, ArchivedPiece, ArchiveError, ArchiveHeader
 from schemas.errors import FoldError, LogUnavailable
@@ -44,7 +43,6 @@ from schemas.log import (
     SESSION_ID_RE,
     LogConfig,
 )
-from stack.nats_server import EmbeddedNats
 from stack.provision import connect, provision
 from stack.user_error import UserError, one_line
 
@@ -56,15 +54,10 @@ WIDTH = 64  # envelopes in flight at once, over different sessions (a session's 
 
 
 async def import_target(args: argparse.Namespace) -> int:
-    url = args.nats or running_nats(args.data_dir)
-    if url is not None:
-        await check_nats(url, where="" if args.nats else f" (the running stack's, in {args.data_dir / 'edge.json'})")
+    """Into the log :func:`~rollbus.tools.find_log` finds (an embedded server's store is created when missing)."""
+    place = await find_log(args, create=True)
+    async with opened_log(place, name="rollbus-import") as url:
         return await _import_into(url, args)
-    embedded = await asyncio.to_thread(EmbeddedNats(args.data_dir / "nats", name="rollbus-import").start)
-    try:
-        return await _import_into(embedded.url, args)
-    finally:
-        await asyncio.to_thread(embedded.stop)
 
 
 async def _import_into(url: str, args: argparse.Namespace, cfg: LogConfig = LogConfig()) -> int:

@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
-import os
 import time
 from pathlib import Path
 
@@ -39,9 +37,8 @@ from materializer.rematerialize import Progress, Rematerializer
 from reward.scorer import RewardScorer, load_scorer
 from rollbus.progress import Progress as Shown
 from rollbus.progress import rate_text, summary
-from rollbus.tools import LOG_LEVEL_HELP, check_nats
+from rollbus.tools import LOG_LEVEL_HELP, find_log, opened_log
 from schemas.log import LogConfig
-from stack.nats_server import EmbeddedNats
 from stack.provision import connect
 from stack.user_error import UserError, check_writable_dir
 
@@ -100,16 +97,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmd.set_defaults(run=lambda args: asyncio.run(run(args)))
 
 
-def running_nats(data_dir: Path) -> str | None:
-    state = data_dir / "edge.json"
-    try:
-        info = json.loads(state.read_text())
-        os.kill(int(info["pid"]), 0)
-        return str(info["nats_url"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def _check(args: argparse.Namespace) -> RewardScorer | None:
     """Refuse, before reading the log, what would fail late or compare against nothing; the reward scorer."""
     padding(args)
@@ -132,7 +119,7 @@ def _line(progress: Progress) -> str:
     elapsed = max(time.monotonic() - progress.started, 1e-9)
     share = 100.0 * progress.position / max(progress.last, 1)
     return (f"  log {progress.position}/{progress.last} ({share:.0f}%)  sessions {progress.sessions}  "
-            f"records {progress.records}  {progress.sessions / elapsed:.0f} sessions/s")
+            f"records {progress.records}  {rate_text(progress.sessions, elapsed, 'sessions')}")
 
 
 def _reporter(shown: Shown, progress: Progress) -> None:
@@ -140,37 +127,12 @@ def _reporter(shown: Shown, progress: Progress) -> None:
                  detail=f"{progress.sessions} sessions, {progress.records} records")
 
 
-def _embedded_store(data_dir: Path) -> Path:
-    """``<data-dir>/nats``, when it holds a log the embedded nats-server can open."""
-    if data_dir.exists() and not data_dir.is_dir():
-        raise UserError(f"--data-dir {data_dir} is a file, not a directory")
-    store = data_dir / "nats"
-    if not store.is_dir():
-        raise UserError(f"no log: --data-dir {data_dir} has no nats/ store and no running `rollbus up`; "
-                        "pass --nats URL or the stack's --data-dir")
-    check_writable_dir(data_dir, flag="--data-dir", subdirs=("nats",))  # the embedded server's store, log, ports
-    return store
-
-
 async def run(args: argparse.Namespace) -> int:
     scorer = _check(args)
-    url = args.nats or running_nats(args.data_dir)
-    store = None
-    if url is not None:
-        await check_nats(url, where="" if args.nats else f" (the running stack's, in {args.data_dir / 'edge.json'})")
-    else:
-        store = _embedded_store(args.data_dir)
+    place = await find_log(args)
     check_writable_dir(args.out, flag="--out")
-    embedded = None
-    if store is not None:
-        embedded = await asyncio.to_thread(EmbeddedNats(store, name="rollbus-materialize").start)
-        url = embedded.url
-    assert url is not None
-    try:
+    async with opened_log(place, name="rollbus-materialize") as url:
         return await _rematerialize(args, url, scorer)
-    finally:
-        if embedded is not None:
-            await asyncio.to_thread(embedded.stop)
 
 
 async def _rematerialize(args: argparse.Namespace, url: str, scorer: RewardScorer | None) -> int:

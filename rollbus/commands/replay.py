@@ -121,7 +121,7 @@ def replay_table(state: SessionState, info: dict[str, int]) -> str:
              f"log: {info['events']} events, last at stream seq {info['last_stream_seq']}; "
              f"requests {summary.requests}, turns {summary.turns}, chains {len(state.chains)}"]
     for view in chain_views(state):
-        lines += ["", *_chain_lines(view)]
+        lines += ["", *_chain_lines(view, state.status)]
     records = _records(state)
     if records:
         lines += ["", "records (as the materializer derives them):"]
@@ -132,11 +132,18 @@ def replay_table(state: SessionState, info: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
-def _chain_lines(view: ChainView) -> list[str]:
-    status = f"closed ({view.materialization_reason})" if view.materialization_reason else view.status
-    lines = [f"chain {view.index}  {status}  prompt {view.prompt_len}  response {view.response_len} "
-             f"(sampled {view.sampled_len}, context {view.response_len - view.sampled_len})  "
-             f"log probs {'yes' if view.has_logprobs else 'no'}  {len(view.turns)} turns",
+def _chain_status(view: ChainView, session_status: str) -> str:
+    """As the viewer says it: a chain still open when its session ended became a trajectory with the session."""
+    if view.materialization_reason:
+        return f"closed ({view.materialization_reason})"
+    return "open" if session_status == "open" else f"ended with the session ({session_status})"
+
+
+def _chain_lines(view: ChainView, session_status: str) -> list[str]:
+    turns = f"{len(view.turns)} turn{'' if len(view.turns) == 1 else 's'}"
+    lines = [f"chain {view.index}  {_chain_status(view, session_status)}  prompt {view.prompt_len}  response "
+             f"{view.response_len} (sampled {view.sampled_len}, context {view.response_len - view.sampled_len})  "
+             f"log probs {'yes' if view.has_logprobs else 'no'}  {turns}",
              f"  {'turn':>4} {'req':>4} {'context':>7} {'sampled':>7}  {'finish':<7} reply"]
     for number, turn in enumerate(view.turns, 1):
         reply = turn.text.replace("\n", "\\n")

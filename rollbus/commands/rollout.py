@@ -207,9 +207,9 @@ def _join_ray(address: str | None) -> None:
     import ray
     import transfer_queue as tq
 
-    import materializer.transfer_queue  # noqa: F401 - Ray on loopback, as the sink sets it up
+    from materializer.transfer_queue import RAY_QUIET  # (and Ray on loopback, as the sink sets it up)
 
-    ray.init(address=address, log_to_driver=False, namespace="rollbus")
+    ray.init(address=address, namespace="rollbus", **RAY_QUIET)
     tq.init()
 
 

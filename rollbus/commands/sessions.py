@@ -2,7 +2,7 @@
 
 ::
 
-    rollbus sessions                       the latest 50, newest last
+    rollbus sessions                       the latest 50, newest first (as the viewer's list)
     rollbus sessions --status open         only open ones (or finalized, aborted, quarantined)
     rollbus sessions --uid prompt42 --all  every session of one prompt
     rollbus sessions --json                one JSON array of summaries
@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                         "reward.")
     parser.add_argument("--status", choices=STATUSES, help="only sessions with this status")
     parser.add_argument("--uid", help="only sessions of this prompt uid")
-    parser.add_argument("--limit", type=int, default=50, help="show the latest N [50]")
+    parser.add_argument("--limit", type=int, default=50, help="show the latest N, newest first [50]")
     parser.add_argument("--all", action="store_true", help="no limit")
     parser.add_argument("--json", action="store_true", help="a JSON array of session summaries")
     add_connection_args(parser)
@@ -55,8 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 async def sessions_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Namespace) -> int:
     summaries = [summarize(p.state) async for p in iter_projections(js, cfg)]
     counts = Counter(shown_status(s) for s in summaries)
-    chosen = sorted((s for s in summaries if _wanted(s, args)), key=lambda s: (s.opened_at, s.session_id))
-    shown = chosen if args.all or args.limit <= 0 else chosen[-args.limit:]
+    chosen = sorted((s for s in summaries if _wanted(s, args)), key=lambda s: (-s.opened_at, s.session_id))
+    shown = chosen if args.all or args.limit <= 0 else chosen[:args.limit]
     if args.json:
         print(msgspec.json.encode(shown).decode())
         return EXIT_OK

@@ -2,7 +2,8 @@
 
 ::
 
-    rollbus view                          against the `rollbus up` of ./rollbus-data (its edge.json)
+    rollbus view                          against the `rollbus up` of ./rollbus-data (its edge.json), else
+                                          an embedded nats-server on ./rollbus-data/nats
     rollbus view --nats URL --port 8090   against any log's NATS server
 
 It prints the URL it serves and runs until Ctrl-C. The list comes from the projections (as
@@ -20,7 +21,7 @@ import sys
 
 from nats.js.client import JetStreamContext
 
-from rollbus.tools import EXIT_ERROR, EXIT_OK, add_connection_args, nats_url, number, run_tool
+from rollbus.tools import EXIT_ERROR, EXIT_OK, add_connection_args, number, run_tool
 from schemas.log import LogConfig
 from stack.user_error import UserError
 from viewer.server import Viewer
@@ -45,7 +46,7 @@ async def view_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Namespa
     except UserError as exc:
         print(f"rollbus view: {exc}", file=sys.stderr, flush=True)
         return EXIT_ERROR
-    print(f"rollbus view: serving {url} (the log at {nats_url(args)}); Ctrl-C stops it", flush=True)
+    print(f"rollbus view: serving {url} (the log at {args.log_url}); Ctrl-C stops it", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from rollbus.cli import build_parser
+from rollbus.commands.archive_io import ArchiveWriter
+from schemas.archive import ArchiveHeader
 from tests.e2e.conftest import ADMIN_TOKEN
 
 ROLLBUS = [sys.executable, "-m", "rollbus.cli"]
@@ -133,11 +135,6 @@ def _a_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_data_dir_that_is_a_file(tmp_path: Path):
-    path = _a_file(tmp_path)
-    refused(rollbus("up", "--port", "0", "--data-dir", path), f"--data-dir {path}", "is a file")
-
-
 def test_data_dir_under_a_file(tmp_path: Path):
     path = _a_file(tmp_path) / "data"
     refused(rollbus("up", "--port", "0", "--data-dir", path), f"--data-dir {path}", "cannot create")
@@ -170,32 +167,70 @@ def _read_only_mount(directory: Path) -> list[str]:
     return prefix
 
 
-@pytest.mark.parametrize("command", ["up", "demo", "materialize"])
+def _archive(tmp_path: Path) -> Path:
+    """A valid (empty) export: its header only."""
+    path = tmp_path / "empty.jsonl"
+    with ArchiveWriter(path, "jsonl") as write:
+        write(ArchiveHeader(stream="rollbus", prefix="rollbus", selection="all", exported_at="2026-01-01T00:00:00"))
+    return path
+
+
+# Every command that opens the log, or starts a stack, on --data-dir (an embedded nats-server on its nats/).
+DATA_DIR_COMMANDS: dict[str, list[str | Path]] = {
+    "up": ["up", "--port", "0"], "demo": ["demo", "--model", "tiny-qwen2"],
+    "materialize": ["materialize", "--from-log", "--out", "{tmp}/out"], "import": ["import", "{tmp}/empty.jsonl"],
+    "replay": ["replay", "--verify", "--all"], "sessions": ["sessions"], "export": ["export", "--all", "-o",
+                                                                                    "{tmp}/x.jsonl"],
+    "view": ["view", "--port", "0"],
+}
+
+
+def _argv(tmp_path: Path, command: str) -> list[str]:
+    _archive(tmp_path)
+    return [str(arg).replace("{tmp}", str(tmp_path)) for arg in DATA_DIR_COMMANDS[command]]
+
+
+@pytest.mark.parametrize("command", list(DATA_DIR_COMMANDS))
 def test_data_dir_on_a_read_only_file_system(tmp_path: Path, command: str):
     data = tmp_path / "data"
-    (data / "nats").mkdir(parents=True)  # materialize: a stack's store, to open with an embedded server
-    argv = {"up": ["up", "--port", "0"], "demo": ["demo", "--model", "tiny-qwen2"],
-            "materialize": ["materialize", "--from-log", "--out", tmp_path / "out"]}[command]
-    result = rollbus(*argv, "--data-dir", data, prefix=_read_only_mount(data))
+    (data / "nats").mkdir(parents=True)  # a stack's store, to open with an embedded server
+    result = rollbus(*_argv(tmp_path, command), "--data-dir", data, prefix=_read_only_mount(data))
     refused(result, f"--data-dir {data}", "read-only file system")
 
 
-def test_demo_and_materialize_with_a_data_dir_that_is_a_file(tmp_path: Path):
+@pytest.mark.parametrize("command", list(DATA_DIR_COMMANDS))
+def test_a_data_dir_that_is_a_file(tmp_path: Path, command: str):
     path = _a_file(tmp_path)
-    refused(rollbus("demo", "--model", "tiny-qwen2", "--data-dir", path), f"--data-dir {path}", "is a file")
-    refused(rollbus("materialize", "--from-log", "--out", tmp_path / "out", "--data-dir", path),
-            f"--data-dir {path}", "is a file")
+    refused(rollbus(*_argv(tmp_path, command), "--data-dir", path), f"--data-dir {path}", "is a file")
+
+
+def test_materialize_with_an_out_that_is_a_file(tmp_path: Path):
+    path = _a_file(tmp_path)
     (tmp_path / "data" / "nats").mkdir(parents=True)
     refused(rollbus("materialize", "--from-log", "--out", path, "--data-dir", tmp_path / "data"),
             f"--out {path}", "is a file")
 
 
-def test_materialize_with_no_log_in_the_data_dir(tmp_path: Path):
-    """Without --nats or a running stack, a --data-dir with no nats/ store is a mistake (it used to
-    start an empty log and rematerialize nothing)."""
-    refused(rollbus("materialize", "--from-log", "--out", tmp_path / "out", "--data-dir", tmp_path / "typo"),
-            "no log", f"--data-dir {tmp_path / 'typo'}")
+@pytest.mark.parametrize("command", ["materialize", "replay", "sessions", "export", "view"])
+def test_no_log_in_the_data_dir(tmp_path: Path, command: str):
+    """Without --nats or a running stack, a --data-dir with no nats/ store is a mistake (materialize used to
+    start an empty log and rematerialize nothing); only import creates a store."""
+    refused(rollbus(*_argv(tmp_path, command), "--data-dir", tmp_path / "typo"), "no log",
+            f"--data-dir {tmp_path / 'typo'}")
     assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-parquet", "empty"])
+def test_import_of_a_damaged_archive(tmp_path: Path, damage: str):
+    """A damaged export is refused in one line before any log is opened (no store is created for it)."""
+    path = tmp_path / "log.parquet"
+    with ArchiveWriter(path, "parquet") as write:
+        write(ArchiveHeader(stream="rollbus", prefix="rollbus", selection="all", exported_at="2026-01-01T00:00:00"))
+    whole = path.read_bytes()
+    path.write_bytes({"truncated": whole[:len(whole) // 2], "not-parquet": b"PAR1" + b"x" * 64, "empty": b""}[damage])
+    line = refused(rollbus("import", path, "--data-dir", tmp_path / "data"), str(path))
+    assert line.startswith("rollbus import: ")
+    assert not (tmp_path / "data").exists()
 
 
 # 5. rollbus demo and its edge

@@ -216,7 +216,8 @@ def test_replay_runs_as_a_command_against_the_log(nats, engine, tmp_path):
     replay = subprocess.run([sys.executable, "-m", "rollbus.cli", "replay", talk.session_id, "--nats", nats.url],
                             capture_output=True, text=True, timeout=120)
     assert replay.returncode == 0, replay.stderr
-    assert f"session {talk.session_id}" in replay.stdout and "chain 0  open" in replay.stdout
+    assert f"session {talk.session_id}" in replay.stdout
+    assert "chain 0  ended with the session (finalized)" in replay.stdout
     assert "[tools: calculator]" in replay.stdout and "calc_0_0" in replay.stdout
     machine = subprocess.run([sys.executable, "-m", "rollbus.cli", "replay", talk.session_id, "--json",
                               "--nats", nats.url], capture_output=True, text=True, timeout=120)

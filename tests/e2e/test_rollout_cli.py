@@ -66,6 +66,8 @@ def test_the_builtin_tasks_roll_out_on_the_local_engine(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "2 prompts, 2 sessions: 2 succeeded, 0 failed" in done.stdout
     assert "rollouts: 2/2 sessions ended (0 failed)" in done.stderr  # plain progress lines off a terminal
+    ray_lines = [line for line in done.stderr.splitlines() if re.search(r"\b(INFO|WARNING) \S+\.py:\d+ --", line)]
+    assert ray_lines == [], ray_lines  # Ray's own notices (started a local instance, token auth, SIGTERM) are off
     written = records(tmp_path)
     assert len(written) == 2 and all(r["reward"] in (0.0, 1.0) for r in written)
     assert all(1 in r["response_mask"] for r in written)  # the model's sampled tokens are in the records

@@ -20,7 +20,7 @@ from eventlog.publisher import JetStreamLog
 from eventlog.reader import iter_messages, last_stream_seq, read_session
 from rollbus.cli import build_parser, main
 from rollbus.commands.archive_io import read_archive
-from rollbus.commands.export import export_main
+from rollbus.commands.export import _first_seq, export_main
 from rollbus.commands.importing import import_main
 from rollbus.commands.replay import replay_main
 from schemas.archive import ArchivedEnvelope, ArchivedMarker, ArchivedPiece, ArchiveHeader, to_json_line
@@ -143,11 +143,20 @@ async def test_all_since_exports_every_session_active_since_whole_as_parquet(nc,
     path = tmp_path / "since.parquet"
     assert await export_main(js, log_config, _args("export", "--all", "--since", cut.isoformat(), "-o",
                                                    str(path))) == 0
-    assert "exported 2 sessions" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "exported 2 sessions" in out
     records = list(read_archive(path))
+    exported = await _envelopes_of(js, log_config, old.session_id) + await _envelopes_of(js, log_config,
+                                                                                          late.session_id)
     assert [r.session_id for r in records if isinstance(r, ArchivedEnvelope)] == \
         [old.session_id] * await _envelopes_of(js, log_config, old.session_id) + \
         [late.session_id] * await _envelopes_of(js, log_config, late.session_id)
+    # the progress counts what was exported (it said "N/N envelopes" for the log range read, early's included)
+    last_line = [line for line in err.splitlines() if line.startswith("export: ")][-1]
+    read = await last_stream_seq(js, log_config, log_config.subjects) - await _first_seq(js, log_config,
+                                                                                      old.session_id) + 1
+    assert last_line.startswith(f"export: {exported} envelopes (") and f"log {read}/{read} read" in last_line
+    assert read > exported  # (early's envelopes lie in the range)
 
     _, target_js = target
     assert await import_main(target_js, TARGET, _args("import", str(path))) == 0
@@ -262,6 +271,16 @@ def test_the_command_line_round_trip_through_an_embedded_store(tmp_path: Path, c
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "not an archive record" in err, err
 
+    # replay, sessions and export open the imported store with an embedded server too (no --nats, no stack)
+    assert main(["replay", "--verify", "--all", "--data-dir", str(data)]) == 0
+    assert "verified 2 finalized sessions (2 records in their markers)" in capsys.readouterr().out
+    assert main(["replay", f"{30:032x}", "--data-dir", str(data)]) == 0
+    assert f"session {30:032x}" in capsys.readouterr().out
+    assert main(["sessions", "--data-dir", str(data)]) == 0
+    capsys.readouterr()
+    again = tmp_path / "again.jsonl"
+    assert main(["export", "--all", "-o", str(again), "--data-dir", str(data)]) == 0
+    assert "exported 2 sessions" in capsys.readouterr().out
     with EmbeddedNats(data / "nats", name="check") as server:
         async def check() -> None:
             client = await connect(server.url, name="check")

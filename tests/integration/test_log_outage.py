@@ -1,11 +1,15 @@
 """Reading the log while NATS is gone is :class:`LogUnavailable` (503), never an answer taken from the
 silence: not "no such session", not "another edge holds it", not "another writer appended" (409).
-A private nats-server per test, stopped (the client reconnecting) or with its connection closed."""
+A private nats-server per test, stopped (the client reconnecting), with its connection closed, or
+paused (SIGSTOP) and resumed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,19 +20,22 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from edge.app import create_app
+from edge.codec.tokenizer import load_tokenizer
 from edge.ownership import KvLeases
 from edge.service import OpenSession
 from edge.session_index import KvSessionIndex, index_key
 from eventlog.acks import AckedPublisher, PublishRejected
 from eventlog.publisher import JetStreamLog
 from eventlog.reader import last_stream_seq, load_state, read_session
+from rollbus.testing.scripted import ScriptedEngineServer
 from schemas.errors import FoldError, LogUnavailable
+from schemas.events import TurnCompleted
 from schemas.log import LogConfig
 from session_projector.projections import read_projection
 from stack.nats_server import EmbeddedNats
 from stack.provision import connect, provision
 from tests.helpers import SessionScript
-from tests.integration.edges import make_edge
+from tests.integration.edges import make_edge, responder
 from tests.integration.test_append_path import free_port
 
 SESSION = "0123456789abcdef0123456789abcdef"
@@ -180,3 +187,48 @@ async def test_an_acknowledgement_that_does_not_decode_is_a_503_at_the_edge(priv
     assert opened.status_code == 503
     error = opened.json()["error"]
     assert error["code"] == "log_unavailable" and "not an acknowledgement" in error["message"]
+
+
+async def test_a_turn_answered_503_while_the_log_stalls_is_kept_and_its_retry_is_answered_from_it(
+        private: Private) -> None:
+    """nats-server paused (SIGSTOP) while a turn is appended: the edge gives up (503, with Retry-After), the
+    server, resumed, stores the envelope all the same. The turn is kept (README, *Log outages*): the retry the
+    SDKs make after a 503 (x-stainless-retry-count) is answered with it, from the log, sampling nothing again,
+    so the agent sees what the record holds; the log holds it once."""
+    tokenizer = load_tokenizer("builtin:qwen2.5")
+    with ScriptedEngineServer(responder=responder(tokenizer)) as engine:
+        edge = make_edge(private.nc, CFG, engine.url, edge_id="stalled", clock=time.time)
+        edge._turns._log.inner = JetStreamLog(private.nc, CFG, timeout=1.0, attempts=2)  # gives up in ~2 s
+        transport = httpx.ASGITransport(app=create_app(edge))
+        async with httpx.AsyncClient(transport=transport, base_url="http://edge", timeout=60) as client:
+            opened = (await client.post("/sessions", json={"uid": "stall"})).json()
+            url, key = f"/sessions/{opened['session_id']}/v1/chat/completions", opened["api_key"]
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+            os.kill(private.server.pid, signal.SIGSTOP)
+            try:
+                stalled = await client.post(url, headers={"Authorization": f"Bearer {key}"}, json=body)
+            finally:
+                os.kill(private.server.pid, signal.SIGCONT)
+            assert stalled.status_code == 503 and stalled.json()["error"]["code"] == "log_unavailable"
+            assert int(stalled.headers["retry-after"]) >= 1  # the SDKs wait that long, then retry
+            stored = await _completed(private.nc, opened["session_id"])  # the resumed server took the envelope
+            retried = await client.post(url, headers={"Authorization": f"Bearer {key}", "x-stainless-retry-count": "1"},
+                                        json=body)
+        await edge._turns._engine.aclose()
+    assert retried.status_code == 200, retried.text
+    assert retried.json()["choices"][0]["message"]["content"] == stored[0].text  # what the agent sees is the record
+    assert retried.json()["id"].endswith(f"-{stored[0].request_no}")
+    assert len(engine.requests) == 1  # sampled once: the retry was answered from the log
+    assert len(await _completed(private.nc, opened["session_id"])) == 1
+
+
+async def _completed(nc: Client, session_id: str, timeout: float = 30.0) -> list[TurnCompleted]:
+    """The session's completed turns, once the log holds one (it may take the stalled server a moment)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(LogUnavailable):
+            events = (await read_session(nc.jetstream(), CFG, session_id)).events
+            if completed := [e for e in events if isinstance(e, TurnCompleted)]:
+                return completed
+        assert time.monotonic() < deadline, "the stalled turn never reached the log"
+        await asyncio.sleep(0.2)

@@ -69,16 +69,21 @@ def _expected_records(scripts):
     return records
 
 
-async def test_ended_sessions_land_once_with_their_markers_and_prompt_progress(nc, js, log_config, tmp_path):
+async def test_ended_sessions_land_once_with_their_markers_and_prompt_progress(nc, js, log_config, tmp_path,
+                                                                                 caplog):
     scripts = workload(prompts=6, n=3, seed=1)
     log = JetStreamLog(nc, log_config)
     sink = ParquetSink(tmp_path / "trajectories")
-    async with running(js, log_config, sink) as materializer:
-        for script in scripts:
-            await append(log, script)
-        markers = await _wait_for_markers(js, log_config, len(scripts))
-        for script in scripts[:4]:  # redelivered or repeated: nothing changes
-            await materializer.materialize(script.session_id)
+    with caplog.at_level(logging.INFO, logger="materializer.service"):
+        async with running(js, log_config, sink) as materializer:
+            for script in scripts:
+                await append(log, script)
+            markers = await _wait_for_markers(js, log_config, len(scripts))
+            for script in scripts[:4]:  # redelivered or repeated: nothing changes
+                await materializer.materialize(script.session_id)
+    batches = [r.getMessage() for r in caplog.records if r.getMessage().startswith("materialized ")]
+    assert batches and all(line.split()[2] == "sessions" for line in batches), batches
+    assert not any("retry" in line for line in batches), batches  # nothing failed: no "(0 failed, will retry)"
     table = sink.read()
     keys = table.column("key").to_pylist()
     expected = _expected_records(scripts)

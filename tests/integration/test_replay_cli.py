@@ -110,7 +110,11 @@ async def test_replay_shows_the_chains_and_json_carries_every_token(js, log_conf
     assert await replay_main(js, log_config, args(script.session_id)) == 0
     table = capsys.readouterr().out
     assert f"session {script.session_id}" in table and "finalized" in table
-    assert "chain 0  open" in table and "chain 1  closed (max_trajectory_length)" in table
+    assert "chain 0  ended with the session (finalized)" in table  # not "open": the session is finalized
+    assert "chain 1  closed (max_trajectory_length)" in table
+    turns = [line.rsplit("  ", 1)[1] for line in table.splitlines() if line.startswith("chain ")]
+    assert turns == [f"{len(c.turns)} turn{'' if len(c.turns) == 1 else 's'}" for c in state.chains]
+    assert "1 turn" in turns  # (chain 1 has one)
     assert "mask (response): 1x3 0x2 1x3" in table
     assert "records (as the materializer derives them):" in table and "p1_1_0" in table
 
@@ -180,3 +184,25 @@ async def test_request_bodies_are_printed_byte_exact_and_a_forged_one_is_found(n
     assert await replay_main(js, log_config, args("--verify", script.session_id)) == 1
     out = capsysbinary.readouterr().out.decode()
     assert f"DIFF {script.session_id} request_body 3" in out and "4 request bodies" in out
+
+
+async def test_sessions_lists_newest_first_as_the_viewer_does(nc, js, log_config, capsys):
+    """The latest --limit sessions, newest first (it listed the oldest first, the viewer the newest)."""
+    opened = {f"{0xa0 + i:032x}": at for i, at in enumerate([100.0, 300.0, 200.0, 400.0])}
+    log, counts = JetStreamLog(nc, log_config), {}
+    for session_id, at in opened.items():
+        script = SessionScript(session_id=session_id, uid="ordered", session_index=0)
+        script.turn(0, [1, 2], [3], new_chain=True)
+        events = [msgspec.structs.replace(e, time=e.time + at) for e in script.events]
+        await append_all(log, session_id, envelopes(events))
+        counts[session_id] = len(events)
+    async with running(Projector(js, log_config)):
+        await wait_projected(js, log_config, counts, timeout=60)
+    newest = sorted(opened, key=opened.__getitem__, reverse=True)
+    sessions = lambda *argv: build_parser().parse_args(["sessions", *argv, "--nats", "nats://unused"])  # noqa: E731
+    assert await sessions_main(js, log_config, sessions("--json")) == 0
+    assert [s["session_id"] for s in json.loads(capsys.readouterr().out)] == newest
+    assert await sessions_main(js, log_config, sessions("--limit", "2")) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines()[2:4]] == newest[:2]
+    assert "2 of 4 matching sessions shown" in out

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -178,6 +180,18 @@ def test_rollbus_up_refuses_a_mismatched_pair_before_starting_anything(tmp_path:
     assert "does not match the template" in err and not data.exists()
     assert main(["edge", "--nats", "nats://127.0.0.1:1", "--tool-format", "nope"]) == 2
     assert "unknown tool format 'nope'" in capsys.readouterr().err
+
+
+def test_the_readme_s_mismatched_pair_example_prints_what_it_shows(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's ``rollbus up --tokenizer builtin:qwen3-coder --tool-format hermes`` example, run as written (it
+    printed the local model's refusal instead, for it named no remote engine)."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    found = re.search(r"^\$ rollbus (up .*--tokenizer builtin:qwen3-coder --tool-format hermes)\n(.*)$", readme, re.M)
+    assert found is not None, "the README lost its mismatched-pair example"
+    assert main([*shlex.split(found[1]), "--data-dir", str(tmp_path / "data")]) == 2
+    assert capsys.readouterr().err.splitlines()[0] == found[2]  # "rollbus: cannot start the edge: tokenizer ..."
+    assert not (tmp_path / "data").exists()
 
 
 def test_the_edge_service_is_not_built_for_a_mismatched_pair() -> None:

@@ -95,9 +95,11 @@ def test_retry_after_is_answered_only_where_the_table_says_and_the_error_knows()
     full = CapacityExceeded("full", retry_after=0.5)
     assert retry_after_headers(full, http_error(full)) == {"Retry-After": "1", "retry-after-ms": "500"}
     assert retry_after_headers(CapacityExceeded("full"), ERRORS[CapacityExceeded]) == {}
-    hinted = LogUnavailable("down")
+    hinted = domain.EngineUnavailable("down")
     hinted.retry_after = 5.0  # a hint the table does not answer for this class
     assert retry_after_headers(hinted, http_error(hinted)) == {}
+    down = LogUnavailable("no stream leader")  # the log comes back by itself: a retry in 2 s
+    assert retry_after_headers(down, http_error(down)) == {"Retry-After": "2", "retry-after-ms": "2000"}
     assert error_response(full, "POST /x", anthropic_wire.encode_error).headers["retry-after"] == "1"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from rollbus.progress import Progress, plain_table, summary
+from rollbus.progress import Progress, plain_table, rate_text, summary
 
 
 class Clock:
@@ -76,3 +76,13 @@ def test_the_summary_table_is_aligned_text_off_a_terminal_and_a_rich_table_on_on
     summary("export", rows, stream=terminal)
     drawn = terminal.getvalue()
     assert "┌" in drawn and "envelopes" in drawn and "3400" in drawn
+
+
+def test_a_slow_rate_is_not_rounded_to_zero() -> None:
+    """`rollbus demo` said "(0 sessions/s)" for 4 sessions in 39 s."""
+    assert rate_text(4, 39.0, "sessions") == "0.1 sessions/s"
+    assert rate_text(7, 2.0, "sessions") == "3.5 sessions/s"
+    assert rate_text(1234, 1.0, "envelopes") == "1,234 envelopes/s"
+    assert rate_text(1, 3600.0, "sessions") == "<0.01 sessions/s"
+    assert rate_text(0, 5.0, "sessions") == "0 sessions/s"
+    assert rate_text(3, 0.0, "sessions") == "- sessions/s"

@@ -29,6 +29,10 @@ function showError(error) {
   box.hidden = false;
 }
 
+function plural(count, noun) {
+  return `${count} ${noun}${count === 1 ? "" : "s"}`;
+}
+
 function ago(seconds) {
   seconds = Math.max(0, seconds);
   for (const [unit, size] of [["d", 86400], ["h", 3600], ["m", 60]]) {
@@ -210,7 +214,7 @@ function chainCard(sessionId, chain, sessionStatus) {
     el("h2", { text: `chain ${chain.index} · ${status}` }),
     el("p", { class: "muted", text: `prompt ${chain.prompt_len} · response ${chain.response_len} (sampled ` +
       `${chain.sampled_len}, context ${chain.response_len - chain.sampled_len}) · log probs ` +
-      `${chain.has_logprobs ? "yes" : "no"} · ${chain.turns.length + chain.turns_omitted} turns · mask ${runs}` }));
+      `${chain.has_logprobs ? "yes" : "no"} · ${plural(chain.turns.length + chain.turns_omitted, "turn")} · mask ${runs}` }));
   const prompt = el("details", { class: "prompt" }, el("summary", { text: `prompt (${chain.prompt_len} tokens)` }),
     tokenBox(sessionId, chain.index, "prompt", chain.prompt));
   card.append(prompt, el("h3", { text: "response" }), tokenBox(sessionId, chain.index, "response", chain.response));

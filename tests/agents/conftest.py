@@ -1,7 +1,8 @@
 """Fixtures of the agent compatibility suite: the pinned agents, installed on first use (those of every
 selected test at once, in parallel: ``pytest.mark.agent(NAME)`` names a test's agent); one
 ``rollbus up`` (a real process) in front of one scripted SGLang engine whose model is a
-:class:`~rollbus.testing.tool_user.ToolUser`, shared by the suite's tests (which run one at a time).
+:class:`~rollbus.testing.tool_user.ToolUser`, shared by the suite's tests (which run one at a time);
+``start_up`` starts another in front of the same engine, with options of its own (another chat template).
 
 An agent that cannot be installed skips its tests with the reason, unless ``ROLLBUS_REQUIRE_AGENTS=1``
 (``.ci/run`` sets it), when they fail.
@@ -134,11 +135,27 @@ def engine(model: ToolUser) -> Iterator[ScriptedEngineServer]:
 
 
 @pytest.fixture(scope="session")
-def up(engine: ScriptedEngineServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningUp]:
-    running = RunningUp(tmp_path_factory.mktemp("agents") / "data", engine.url, "--log-level", "WARNING",
-                        "--max-trajectory-length", str(MAX_TRAJECTORY_LENGTH), "--batch-delay", "0.05")
-    yield running
-    assert running.stop() == 0, "".join(running.lines[-50:])
+def start_up(engine: ScriptedEngineServer,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., RunningUp]]:
+    """Start a ``rollbus up`` in front of the suite's engine, with these options besides the suite's; each
+    is stopped (and must exit 0) when the suite ends."""
+    started: list[RunningUp] = []
+
+    def start(*options: str) -> RunningUp:
+        started.append(RunningUp(tmp_path_factory.mktemp("agents") / "data", engine.url, "--log-level", "WARNING",
+                                 "--max-trajectory-length", str(MAX_TRAJECTORY_LENGTH), "--batch-delay", "0.05",
+                                 *options))
+        return started[-1]
+
+    yield start
+    for running in started:
+        assert running.stop() == 0, "".join(running.lines[-50:])
+
+
+@pytest.fixture(scope="session")
+def up(start_up: Callable[..., RunningUp]) -> RunningUp:
+    """The suite's ``rollbus up``."""
+    return start_up()
 
 
 @dataclass
@@ -176,20 +193,21 @@ class AgentSession:
 @pytest.fixture
 def agent_session(up: RunningUp, engine: ScriptedEngineServer, model: ToolUser,
                   tmp_path: Path) -> Callable[..., AgentSession]:
-    """Open a session for an agent, the model reset (:meth:`ToolUser.reset`); a work directory and an
-    environment with nothing but ``PATH`` and ``HOME`` (of its own), which the test adds the session's
-    URL and key to."""
+    """Open a session for an agent (on the suite's ``rollbus up``, or ``on`` another of :func:`start_up`),
+    the model reset (:meth:`ToolUser.reset`); a work directory and an environment with nothing but
+    ``PATH`` and ``HOME`` (of its own), which the test adds the session's URL and key to."""
 
     def start(uid: str, answer: str, prefer: Sequence[str] = (), finish: Call | None = None,
-              policy: Policy | None = None) -> AgentSession:
-        created = httpx.post(f"{up.url}/sessions", json={"uid": uid, "metadata": {"agent_name": uid}},
-                             headers=up.admin, timeout=30)
+              policy: Policy | None = None, on: RunningUp | None = None) -> AgentSession:
+        stack = on or up
+        created = httpx.post(f"{stack.url}/sessions", json={"uid": uid, "metadata": {"agent_name": uid}},
+                             headers=stack.admin, timeout=30)
         assert created.status_code == 201, created.text
         model.reset(answer, prefer, finish, policy)
         home, work = tmp_path / uid / "home", tmp_path / uid / "work"
         home.mkdir(parents=True)
         work.mkdir()
         env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home)}
-        return AgentSession(up, engine, model, created.json(), len(model.replies), work, env)
+        return AgentSession(stack, engine, model, created.json(), len(model.replies), work, env)
 
     return start

@@ -11,7 +11,7 @@ permanent generation (:func:`gc.freeze`: never scanned again, never freed) and l
 young generation grow larger between collections. Reference counting still frees almost
 everything at once; only cyclic garbage waits a little longer.
 
-:meth:`HeapKeeper.for_process` fixes malloc's mmap threshold (:data:`MMAP_THRESHOLD`), and the
+:meth:`HeapKeeper.for_process` fixes malloc's mmap and trim thresholds, and the
 keeper runs beside the components of a stack: it gives back to the system the memory that big
 requests left free in malloc's arenas (see its docstring). Measured by ``ops/bench/edge_memory.py
 --big-requests``.
@@ -42,17 +42,23 @@ def settle_heap(young: int = YOUNG_THRESHOLD) -> None:
 
 # --- giving freed memory back -------------------------------------------------------------
 
-TRIM_THRESHOLD = 64 * 1024 * 1024
+TRIM_THRESHOLD = 32 * 1024 * 1024
 """Trim once the process holds this much more resident memory beyond what malloc has handed out than it did
 after the last trim."""
 TRIM_INTERVAL_S = 5.0
 TRIM_ENV = "ROLLBUS_HEAP_TRIM_MIB"
-"""The threshold in MiB (default 64); 0 leaves malloc as it is (no fixed mmap threshold, no keeper)."""
-MMAP_THRESHOLD = 1024 * 1024
-"""Allocations from this size get a mapping of their own, unmapped when freed (glibc's default starts at
-128 KiB and rises to the largest block freed, up to 32 MiB: after one 16 MB body, every later one lands in
-the heap and stays resident there)."""
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
+"""The threshold in MiB (default 32); 0 leaves malloc as it is (no fixed thresholds, no keeper)."""
+MMAP_THRESHOLD = 32 * 1024 * 1024
+"""Allocations from this size get a mapping of their own, unmapped when freed: the most glibc moves its
+threshold to (it starts at 128 KiB and follows the largest block freed), fixed so that the trim threshold
+stays fixed too. A lower one costs CPU: at 4 MiB, each 16 MB body's buffers mapped and faulted in anew
+took 4.5 s of CPU for four of them against 3.1 s at 32 MiB (2.3 s with glibc's own thresholds)."""
+HEAP_TRIM_THRESHOLD = 8 * 1024 * 1024
+"""Free memory at the top of a heap past this goes back to the system on ``free``. glibc moves its own
+with the mmap threshold, to 64 MiB: each worker thread's arena (tokenizing runs on worker threads) then
+keeps up to that much at its top however idle it is, which ``malloc_trim`` does not give back (it gives
+back free pages in the middle of arenas, and the main heap's top)."""
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 
 
 class _MallInfo2(ctypes.Structure):
@@ -100,10 +106,10 @@ class Glibc:
         """Give the free pages of every arena back (``malloc_trim(0)``; ctypes releases the GIL)."""
         self._trim(0)
 
-    def fix_mmap_threshold(self, size: int) -> bool:
-        """Allocations from ``size`` bytes mapped alone from now on (this also stops glibc moving its mmap
-        and trim thresholds); whether malloc took it."""
-        return bool(self._mallopt(_M_MMAP_THRESHOLD, size))
+    def fix_thresholds(self, mmap: int, trim: int) -> bool:
+        """Allocations from ``mmap`` bytes mapped alone, and free memory past ``trim`` bytes at the top of a
+        heap given back, from now on (glibc stops moving either); whether malloc took them."""
+        return bool(self._mallopt(_M_MMAP_THRESHOLD, mmap)) and bool(self._mallopt(_M_TRIM_THRESHOLD, trim))
 
 
 class Allocator(Protocol):
@@ -114,10 +120,12 @@ class Allocator(Protocol):
     def trim(self) -> None: ...
 
 
-def trim_due(slack: int, after_last_trim: int, threshold: int) -> bool:
-    """Whether to trim: the slack (RSS less malloc's memory in use: memory freed but still resident, and
-    what is not malloc's) grew by ``threshold`` since the last trim."""
-    return slack - after_last_trim >= threshold
+def trim_due(slack: int, previous: int, since: int, threshold: int) -> bool:
+    """Whether to trim, from the slack (RSS less malloc's memory in use: memory freed but still resident,
+    and what is not malloc's) now, at the previous check, and after the last trim: it grew by
+    ``threshold`` since that trim, and moved less than that over the last interval (memory freed a
+    moment ago, or being taken again, as by big requests coming one after another, is left alone)."""
+    return slack - since >= threshold and abs(slack - previous) < threshold
 
 
 class HeapKeeper:
@@ -127,10 +135,13 @@ class HeapKeeper:
     body decoded; megabytes of text tokenized on a worker thread, whose tokenizer makes millions of
     small allocations in that thread's arena) leaves hundreds of MB free but resident, in the middle
     of arenas, where ``free`` never returns them. Every ``interval`` seconds the keeper compares the
-    RSS with what malloc has handed out (in a worker thread: it walks the arenas); when the
-    difference grew by ``threshold`` since the last trim, it trims (``malloc_trim(0)``: madvise of
-    the free pages; 0.1-0.3 s for a few hundred MB, on that thread). Memory in use is never touched,
-    growth in use never triggers a trim (RSS and use grow together), and a steady heap is never
+    RSS with what malloc has handed out (in a worker thread: it walks the arenas, holding each one's
+    lock meanwhile; measured 15-40 ms with 2.7 GB free in them); when the difference grew by
+    ``threshold`` since the last trim and has stayed put since the previous check (:func:`trim_due`), it
+    trims (``malloc_trim(0)``: madvise of the free pages; 0.15 s for 1.3 GB, on that thread). Memory
+    in use is never touched, growth in use never triggers a trim (RSS and use grow together), memory
+    that the next big request is taking again is left to it (trimming between back-to-back 16 MB
+    requests cost a quarter more CPU: each faulted its memory in anew), and a steady heap is never
     trimmed."""
 
     def __init__(self, allocator: Allocator, *, threshold: int = TRIM_THRESHOLD,
@@ -138,19 +149,19 @@ class HeapKeeper:
         self._allocator = allocator
         self._threshold = threshold
         self._interval = interval
-        self._since = self.slack()
+        self._since = self._previous = self.slack()
         self.trims = 0
 
     @classmethod
     def for_process(cls) -> HeapKeeper | None:
-        """Malloc set up for a long-running process (:data:`MMAP_THRESHOLD`) and the keeper to run: None
-        without glibc, or with ``ROLLBUS_HEAP_TRIM_MIB=0`` (malloc left as it is)."""
+        """Malloc set up for a long-running process (:data:`MMAP_THRESHOLD`, :data:`HEAP_TRIM_THRESHOLD`) and
+        the keeper to run: None without glibc, or with ``ROLLBUS_HEAP_TRIM_MIB=0`` (malloc left as it is)."""
         mib = os.environ.get(TRIM_ENV, "").strip()
         threshold = int(mib) * 1024 * 1024 if mib.isdigit() else TRIM_THRESHOLD
         allocator = Glibc.load() if threshold > 0 else None
         if allocator is None:
             return None
-        allocator.fix_mmap_threshold(MMAP_THRESHOLD)
+        allocator.fix_thresholds(MMAP_THRESHOLD, HEAP_TRIM_THRESHOLD)
         return cls(allocator, threshold=threshold)
 
     def slack(self) -> int:
@@ -161,11 +172,13 @@ class HeapKeeper:
     def check(self) -> bool:
         """Trim if it is due; whether it did. Blocking: call it from a worker thread."""
         slack = self.slack()
-        if not trim_due(slack, self._since, self._threshold):
+        due = trim_due(slack, self._previous, self._since, self._threshold)
+        self._previous = slack
+        if not due:
             self._since = min(self._since, slack)  # reused: a later release counts from here
             return False
         self._allocator.trim()
-        self._since = self.slack()
+        self._since = self._previous = self.slack()
         self.trims += 1
         return True
 

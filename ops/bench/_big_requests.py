@@ -6,8 +6,9 @@ of a scripted SGLang engine in this process. After a quiet moment its RSS is the
 text (``latin``: accented words, which the edge must tokenize, ~0.9 tokens a character, before it
 finds that they cannot fit the chain; ``ascii``: words the edge refuses by their length alone), and
 every session is finalized. The RSS is sampled every 50 ms throughout; "after" is the RSS at the end of
-``--settle`` seconds. ``--compare`` runs it twice in the same run, the second with
-``ROLLBUS_HEAP_TRIM_MIB=0`` (malloc as glibc leaves it: no fixed mmap threshold, no heap keeper).
+``--settle`` seconds; CPU is what the process used from the baseline to then. ``--compare`` runs it
+twice in the same run, the second with ``ROLLBUS_HEAP_TRIM_MIB=0`` (malloc as glibc leaves it: no
+fixed thresholds, no heap keeper).
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ def request_body(text: str) -> bytes:
         {"role": "tool", "tool_call_id": "call_1", "content": text},
     ]
     return json.dumps({"model": "m", "max_tokens": 16, "messages": messages}, ensure_ascii=False).encode()
+
+
+def cpu(pid: int) -> float:
+    """Seconds of CPU the process has used, in all its threads (user and system)."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        fields = stat.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss(pid: int) -> int:
@@ -109,8 +117,8 @@ class Up:
 
 
 class Result:
-    def __init__(self, label: str, before: int, peak: int, after: int, turns: list[str]) -> None:
-        self.label, self.before, self.peak, self.after, self.turns = label, before, peak, after, turns
+    def __init__(self, label: str, before: int, peak: int, after: int, cpu_s: float) -> None:
+        self.label, self.before, self.peak, self.after, self.cpu_s = label, before, peak, after, cpu_s
 
     @property
     def ratio(self) -> float:
@@ -119,7 +127,7 @@ class Result:
     def line(self) -> str:
         return (f"{self.label:<52} before {self.before / MIB:6.0f} MiB  peak {self.peak / MIB:6.0f} MiB  "
                 f"after {self.after / MIB:6.0f} MiB  after/before {self.ratio:.2f}x  peak/before "
-                f"{self.peak / self.before:.2f}x")
+                f"{self.peak / self.before:.2f}x  CPU {self.cpu_s:.1f} s")
 
 
 def run_once(label: str, env: dict[str, str], engine_url: str, bodies: list[bytes], settle: float) -> Result:
@@ -136,9 +144,9 @@ def _drive(label: str, up: Up, bodies: list[bytes], settle: float) -> Result:
     pid = up.proc.pid
     with httpx.Client(timeout=600) as client:
         time.sleep(3.0)  # startup's last allocations
-        before = rss(pid)
+        before, cpu_before = rss(pid), cpu(pid)
         sampler = Sampler(pid)
-        turns, sessions = [], []
+        sessions = []
         for number, body in enumerate(bodies, 1):
             session = client.post(f"{up.url}/sessions", json={}, headers=admin).json()
             started = time.monotonic()
@@ -146,16 +154,15 @@ def _drive(label: str, up: Up, bodies: list[bytes], settle: float) -> Result:
                                 headers={"Authorization": f"Bearer {session['api_key']}",
                                          "Content-Type": "application/json"})
             finish = reply.json()["choices"][0]["finish_reason"] if reply.status_code == 200 else reply.text[:120]
-            turns.append(f"  request {number}: {len(body) / 1e6:.1f} MB -> {reply.status_code} {finish} in "
-                         f"{time.monotonic() - started:.1f} s; RSS {rss(pid) / MIB:.0f} MiB")
-            print(turns[-1], flush=True)
+            print(f"  request {number}: {len(body) / 1e6:.1f} MB -> {reply.status_code} {finish} in "
+                  f"{time.monotonic() - started:.1f} s; RSS {rss(pid) / MIB:.0f} MiB", flush=True)
             sessions.append(session["session_id"])
         for session_id in sessions:
             done = client.post(f"{up.url}/sessions/{session_id}/finalize", headers=admin)
             assert done.status_code == 200, done.text
         time.sleep(settle)
         sampler.stop()
-        return Result(label, before, sampler.peak, rss(pid), turns)
+        return Result(label, before, sampler.peak, rss(pid), cpu(pid) - cpu_before)
 
 
 def main(requests: int, mb: float, text: str, settle: float, compare: bool) -> int:
@@ -169,7 +176,7 @@ def main(requests: int, mb: float, text: str, settle: float, compare: bool) -> i
     def reply(input_ids: list[int], body: dict[str, object]) -> ScriptedReply:
         return ScriptedReply(token_ids=ids, logprobs=default_logprobs(len(ids)))
 
-    runs = [("rollbus (mmap threshold 1 MiB, heap keeper)", {})]
+    runs = [("rollbus (fixed malloc thresholds, heap keeper)", {})]
     if compare:
         runs.append((f"malloc as glibc leaves it ({TRIM_ENV}=0)", {TRIM_ENV: "0"}))
     results = []

@@ -54,6 +54,7 @@ from reward.scorer import RewardScorer, load_scorer
 from schemas.log import LogConfig
 from session_projector.projections import current_summary, iter_projections
 from session_projector.service import Projector
+from stack.heap import HeapKeeper
 from stack.nats_server import EmbeddedNats, Fsync, NatsSupervisor
 from stack.provision import ProvisionError, Retention, connect, provision
 from stack.user_error import UserError, check_writable_dir, one_line
@@ -429,6 +430,8 @@ class Stack:
             self._spawn(watch_lag(self.metrics, js, watched, self.stop_event, interval=options.lag_interval), "lag")
         if "edge" in options.components:
             await self._start_edge(self.nc, js)
+        if (keeper := HeapKeeper.for_process()) is not None:  # what big requests freed goes back to the system
+            self._spawn(keeper.run(self.stop_event), "heap")
         self._ready = True
 
     async def _materializer(self, js: JetStreamContext) -> Materializer:

@@ -6,6 +6,7 @@
 HTTP itself, on the same server.
 ``edge-memlog``: the same edge on the in-memory log (:class:`rollbus.testing.memory_log.InMemoryLog`,
 envelopes fitted and encoded as for JetStream, but stored in a list): the edge less the log's round trip.
+The edges run with malloc set up and the heap keeper running as in a rollbus stack (:mod:`stack.heap`).
 
 ``--server``: ``granian`` (the edge's, :class:`stack.runtime.EdgeServer`, as ``rollbus edge`` runs it)
 or ``uvicorn`` (uvicorn's httptools protocol, on uvloop), configured alike otherwise.
@@ -17,6 +18,7 @@ Usage: python ops/bench/_servers.py {edge,edge-memlog,floor} --port P [--server 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -121,7 +123,8 @@ SERVERS = ("granian", "uvicorn")
 
 
 async def serve(kind: str, server: str, port: int, nats_url: str | None, max_trajectory_length: int = 32768) -> None:
-    from stack.runtime import EdgeServer, bind
+    from stack.heap import HeapKeeper
+    from stack.runtime import bind
 
     app: Any
     if kind == "floor":
@@ -131,6 +134,18 @@ async def serve(kind: str, server: str, port: int, nats_url: str | None, max_tra
     else:
         app = await edge_app(nats_url or "", max_trajectory_length)
     sock = bind("127.0.0.1", port)
+    keeper = HeapKeeper.for_process() if kind != "floor" else None  # malloc as a rollbus stack sets it up
+    keeping = asyncio.ensure_future(keeper.run(asyncio.Event())) if keeper is not None else None
+    try:
+        await _serve_on(app, server, sock)
+    finally:
+        if keeping is not None:
+            keeping.cancel()
+
+
+async def _serve_on(app: Any, server: str, sock: Any) -> None:
+    from stack.runtime import EdgeServer
+
     if server == "granian":
         await EdgeServer(app, sock).serve()
         return

@@ -1,4 +1,6 @@
-"""Memory the edge holds per stored token, against the raw token arrays, in the same run.
+"""Memory the edge holds: per stored token (the default), or after big requests (``--big-requests``).
+
+Per stored token, against the raw token arrays, in the same run:
 
 Builds N live sessions of ~T tokens each exactly as the edge holds them (the fold state a
 ``LiveSession`` keeps: a 560-token prompt, then turns of a ~50-token tool result and ~120
@@ -7,6 +9,13 @@ with ``tracemalloc``. The baseline is the same tokens as bare ``uint32`` ids plu
 ``float32`` log probs for the sampled ones (8 bytes per sampled token, 4 otherwise).
 
     python ops/bench/edge_memory.py [--sessions 1000] [--tokens 4000]
+
+After big requests (:mod:`_big_requests`: ``rollbus up`` as its own process, its RSS before, at the
+peak and after N requests of M MB each and the finalize of their sessions; the target is after/before
+<= 1.25x):
+
+    python ops/bench/edge_memory.py --big-requests [--requests 4] [--mb 16] [--text latin|ascii]
+                                    [--settle 30] [--compare]
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from edge.live import LiveSession
 from schemas import tokens
@@ -88,7 +98,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--tokens", type=int, default=4000)
+    parser.add_argument("--big-requests", action="store_true", help="RSS of rollbus up around big requests")
+    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--mb", type=float, default=16.0, help="MB of text in each request's tool result")
+    parser.add_argument("--text", choices=["latin", "ascii"], default="latin")
+    parser.add_argument("--settle", type=float, default=30.0, help="seconds after the finalizes")
+    parser.add_argument("--compare", action="store_true", help="also run with malloc as glibc leaves it")
     args = parser.parse_args()
+    if args.big_requests:
+        import _big_requests
+
+        sys.exit(_big_requests.main(args.requests, args.mb, args.text, args.settle, args.compare))
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]

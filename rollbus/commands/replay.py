@@ -35,7 +35,7 @@ from schemas.records import MaterializedMarker, record_digest
 from session.fold import SessionState, fold
 from session.summary import summarize
 from session.views import ChainView, chain_tokens, chain_views
-from session_projector.replay import ReplayStats, replay_all
+from session_projector.replay import Replayed, ReplayStats, replay_all, replay_one
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,6 +66,9 @@ async def replay_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Names
     if args.all:
         return await verify_all(js, cfg, as_json=args.json)
     try:
+        if args.verify:
+            return await verify_one(js, cfg, await replay_one(js, cfg, args.session_id, check_bodies=True),
+                                    as_json=args.json)
         session_log = await read_session(js, cfg, args.session_id)
     except SessionNotFound:
         print(f"rollbus replay: no session {args.session_id} in the log", file=sys.stderr)
@@ -74,10 +77,6 @@ async def replay_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Names
         return _print_body(session_log.events, args.session_id, args.request)
     state = fold(session_log.events)
     assert state is not None  # read_session never returns an empty log
-    if args.verify:
-        bodies = rebuild(session_log.events)
-        bad = [n for n in bodies.request_numbers() if not bodies.verify(n)]
-        return await verify_one(js, cfg, state, as_json=args.json, bad_bodies=bad, requests=len(bodies))
     info = {"events": len(session_log.events), "last_stream_seq": session_log.last_stream_seq}
     print(replay_json(state, info) if args.json else replay_table(state, info))
     return EXIT_OK
@@ -163,17 +162,26 @@ def _print_differences(differences: list[Difference]) -> None:
         print(f"DIFF {d.session_id} {d.kind} {d.key or '-'} {d.detail}".rstrip())
 
 
-async def verify_one(js: JetStreamContext, cfg: LogConfig, state: SessionState, *, as_json: bool,
-                     bad_bodies: Sequence[int] = (), requests: int = 0) -> int:
-    marker = await read_marker(js, cfg, state.session_id)
-    differences = compare(state, marker) + body_differences(state.session_id, bad_bodies)
+def verdict(replayed: Replayed, marker: MaterializedMarker | None) -> list[Difference]:
+    """What differs for one replayed session: the same for ``--verify SID`` and ``--verify --all``."""
+    differences = body_differences(replayed.session_id, replayed.bad_bodies)
+    if replayed.state is None:
+        return [*differences, Difference(session_id=replayed.session_id, kind="unreadable",
+                                         detail=replayed.error or "")]
+    return differences + compare(replayed.state, marker)
+
+
+async def verify_one(js: JetStreamContext, cfg: LogConfig, replayed: Replayed, *, as_json: bool) -> int:
+    marker = await read_marker(js, cfg, replayed.session_id)
+    differences = verdict(replayed, marker)
     if as_json:
         print(msgspec.json.encode({"sessions": 1, "differences": differences}).decode())
     else:
         _print_differences(differences)
         held = f"{len(marker.digests)} records in its marker" if marker is not None else "no marker"
-        print(f"verified {state.session_id} ({state.status}, {held}, {requests} request bodies): "
-              f"{len(differences)} differences")
+        state = replayed.state
+        what = f"unreadable, {held}" if state is None else f"{state.status}, {held}, {state.requests} request bodies"
+        print(f"verified {replayed.session_id} ({what}): {len(differences)} differences")
     return EXIT_DIFFERENT if differences else EXIT_OK
 
 
@@ -186,57 +194,79 @@ class _Tally(msgspec.Struct, kw_only=True):
     unreadable: int = 0
 
 
+class _Verdict(msgspec.Struct, frozen=True):
+    kind: str  # a _Tally counter: finalized, open, aborted or unreadable
+    records: int  # in its marker (finalized sessions)
+    differences: tuple[Difference, ...]
+
+
+class _Verdicts:
+    """Every session's verdict, in stream order, and their tally; a session replayed again (its log went on
+    after its end: :attr:`Replayed.amends`) has its verdict replaced."""
+
+    def __init__(self, markers: dict[str, MaterializedMarker]) -> None:
+        self.markers = markers
+        self.tally = _Tally()
+        self.differences = 0
+        self._by_session: dict[str, _Verdict] = {}
+
+    def add(self, replayed: Replayed) -> None:
+        marker = self.markers.get(replayed.session_id)
+        state = replayed.state
+        kind = "unreadable" if state is None else state.status
+        records = len(marker.digests) if marker is not None and kind == "finalized" else 0
+        new = _Verdict(kind, records, tuple(verdict(replayed, marker)))
+        old = self._by_session.get(replayed.session_id)
+        self._count(old, -1)
+        self._count(new, 1)
+        self._by_session[replayed.session_id] = new
+
+    def _count(self, v: _Verdict | None, sign: int) -> None:
+        if v is None:
+            return
+        self.tally.sessions += sign
+        setattr(self.tally, v.kind, getattr(self.tally, v.kind) + sign)
+        self.tally.records += sign * v.records
+        self.differences += sign * len(v.differences)
+
+    def seen(self) -> set[str]:
+        return set(self._by_session)
+
+    def all_differences(self) -> list[Difference]:
+        return [d for v in self._by_session.values() for d in v.differences]
+
+
 async def verify_all(js: JetStreamContext, cfg: LogConfig, *, as_json: bool, progress_s: float = PLAIN_EVERY_S
                      ) -> int:
-    """One pass over the log, every finalized session compared with its marker; progress on stderr (a bar on a
-    terminal, else a line every ``progress_s`` and one at the end), then the summary table there."""
-    markers = await load_markers(js, cfg)
-    stats, tally = ReplayStats(), _Tally()
-    differences: list[Difference] = []
-    seen: set[str] = set()
-    progress = Progress("verify", unit="envelopes", every_s=progress_s,
-                        line=lambda: _progress_line(stats, tally, len(differences)))
+    """One pass over the log, every session judged as ``--verify SID`` judges it (:func:`verdict`); progress
+    on stderr (a bar on a terminal, else a line every ``progress_s`` and one at the end), then the summary
+    table there."""
+    verdicts = _Verdicts(await load_markers(js, cfg))
+    stats = ReplayStats()
+    progress = Progress("verify", unit="envelopes", every_s=progress_s, line=lambda: _progress_line(stats, verdicts))
     with progress:
-        await _verify_sessions(js, cfg, markers, stats, tally, differences, seen, progress)
+        async for replayed in replay_all(js, cfg, stats, check_bodies=True):
+            verdicts.add(replayed)
+            progress.update(stats.envelopes, total=stats.last_stream_seq,
+                            detail=f"{verdicts.tally.sessions} sessions, {verdicts.differences} differences")
+    differences = verdicts.all_differences()
     differences += [Difference(session_id=sid, kind="orphan_marker", detail="no such session in the log")
-                    for sid in sorted(markers.keys() - seen)]
+                    for sid in sorted(verdicts.markers.keys() - verdicts.seen())]
+    tally = verdicts.tally
     _report(tally, differences, as_json=as_json)
     summary("verify", [("envelopes read", str(stats.envelopes)), ("sessions", str(tally.sessions)),
                        ("finalized checked", str(tally.finalized)), ("records in markers", str(tally.records)),
                        ("open", str(tally.open)), ("aborted", str(tally.aborted)),
-                       ("unreadable", str(tally.unreadable)), ("differences", str(len(differences))),
+                       ("unreadable", str(tally.unreadable)), ("read again whole", str(stats.amended)),
+                       ("differences", str(len(differences))),
                        ("rate", rate_text(stats.envelopes, progress.elapsed_s, "envelopes"))])
     return EXIT_DIFFERENT if differences else EXIT_OK
 
 
-async def _verify_sessions(js: JetStreamContext, cfg: LogConfig, markers: dict[str, MaterializedMarker],
-                           stats: ReplayStats, tally: _Tally, differences: list[Difference], seen: set[str],
-                           progress: Progress) -> None:
-    async for replayed in replay_all(js, cfg, stats, check_bodies=True):
-        tally.sessions += 1
-        seen.add(replayed.session_id)
-        differences += body_differences(replayed.session_id, replayed.bad_bodies)
-        state = replayed.state
-        if state is None:
-            tally.unreadable += 1
-            differences.append(Difference(session_id=replayed.session_id, kind="unreadable",
-                                          detail=replayed.error or ""))
-        elif state.status == "finalized":
-            tally.finalized += 1
-            marker = markers.get(state.session_id)
-            tally.records += len(marker.digests) if marker is not None else 0
-            differences += compare(state, marker)
-        else:
-            tally.open += state.status == "open"
-            tally.aborted += state.status == "aborted"
-            differences += compare(state, markers.get(state.session_id))
-        progress.update(stats.envelopes, total=stats.last_stream_seq,
-                        detail=f"{tally.sessions} sessions, {len(differences)} differences")
-
-
-def _progress_line(stats: ReplayStats, tally: _Tally, differences: int) -> str:
+def _progress_line(stats: ReplayStats, verdicts: _Verdicts) -> str:
+    tally = verdicts.tally
     return (f"verify: {stats.envelopes} envelopes read (the log ends at {stats.last_stream_seq}), "
-            f"{tally.sessions} sessions, {tally.finalized} finalized checked, {differences} differences")
+            f"{tally.sessions} sessions, {tally.finalized} finalized checked, {verdicts.differences} differences")
 
 
 def _report(tally: _Tally, differences: list[Difference], *, as_json: bool) -> None:

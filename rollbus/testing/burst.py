@@ -27,6 +27,7 @@ import msgspec
 from materializer.dataset import read_dataset
 from materializer.ledger import Markers, open_bucket
 from rollbus.testing.scripted import Responder, ScriptedReply
+from schemas.errors import LogUnavailable
 from schemas.log import LogConfig
 from stack.provision import connect
 
@@ -146,6 +147,9 @@ def nats_url(printed: str) -> str:
     return found.group(1)
 
 
+LOOKUPS = 256  # markers asked for at once
+
+
 async def wait_marked(url: str, session_ids: list[str], timeout: float, *, cfg: LogConfig = LogConfig()
                       ) -> tuple[dict[str, str], float]:
     """(each session's marker status, time.monotonic() when the last one appeared), once every session has
@@ -157,7 +161,10 @@ async def wait_marked(url: str, session_ids: list[str], timeout: float, *, cfg: 
         found: dict[str, str] = {}
         while len(found) < len(session_ids) and time.monotonic() < deadline:
             missing = [sid for sid in session_ids if sid not in found]
-            found.update({sid: m.status for sid, m in (await markers.get_many(missing)).items()})
+            for start in range(0, len(missing), LOOKUPS):  # a bounded number of lookups in flight
+                with contextlib.suppress(LogUnavailable):  # a server busy with the step: asked again
+                    marked = await markers.get_many(missing[start:start + LOOKUPS])
+                    found.update({sid: m.status for sid, m in marked.items()})
             if len(found) < len(session_ids):
                 await asyncio.sleep(0.2)
         return found, time.monotonic()

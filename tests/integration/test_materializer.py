@@ -49,9 +49,10 @@ async def _drained(js, cfg, signals: int, timeout: float = 60.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running(js, cfg, sink, **options):
+async def running(js, cfg, sink, kind: type[Materializer] = Materializer, **options):
+    """A projector and a materializer (of class ``kind``) running until the block ends."""
     stop = asyncio.Event()
-    materializer = Materializer(js, cfg, sink, options=MaterializerOptions(max_delay=0.1, **options))
+    materializer = kind(js, cfg, sink, options=MaterializerOptions(**{"max_delay": 0.1, **options}))
     tasks = [asyncio.ensure_future(Projector(js, cfg).run(stop)), asyncio.ensure_future(materializer.run(stop))]
     try:
         yield materializer

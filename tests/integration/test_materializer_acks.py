@@ -10,9 +10,7 @@ its marker already."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -23,12 +21,13 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from eventlog.publisher import JetStreamLog
 from materializer.ledger import Markers, open_bucket
 from materializer.parquet import ParquetSink
-from materializer.service import Materializer, MaterializerOptions
+from materializer.service import Materializer
 from schemas.log import MAX_PAYLOAD, LogConfig
 from schemas.records import MaterializedMarker
-from session_projector.service import Projector, ReadySignal
+from session_projector.service import ReadySignal
 from stack.provision import connect, provision
 from tests.integration.test_materializer import _expected_records
+from tests.integration.test_materializer import running as materializing
 from tests.sessions import append, workload
 
 _signal = msgspec.json.Decoder(ReadySignal)
@@ -54,17 +53,8 @@ class Watched(Materializer):
         return failed
 
 
-@contextlib.asynccontextmanager
-async def running(js, cfg: LogConfig, sink: ParquetSink) -> AsyncIterator[Watched]:
-    stop = asyncio.Event()
-    options = MaterializerOptions(max_delay=0.2, max_batch=256, retry_delay=0.2, max_retry_delay=1.0)
-    materializer = Watched(js, cfg, sink, options=options)
-    tasks = [asyncio.ensure_future(Projector(js, cfg).run(stop)), asyncio.ensure_future(materializer.run(stop))]
-    try:
-        yield materializer
-    finally:
-        stop.set()
-        await asyncio.gather(*tasks)
+def running(js, cfg: LogConfig, sink: ParquetSink):
+    return materializing(js, cfg, sink, Watched, max_delay=0.2, max_batch=256, retry_delay=0.2, max_retry_delay=1.0)
 
 
 async def _marked(markers: Markers, session_ids: list[str], timeout: float) -> dict[str, MaterializedMarker]:

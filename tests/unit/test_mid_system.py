@@ -5,7 +5,6 @@ with a 400 whose words Claude Code recognises (it then sends the text in a user 
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from edge.codec.incremental import TemplateCodec
 from edge.codec.parsers import make_parser
 from edge.codec.template import ChatTemplateError, builtin_template_source
 from edge.codec.tokenizer import load_tokenizer
+from tests.unit.test_fidelity import with_template
 
 QWEN25 = builtin_template_source("qwen2.5")
 IN_PLACE = """        {%- if not loop.first -%}
@@ -39,16 +39,6 @@ CLAUDE_CODE_FALLBACK = re.compile(r"not supported.*role .{0,2}system|role .{0,2}
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return load_tokenizer("builtin:qwen2.5").save(tmp_path_factory.mktemp("qwen"))
-
-
-def with_template(saved: Path, tmp_path: Path, source: str) -> str:
-    directory = tmp_path / "tokenizer"
-    directory.mkdir()
-    for name in ("tokenizer.json", "generation_config.json"):
-        (directory / name).symlink_to(saved / name)
-    config = json.loads((saved / "tokenizer_config.json").read_text())
-    (directory / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": source}))
-    return str(directory)
 
 
 def test_the_variants_are_qwen25_changed_where_meant() -> None:

@@ -2,7 +2,8 @@
 
 The model routes (one per wire: OpenAI chat completions, Anthropic messages, OpenAI responses)
 are served by the thin :class:`ModelRoutes` front; admin, reward, health, metrics and stored
-responses (``GET .../v1/responses/{id}``) by FastAPI behind it. State lives on ``app.state``.
+responses (``GET .../v1/responses/{id}``) and the OpenAPI document (``GET /openapi.json``, :mod:`edge.openapi`)
+by FastAPI behind it. State lives on ``app.state``.
 
 Every error is answered in a wire's JSON error shape, FastAPI's own too (an unknown path, a
 method a route does not serve, a request it cannot validate, an unexpected failure): under
@@ -29,6 +30,7 @@ from edge.codec.reasoning_refs import ReasoningRefs, stack_key
 from edge.codec.responses_wire import ResponsesWire
 from edge.http_errors import MethodNotAllowed, RouteNotFound, http_error
 from edge.metrics import Metrics
+from edge.openapi import document_bytes
 from edge.routes import admin, count_tokens, responses, reward
 from edge.routes.model import ModelRoutes, is_anthropic_path
 from edge.routes.wire import ErrorEncoder, json_response
@@ -118,6 +120,11 @@ def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True
         """Prometheus' text format (OpenMetrics when the scraper asks for it), by prometheus-client."""
         body, content_type = app.state.metrics.render(request.headers.get("accept", ""))
         return Response(content=body, headers={"content-type": content_type})
+
+    @app.get("/openapi.json")
+    async def openapi() -> Response:
+        """Every route, as OpenAPI 3.1 (:mod:`edge.openapi`); open to all, as it holds no secret."""
+        return Response(content=document_bytes(app.state), media_type="application/json")
 
     settings = getattr(service, "settings", None)  # (tests may serve routes without a service)
     app.state.responses_wire = ResponsesWire(ReasoningRefs(stack_key(settings.admin_token if settings else "")))

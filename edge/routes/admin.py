@@ -20,6 +20,27 @@ class AbortBody(msgspec.Struct, frozen=True, kw_only=True):
     reason: str = "aborted"
 
 
+class SessionOpenedAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /sessions``' answer (201): where the session's agent sends its requests, and its key."""
+
+    session_id: str
+    base_url: str  # the OpenAI wires' base URL (chat completions, responses)
+    anthropic_base_url: str
+    reward_url: str
+    api_key: str
+
+
+class FinalizedAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    session_id: str
+    status: str
+    trajectories: int
+
+
+class AbortedAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    session_id: str
+    status: str
+
+
 def _service(request: Request) -> EdgeService:
     service: EdgeService = request.app.state.service
     require_admin(request, service.settings.admin_token)
@@ -32,13 +53,8 @@ async def open_session(request: Request) -> Response:
     spec = decode_strict(await read_body(request, _ADMIN_BODY_LIMIT), OpenSession, empty_ok=True)
     opened = await service.open_session(spec)
     base = f"{service.settings.public_url.rstrip('/')}/sessions/{opened.session_id}"
-    body = {
-        "session_id": opened.session_id,
-        "base_url": f"{base}/v1",
-        "anthropic_base_url": base,
-        "reward_url": f"{base}/reward_info",
-        "api_key": opened.api_key,
-    }
+    body = SessionOpenedAnswer(session_id=opened.session_id, base_url=f"{base}/v1", anthropic_base_url=base,
+                               reward_url=f"{base}/reward_info", api_key=opened.api_key)
     return json_response(msgspec.json.encode(body), 201)
 
 
@@ -59,7 +75,7 @@ async def get_session(session_id: str, request: Request) -> Response:
 @router.post("/sessions/{session_id}/finalize")
 async def finalize(session_id: str, request: Request) -> Response:
     summary = await _service(request).finalize(session_id)
-    body = {"session_id": session_id, "status": summary.status, "trajectories": summary.trajectories}
+    body = FinalizedAnswer(session_id=session_id, status=summary.status, trajectories=summary.trajectories)
     return json_response(msgspec.json.encode(body))
 
 
@@ -68,4 +84,4 @@ async def abort(session_id: str, request: Request) -> Response:
     service = _service(request)
     spec = decode_strict(await read_body(request, _ADMIN_BODY_LIMIT), AbortBody, empty_ok=True)
     summary = await service.abort(session_id, spec.reason)
-    return json_response(msgspec.json.encode({"session_id": session_id, "status": summary.status}))
+    return json_response(msgspec.json.encode(AbortedAnswer(session_id=session_id, status=summary.status)))

@@ -119,6 +119,11 @@ class ModelRoutes:
         self._counters: dict[tuple[str, int], Tallied] = {}  # requests' counters by route and status (children)
         self._latency = metrics.edge.http_seconds
 
+    @property
+    def paths(self) -> list[str]:
+        """The paths this front serves (POST only), as path templates."""
+        return [f"{_PREFIX}{{session_id}}/{tail}" for tail in self._adapters]
+
     def __getattr__(self, name: str) -> Any:  # ``state``, ``router``, ... of the wrapped app
         return getattr(self.app, name)
 

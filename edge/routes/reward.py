@@ -21,10 +21,17 @@ class RewardBody(msgspec.Struct, frozen=True, kw_only=True):
     reward_info: dict[str, Any]
 
 
+class RewardAccepted(msgspec.Struct, frozen=True, kw_only=True):
+    status: str = "ok"
+
+
+_ACCEPTED = msgspec.json.encode(RewardAccepted())
+
+
 @router.post("/sessions/{session_id}/reward_info")
 async def reward_info(session_id: str, request: Request) -> Response:
     service: EdgeService = request.app.state.service
     live = await service.reward_access(session_id, bearer(request.headers))  # from the headers: before the body
     body = decode_strict(await read_body(request, _LIMIT), RewardBody)
     await service.report_reward(live, body.reward_info)
-    return json_response(b'{"status":"ok"}')
+    return json_response(_ACCEPTED)

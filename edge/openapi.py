@@ -91,7 +91,7 @@ _IDEMPOTENT = ("Idempotency-Key",)
 
 OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/sessions", "Open a session", {201: {JSON: SessionOpenedAnswer}},
-              (400, 401, 413, 503), OpenSession, body_required=False, security="admin", tags=("admin",)),
+              (400, 401, 409, 413, 429, 503), OpenSession, body_required=False, security="admin", tags=("admin",)),
     Operation("head", SESSION, "Reachability probe (any id, no key: tells nothing of the session)",
               {200: {}}, tags=("admin",)),
     Operation("get", SESSION, "The session's summary", {200: {JSON: SessionSummary}}, (401, 404, 503),
@@ -122,8 +122,38 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/openapi.json", "This document", {200: {JSON: None}}, tags=("ops",)),
 )
 
+EXAMPLES_BY_PATH: dict[str, Any] = {  # requests the e2e tests send, answered 200
+    f"{SESSION}/v1/chat/completions": {
+        "model": "m", "max_tokens": 8, "messages": [
+            {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "ok"}]}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        "stream": True, "stream_options": {"include_usage": True}, "stop": ["\n\n"], "logprobs": True},
+    f"{SESSION}/v1/messages": {
+        "model": "m", "max_tokens": 8, "system": [{"type": "text", "text": "be brief"}],
+        "messages": [{"role": "user", "content": "hi"},
+                     {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "auto"},
+        "metadata": {"user_id": "u"}},
+    f"{SESSION}/v1/messages/count_tokens": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    "/sessions": {"uid": "task-1", "session_index": 2, "metadata": {"agent_name": "a", "rollout_n": 4},
+                  "sampling": {"temperature": 0.7, "stop": ["</answer>"]}},
+    f"{SESSION}/reward_info": {"reward_info": {"reward": 1.0, "acc": True}},
+    f"{SESSION}/abort": {"reason": "timeout"},
+    f"{SESSION}/v1/responses": {
+        "model": "m", "instructions": "be brief", "max_output_tokens": 8, "input": [
+            {"role": "user", "content": "hi"},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"}],
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}], "tool_choice": "auto",
+        "reasoning": {"effort": "low"}, "text": {"format": {"type": "text"}}, "store": True},
+}
+
 _STATUS_TEXT = {200: "OK", 201: "Created", 400: "Malformed request", 401: "No valid key",
-                404: "No such session, response or route", 409: "The session is closed or owned elsewhere",
+                404: "No such session, response or route", 409: "The session is closed or owned elsewhere (or its uid and index are taken)",
                 413: "Request body too large", 429: "Too many requests (Retry-After)",
                 502: "The engine failed", 503: "Unavailable: engine, log or sink (Retry-After)",
                 504: "The engine timed out"}
@@ -186,12 +216,20 @@ def _operation(op: Operation, ref: dict[Any, dict[str, Any]]) -> dict[str, Any]:
     if parameters:
         operation["parameters"] = parameters
     if op.body is not None:
-        operation["requestBody"] = {"required": op.body_required, "content": {JSON: {"schema": ref[op.body]}}}
+        operation["requestBody"] = {"required": op.body_required,
+                                    "content": {JSON: {"schema": ref[op.body], "example": EXAMPLES_BY_PATH[op.path]}}}
     return operation
 
 
+SSE_EVENT = {"type": "object", "required": ["data"],
+             "properties": {"event": {"type": "string"}, "data": {"type": "string"}, "id": {"type": "string"}},
+             "description": "One server-sent event: the wire's chunk or event as JSON in data (OpenAI's chat "
+                            "stream ends with data: [DONE]); the event name on the Anthropic and Responses wires."}
+
+
 def _free(kind: str) -> dict[str, Any]:
-    return {"type": "object"} if kind == JSON else {"type": "string"}
+    """A body the structs do not describe: a JSON object, a stream's events, or text."""
+    return {"type": "object"} if kind == JSON else SSE_EVENT if kind == SSE else {"type": "string"}
 
 
 def _operation_id(op: Operation) -> str:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge.app import create_app
-from edge.openapi import OPENAPI_VERSION
+from edge.openapi import EXAMPLES_BY_PATH, OPENAPI_VERSION
 from edge.routes.admin import AbortBody
 from edge.routes.model import ModelRoutes
 from edge.routes.reward import RewardBody
@@ -86,6 +86,13 @@ def test_the_document_is_valid_openapi_and_every_operation_loads(document: dict[
     assert all(op.ok() for op in operations)
     assert len(operations) == len(documented(document))
     jsonschema.Draft202012Validator.check_schema({"$defs": document["components"]["schemas"]})
+
+
+def test_every_request_body_has_its_example_in_the_document(document: dict[str, Any]) -> None:
+    for path, item in document["paths"].items():
+        for op in item.values():
+            if "requestBody" in op:
+                assert op["requestBody"]["content"]["application/json"]["example"] == EXAMPLES_BY_PATH[path], path
 
 
 def test_each_route_names_how_it_authenticates(document: dict[str, Any]) -> None:
@@ -174,42 +181,11 @@ def test_session_opens_rewards_and_aborts_validate_as_they_decode(document: dict
     check_agrees(document, "/sessions/{session_id}/abort", {"reason": reason})
 
 
-VALID: dict[str, Any] = {
-    "/sessions/{session_id}/v1/chat/completions": {
-        "model": "m", "max_tokens": 8, "messages": [
-            {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "ok"}]}],
-        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-        "stream": True, "stream_options": {"include_usage": True}, "stop": ["\n\n"], "logprobs": True},
-    "/sessions/{session_id}/v1/messages": {
-        "model": "m", "max_tokens": 8, "system": [{"type": "text", "text": "be brief"}],
-        "messages": [{"role": "user", "content": "hi"},
-                     {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}],
-        "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "auto"},
-        "metadata": {"user_id": "u"}},
-    "/sessions/{session_id}/v1/messages/count_tokens": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-    "/sessions": {"uid": "task-1", "session_index": 2, "metadata": {"agent_name": "a", "rollout_n": 4},
-                  "sampling": {"temperature": 0.7, "stop": ["</answer>"]}},
-    "/sessions/{session_id}/reward_info": {"reward_info": {"reward": 1.0, "acc": True}},
-    "/sessions/{session_id}/abort": {"reason": "timeout"},
-    "/sessions/{session_id}/v1/responses": {
-        "model": "m", "instructions": "be brief", "max_output_tokens": 8, "input": [
-            {"role": "user", "content": "hi"},
-            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
-            {"type": "function_call_output", "call_id": "c1", "output": "ok"}],
-        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}], "tool_choice": "auto",
-        "reasoning": {"effort": "low"}, "text": {"format": {"type": "text"}}, "store": True},
-}
-
-
-@pytest.mark.parametrize("path", sorted(VALID))
+@pytest.mark.parametrize("path", sorted(EXAMPLES_BY_PATH))
 def test_valid_requests_of_the_tests_validate(document: dict[str, Any], path: str) -> None:
-    """Requests the e2e tests send and the edge answers 200 (so the agreement above is not only on refusals)."""
-    check_agrees(document, path, VALID[path])
-    assert decodes(path, VALID[path])
+    """The document's example bodies (requests the e2e tests send, answered 200): they validate and decode."""
+    check_agrees(document, path, EXAMPLES_BY_PATH[path])
+    assert decodes(path, EXAMPLES_BY_PATH[path])
 
 
 @pytest.mark.parametrize(("path", "body"), [

@@ -153,7 +153,7 @@ EXAMPLES_BY_PATH: dict[str, Any] = {  # requests the e2e tests send, answered 20
 }
 
 _STATUS_TEXT = {200: "OK", 201: "Created", 400: "Malformed request", 401: "No valid key",
-                404: "No such session, response or route", 409: "The session is closed or owned elsewhere (or its uid and index are taken)",
+                404: "No such session, response or route", 409: "Closed or owned elsewhere (or uid and index taken)",
                 413: "Request body too large", 429: "Too many requests (Retry-After)",
                 502: "The engine failed", 503: "Unavailable: engine, log or sink (Retry-After)",
                 504: "The engine timed out"}

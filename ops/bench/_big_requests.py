@@ -98,13 +98,15 @@ class Up:
                "--admin-token", ADMIN, "--engine", "sglang", "--engine-url", engine_url, "--log-level", "WARNING"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, **env}, cwd=Path(__file__).resolve().parents[2])
-        self.url = ""
+        self.url = self.nats_url = ""
         lines = []
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             lines.append(line)
             if match := re.search(r"edge:\s+(http://\S+)", line):
                 self.url = match.group(1)
+            if match := re.search(r"nats:\s+(nats://\S+)", line):
+                self.nats_url = match.group(1)
             if "Ctrl-C" in line:
                 break
         if not self.url:

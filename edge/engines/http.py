@@ -26,9 +26,15 @@ else is retried: not a timeout once the request was sent, not a 5xx, not a malfo
 reply, and never after a token was streamed; those reach the agent as 502/503/504 and
 the agent may retry the turn (the chain is left as it was).
 
+**Deadline**: one call (``generate``, or a whole ``stream``, its retry included) must be
+over within ``timeout`` seconds of its start, else ``EngineTimeout``: httpx's timeout
+bounds one read at a time, so an engine that sends a byte, or a streamed event, just
+inside it each time would otherwise hold the turn for as long as it trickles. The
+deadline cancels only a wait for the engine, never the stream's reader.
+
 **Aborts**: a call that does not end with a complete reply after its request was sent
 (the awaiting task was cancelled because the agent went away, a stream was closed
-early, a read timed out, the reply failed) is aborted on its server in the background,
+early, a read timed out or the deadline passed, the reply failed) is aborted on its server in the background,
 best effort, bounded by ``abort_timeout``, so the server stops generating for nobody.
 
 **Errors** are converted here, once: refused connections and 503 become
@@ -121,6 +127,7 @@ class HttpEngine:
         self._unhealthy_after = max(1, unhealthy_after)
         self._failed_probes = dict.fromkeys(self.urls, 0)
         self._abort_timeout = abort_timeout
+        self._timeout = timeout
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
@@ -150,30 +157,35 @@ class HttpEngine:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         self._ensure_prober()
         session = session_of(request.request_id)
-        for retry in (True, False):
-            url = self.pool.acquire(session)
-            try:
-                return await self._generate_on(url, request)
-            except Refused as exc:
-                self._refused(url, retry, exc)
-            except Dropped as exc:
-                self._dropped(url, retry, exc)
-            finally:
-                self.pool.release(url)
+        async with self._within(asyncio.get_running_loop().time() + self._timeout):
+            for retry in (True, False):
+                url = self.pool.acquire(session)
+                try:
+                    return await self._generate_on(url, request)
+                except Refused as exc:
+                    self._refused(url, retry, exc)
+                except Dropped as exc:
+                    self._dropped(url, retry, exc)
+                finally:
+                    self.pool.release(url)
         raise AssertionError("unreachable")
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk | GenerateResult]:
         self._ensure_prober()
         session = session_of(request.request_id)
+        deadline = asyncio.get_running_loop().time() + self._timeout  # the whole stream's, retries included
         for retry in (True, False):
             url = self.pool.acquire(session)
             streamed = False
             try:
                 async with contextlib.aclosing(self._stream_on(url, request)) as items:
-                    async for item in items:
+                    while True:
+                        async with self._within(deadline):
+                            item = await anext(items, None)
+                        if item is None:
+                            return
                         streamed = True
                         yield item
-                return
             except Refused as exc:  # raised while connecting: nothing was streamed yet
                 self._refused(url, retry, exc)
             except Dropped as exc:
@@ -267,6 +279,19 @@ class HttpEngine:
             raise exc
         log.info("%s server %s closed the connection before its reply; retrying on a fresh one", self.label, url)
 
+    @contextlib.asynccontextmanager
+    async def _within(self, deadline: float) -> AsyncIterator[None]:
+        """``EngineTimeout`` when the block is still waiting at ``deadline`` (the loop's clock): the bound on
+        a whole call, which httpx's timeout (one read at a time) is not."""
+        scope = asyncio.timeout_at(deadline)
+        try:
+            async with scope:
+                yield
+        except TimeoutError as exc:
+            if not scope.expired():
+                raise
+            raise EngineTimeout(f"{self.label} did not complete its reply within {self._timeout:g} s") from exc
+
     @contextlib.contextmanager
     def _converted(self, url: str) -> Iterator[None]:
         """The one place httpx errors become engine errors."""
@@ -292,7 +317,7 @@ class HttpEngine:
     async def _send_abort(self, call: Call) -> None:
         try:
             await self._client.post(call.url, content=call.body, headers=JSON_HEADERS, timeout=self._abort_timeout)
-        except httpx.HTTPError as exc:  # best effort: the request may already be gone
+        except (httpx.HTTPError, RuntimeError) as exc:  # best effort: the request may be gone, the client closed
             log.info("%s abort %s failed: %r", self.label, call.url, exc)
 
     def _ensure_prober(self) -> None:

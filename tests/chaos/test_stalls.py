@@ -1,0 +1,160 @@
+"""Stalls: something the edge depends on stops answering without going away (nats-server paused with
+SIGSTOP, an engine that accepts a request and never answers or answers a byte at a time, a client that
+stops reading its stream, a materializer paused while sessions end). The edge answers every client
+within its own timeouts, in the wire's error shape, never holds a turn forever, keeps serving other
+sessions and ``/healthz``, and recovers by itself when the stall ends: nothing is restarted.
+
+Each test has a nats-server of its own (they pause it) and a real stack (edge and projector, and the
+materializer but in the last test, which runs it as a process of its own) in front of a scripted SGLang
+engine, driven with the official ``openai`` and ``anthropic`` SDKs (``max_retries=0``: the test sees
+every answer)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import anthropic
+import httpx
+import msgspec
+import openai
+import pytest
+
+from edge.codec.tokenizer import Tokenizer
+from rollbus.testing.burst import tool_responder
+from rollbus.testing.scripted import ScriptedEngineServer
+from schemas.events import EngineFailed, TurnCompleted
+from schemas.log import LogConfig
+from stack.nats_server import EmbeddedNats
+from tests.e2e import conftest as e2e
+from tests.e2e.test_engines_stack import eventually, open_session
+from tests.e2e.test_openai_session import reply
+
+ENGINE_TIMEOUT_S = 2.0  # --engine-timeout of the engine tests
+LOG_WAIT_S = 4 * 5.0  # what an append waits for JetStream at most: 4 attempts of 5 s (JetStreamLog's defaults)
+SLACK_S = 5.0  # a loaded machine answers late, never this late
+HI = [{"role": "user", "content": "hi"}]
+
+make_stack, tokenizer = e2e.make_stack, e2e.tokenizer  # the end-to-end tests' fixtures
+
+
+@pytest.fixture
+def nats_server(tmp_path) -> Iterator[EmbeddedNats]:
+    """A nats-server of the test's own (the tests pause it), in place of the session's shared one."""
+    with EmbeddedNats(tmp_path / "nats", name="stalls") as server:
+        yield server
+
+
+@pytest.fixture
+def log_config() -> LogConfig:
+    """The default log (a ``rollbus materializer`` process reads it): the server is the test's own."""
+    return LogConfig()
+
+
+@pytest.fixture
+def engine(tokenizer: Tokenizer) -> Iterator[ScriptedEngineServer]:
+    """The burst's engine (a tool call, then the answer); replies pushed take precedence."""
+    with ScriptedEngineServer(responder=tool_responder(tokenizer.encode, tokenizer.decode,
+                                                       tokenizer.eos_token_id)) as server:
+        yield server
+
+
+def openai_client(session: dict[str, Any]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0, timeout=60)
+
+
+def anthropic_client(session: dict[str, Any]) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=session["anthropic_base_url"], api_key=session["api_key"], max_retries=0,
+                               timeout=60)
+
+
+def timed(call: Callable[[], Any]) -> tuple[Any, float]:
+    """What ``call`` returned or raised, and how long it took."""
+    started = time.monotonic()
+    try:
+        result: Any = call()
+    except Exception as exc:  # the answer under test
+        result = exc
+    return result, time.monotonic() - started
+
+
+def drained(stream: Any) -> int:
+    return sum(1 for _ in stream)
+
+
+# --- 1. nats-server paused ----------------------------------------------------------------------------
+
+
+def test_a_paused_nats_server_is_a_503_in_each_wire_and_the_edge_recovers_when_it_resumes(make_stack, nats_server):
+    stack = make_stack()
+    plain, streamed, claude = (open_session(stack) for _ in range(3))
+    assert openai_client(plain).chat.completions.create(model="m", messages=HI).choices  # one turn before
+    os.kill(nats_server.pid, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            turns = [pool.submit(timed, call) for call in (
+                lambda: openai_client(plain).chat.completions.create(model="m", messages=HI),
+                lambda: drained(openai_client(streamed).chat.completions.create(model="m", messages=HI, stream=True)),
+                lambda: anthropic_client(claude).messages.create(model="m", max_tokens=64, messages=HI))]
+            probes = []
+            while not all(turn.done() for turn in turns):
+                probes.append(timed(lambda: httpx.get(f"{stack.url}/healthz", timeout=10)))
+                time.sleep(0.5)
+            (chat, chat_s), (stream, stream_s), (message, message_s) = (turn.result() for turn in turns)
+    finally:
+        os.kill(nats_server.pid, signal.SIGCONT)
+    print(f"paused: chat {chat_s:.1f} s, stream {stream_s:.1f} s, messages {message_s:.1f} s; /healthz "
+          f"{[(p.status_code if isinstance(p, httpx.Response) else repr(p), round(s, 2)) for p, s in probes]}")
+    assert max(chat_s, stream_s, message_s) < LOG_WAIT_S + SLACK_S
+    assert isinstance(chat, openai.APIStatusError) and chat.status_code == 503, chat
+    assert chat.body["code"] == "log_unavailable" and int(chat.response.headers["retry-after"]) >= 1
+    assert isinstance(stream, openai.APIError) and stream.body["code"] == "log_unavailable", stream  # in-stream
+    assert isinstance(message, anthropic.APIStatusError) and message.status_code == 503, message
+    assert message.body["error"]["type"] == "overloaded_error" and int(message.response.headers["retry-after"]) >= 1
+    assert probes and all(isinstance(p, httpx.Response) and s < 2.0 for p, s in probes)  # /healthz answered
+
+    # resumed: the same sessions and new ones are served, nothing restarted
+    assert openai_client(plain).chat.completions.create(model="m", messages=HI).choices
+    assert drained(openai_client(streamed).chat.completions.create(model="m", messages=HI, stream=True))
+    assert anthropic_client(claude).messages.create(model="m", max_tokens=64, messages=HI).content
+    assert openai_client(open_session(stack)).chat.completions.create(model="m", messages=HI).choices
+    assert httpx.get(f"{stack.url}/healthz").status_code == 200
+
+
+# --- 2, 3. an engine that never answers, or trickles --------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("stall", ["silent", "trickle"])
+def test_an_engine_that_stalls_ends_the_turn_504_within_the_engine_timeout(make_stack, engine, tokenizer, stall,
+                                                                        stream):
+    """``silent``: the engine takes the request and sends nothing; ``trickle``: it sends its headers and
+    then its body a byte every half second (plain), or its events half a second apart (streamed), each
+    read well within the timeout, the whole reply far past it."""
+    stack = make_stack(engine_timeout=ENGINE_TIMEOUT_S)
+    session = open_session(stack)
+    client = openai_client(session)
+    long = reply(tokenizer, "and then " * 200)  # ~400 tokens: 100 events of 4, ~6 KB as one body
+    slow = {"silent": {"delay_s": 60.0}, "trickle": {"chunk_delay_s": 0.5} if stream else {"trickle_s": 0.5}}
+    engine.push(msgspec.structs.replace(long, **slow[stall]))
+
+    def turn() -> int:
+        if stream:
+            return drained(client.chat.completions.create(model="m", messages=HI, stream=True))
+        return len(client.chat.completions.create(model="m", messages=HI).choices)
+
+    failed, took = timed(turn)
+    assert took < ENGINE_TIMEOUT_S + SLACK_S, f"the turn took {took:.1f} s"
+    assert isinstance(failed, openai.APIError), failed
+    assert failed.body["code"] == "engine_timeout", failed.body
+    if isinstance(failed, openai.APIStatusError):  # else reported in the stream, after its first event
+        assert failed.status_code == 504
+    rid = engine.requests[0]["rid"]
+    eventually(lambda: rid in engine.aborted)  # the engine is told to stop
+    assert any(isinstance(e, EngineFailed) for e in stack.events(session["session_id"]))
+    assert turn() >= 1  # the session is usable: the next turn is answered
+    assert isinstance(stack.events(session["session_id"])[-1], TurnCompleted)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,11 +24,12 @@ import httpx
 import msgspec
 import openai
 import pytest
+from openai.types.chat import ChatCompletion
 
 from edge.codec.tokenizer import Tokenizer
 from rollbus.testing.burst import tool_responder
 from rollbus.testing.scripted import ScriptedEngineServer
-from schemas.events import EngineFailed, TurnCompleted
+from schemas.events import EngineFailed, TurnAbandoned, TurnCompleted
 from schemas.log import LogConfig
 from stack.nats_server import EmbeddedNats
 from tests.e2e import conftest as e2e
@@ -35,6 +37,7 @@ from tests.e2e.test_engines_stack import eventually, open_session
 from tests.e2e.test_openai_session import reply
 
 ENGINE_TIMEOUT_S = 2.0  # --engine-timeout of the engine tests
+SEND_TIMEOUT_S = 4.0  # --send-timeout of the slow client's test
 LOG_WAIT_S = 4 * 5.0  # what an append waits for JetStream at most: 4 attempts of 5 s (JetStreamLog's defaults)
 SLACK_S = 5.0  # a loaded machine answers late, never this late
 HI = [{"role": "user", "content": "hi"}]
@@ -158,3 +161,53 @@ def test_an_engine_that_stalls_ends_the_turn_504_within_the_engine_timeout(make_
     assert any(isinstance(e, EngineFailed) for e in stack.events(session["session_id"]))
     assert turn() >= 1  # the session is usable: the next turn is answered
     assert isinstance(stack.events(session["session_id"])[-1], TurnCompleted)
+
+
+# --- 4. a client that stops reading -------------------------------------------------------------------
+
+
+def test_a_client_that_stops_reading_holds_no_turn_stalls_no_one_and_is_disconnected(make_stack, engine, tokenizer):
+    """The client asks for a long streamed reply, takes its first bytes and then reads nothing, its socket
+    alive (a receive buffer of 4 KiB: the window closes at once). Meanwhile other sessions, the same
+    session's next turn and ``/healthz`` are served; once the reply has not moved for ``--send-timeout``
+    the edge drops the connection: read again, it is cut off (reset, or ended without ``[DONE]``), where a
+    connection nothing bounds would deliver it all, however late; and the turn has ended (committed, or
+    abandoned as a client gone)."""
+    stack = make_stack(send_timeout=SEND_TIMEOUT_S)
+    stuck, other = open_session(stack), open_session(stack)
+    engine.push(reply(tokenizer, "lorem ipsum dolor sit amet, " * 500))  # ~3,000 tokens, ~750 events
+    body = msgspec.json.encode({"model": "m", "messages": HI, "stream": True, "logprobs": True})
+    host, port = stack.url.removeprefix("http://").split(":")
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.connect((host, int(port)))
+    try:
+        client.sendall(f"POST /sessions/{stuck['session_id']}/v1/chat/completions HTTP/1.1\r\nhost: {host}\r\n"
+                       f"authorization: Bearer {stuck['api_key']}\r\ncontent-type: application/json\r\n"
+                       f"content-length: {len(body)}\r\n\r\n".encode() + body)
+        client.settimeout(10)
+        assert client.recv(64).startswith(b"HTTP/1.1 200")  # then nothing more is read
+        stalled = time.monotonic()
+        served = [timed(lambda: httpx.get(f"{stack.url}/healthz", timeout=10)),
+                  timed(lambda: drained(openai_client(other).chat.completions.create(model="m", messages=HI,
+                                                                                      stream=True))),
+                  timed(lambda: openai_client(stuck).chat.completions.create(model="m", messages=HI))]
+        time.sleep(max(0.0, SEND_TIMEOUT_S + 1.0 - (time.monotonic() - stalled)))
+        got, reset = b"", False
+        try:
+            while chunk := client.recv(65536):
+                got += chunk
+        except ConnectionResetError:
+            reset = True
+    finally:
+        client.close()
+    print(f"while stalled: {[(type(r).__name__, round(t, 2)) for r, t in served]}; read {len(got)} bytes after "
+          f"{SEND_TIMEOUT_S + 1:g} s, {'reset' if reset else 'closed'}")
+    (health, health_s), (streamed, _), (plain, _) = served
+    assert isinstance(health, httpx.Response) and health.status_code == 200 and health_s < 2.0
+    assert isinstance(streamed, int) and streamed > 0, streamed
+    assert isinstance(plain, ChatCompletion), plain
+    assert reset or b"data: [DONE]" not in got, "the edge held the stalled reply until the client read it all"
+    ended = (TurnCompleted, TurnAbandoned)  # committed (the edge never waits for a client), or abandoned
+    eventually(lambda: sorted(e.request_no for e in stack.events(stuck["session_id"]) if isinstance(e, ended))
+               == [1, 2])

@@ -11,6 +11,7 @@ every answer)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -27,7 +28,7 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from edge.codec.tokenizer import Tokenizer
-from rollbus.testing.burst import tool_responder
+from rollbus.testing.burst import Driver, Outcome, outcome, tool_responder, wait_marked
 from rollbus.testing.scripted import ScriptedEngineServer
 from schemas.events import EngineFailed, TurnAbandoned, TurnCompleted
 from schemas.log import LogConfig
@@ -35,6 +36,7 @@ from stack.nats_server import EmbeddedNats
 from tests.e2e import conftest as e2e
 from tests.e2e.test_engines_stack import eventually, open_session
 from tests.e2e.test_openai_session import reply
+from tests.processes import MaterializerProcess
 
 ENGINE_TIMEOUT_S = 2.0  # --engine-timeout of the engine tests
 SEND_TIMEOUT_S = 4.0  # --send-timeout of the slow client's test
@@ -211,3 +213,40 @@ def test_a_client_that_stops_reading_holds_no_turn_stalls_no_one_and_is_disconne
     ended = (TurnCompleted, TurnAbandoned)  # committed (the edge never waits for a client), or abandoned
     eventually(lambda: sorted(e.request_no for e in stack.events(stuck["session_id"]) if isinstance(e, ended))
                == [1, 2])
+
+
+# --- 5. a slow consumer -------------------------------------------------------------------------------
+
+
+async def test_a_paused_materializer_stalls_no_turn_and_everything_is_materialized_once_after(make_stack, nats_server,
+                                                                                              tmp_path):
+    """``rollbus materializer`` as a process of its own, paused (SIGSTOP) for longer than its ``--ack-wait``
+    while a step's sessions run and are finalized: the edge serves them as fast as without it (the log
+    absorbs the backlog: no request needs a retry), nothing is materialized meanwhile; resumed, it
+    materializes every session exactly once, those of the step before the pause too."""
+    stack = make_stack(components=("edge", "projector"))
+    data = tmp_path / "materialized"
+    materializer = MaterializerProcess(nats_server.url, data, tmp_path / "materializer.log",
+                                       ["--metrics-port", "off", "--batch-size", "8"])
+    driver = Driver(stack.url, e2e.ADMIN_TOKEN, concurrency=8, n=4)
+    try:
+        await materializer.ready()
+        before = await driver.step(8, uid_prefix="before")
+        assert len((await wait_marked(nats_server.url, before.session_ids, timeout=30))[0]) == 8  # it runs
+        os.kill(materializer.proc.pid, signal.SIGSTOP)
+        try:
+            during = await driver.step(32, uid_prefix="during")
+            await asyncio.sleep(3.0)  # past its --ack-wait (2 s): signals it held are handed out again
+            assert (await wait_marked(nats_server.url, during.session_ids, timeout=0.5))[0] == {}
+        finally:
+            os.kill(materializer.proc.pid, signal.SIGCONT)
+        ids = before.session_ids + during.session_ids
+        statuses, _ = await wait_marked(nats_server.url, ids, timeout=60)
+    finally:
+        assert materializer.stop() == 0, materializer.output.read_text()[-3000:]
+    print(f"paused: 32 sessions ran in {during.ran_s:.1f} s, finalized in {during.finalize_s:.1f} s "
+          f"(before the pause: 8 in {before.ran_s:.1f} s, {before.finalize_s:.1f} s); {materializer.batches()} batches")
+    assert not driver.retried, driver.retried  # every request answered the first time
+    assert during.trajectories == 32
+    assert outcome(data / "trajectories", ids, statuses) == \
+        Outcome(sessions=40, lost=0, duplicated=0, quarantined=0, other={}, stray=0)

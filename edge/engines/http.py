@@ -34,8 +34,8 @@ deadline cancels only a wait for the engine, never the stream's reader.
 
 **Aborts**: a call that does not end with a complete reply after its request was sent
 (the awaiting task was cancelled because the agent went away, a stream was closed
-early, a read timed out or the deadline passed, the reply failed) is aborted on its server in the background,
-best effort, bounded by ``abort_timeout``, so the server stops generating for nobody.
+early, a read timed out or the deadline passed, the reply failed) is aborted on its
+server in the background, best effort, bounded by ``abort_timeout``, so the server stops generating for nobody.
 
 **Errors** are converted here, once: refused connections and 503 become
 ``EngineUnavailable``, timeouts and 504 ``EngineTimeout``, a 400 (the server refusing the
@@ -51,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -173,25 +173,37 @@ class HttpEngine:
     async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk | GenerateResult]:
         self._ensure_prober()
         session = session_of(request.request_id)
-        deadline = asyncio.get_running_loop().time() + self._timeout  # the whole stream's, retries included
-        for retry in (True, False):
-            url = self.pool.acquire(session)
-            streamed = False
-            try:
-                async with contextlib.aclosing(self._stream_on(url, request)) as items:
-                    while True:
-                        async with self._within(deadline):
-                            item = await anext(items, None)
-                        if item is None:
-                            return
-                        streamed = True
-                        yield item
-            except Refused as exc:  # raised while connecting: nothing was streamed yet
-                self._refused(url, retry, exc)
-            except Dropped as exc:
-                self._dropped(url, retry and not streamed, exc)
-            finally:
-                self.pool.release(url)
+        watch = _Watch(self._timeout)  # the whole stream's deadline, its retry included
+        try:
+            for retry in (True, False):
+                url = self.pool.acquire(session)
+                streamed = False
+                try:
+                    async with contextlib.aclosing(self._stream_on(url, request)) as items:
+                        while True:  # ``async for``, each read under the deadline (inline: per event, it counts)
+                            if watch.expired:
+                                raise self._late()
+                            watch.waiting = True
+                            try:
+                                item = await items.__anext__()
+                            except StopAsyncIteration:
+                                break
+                            except asyncio.CancelledError:
+                                watch.raise_if_expired(self._late)
+                                raise
+                            finally:
+                                watch.waiting = False
+                            streamed = True
+                            yield item
+                    return
+                except Refused as exc:  # raised while connecting: nothing was streamed yet
+                    self._refused(url, retry, exc)
+                except Dropped as exc:
+                    self._dropped(url, retry and not streamed, exc)
+                finally:
+                    self.pool.release(url)
+        finally:
+            watch.close()
 
     async def abort(self, request_id: str) -> None:
         """Ask the server of ``request_id``'s session (else every server) to stop it."""
@@ -290,7 +302,10 @@ class HttpEngine:
         except TimeoutError as exc:
             if not scope.expired():
                 raise
-            raise EngineTimeout(f"{self.label} did not complete its reply within {self._timeout:g} s") from exc
+            raise self._late() from exc
+
+    def _late(self) -> EngineTimeout:
+        return EngineTimeout(f"{self.label} did not complete its reply within {self._timeout:g} s")
 
     @contextlib.contextmanager
     def _converted(self, url: str) -> Iterator[None]:
@@ -335,6 +350,40 @@ class HttpEngine:
         except httpx.HTTPError:
             return False
         return response.status_code == 200
+
+
+class _Watch:
+    """A stream's deadline, for the task that reads it: one timer for the whole stream, where
+    ``asyncio.timeout`` around each read costs a timer per event (13-21 us an event on this loaded VM,
+    against 0.3-0.5 us without; this, inline, 0.2-0.6 us more). Past the deadline a read that is
+    ``waiting`` is cancelled (:meth:`raise_if_expired` makes that an ``EngineTimeout``), and the reader,
+    seeing ``expired``, begins no other; the reader is never cancelled between reads."""
+
+    __slots__ = ("_cancelling", "_handle", "_task", "expired", "waiting")
+
+    def __init__(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._cancelling = task.cancelling()
+        self.waiting = False
+        self.expired = False
+        self._handle = loop.call_at(loop.time() + timeout, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        if self.waiting:
+            self._task.cancel()
+
+    def raise_if_expired(self, late: Callable[[], EngineTimeout]) -> None:
+        """On a read's ``CancelledError``: raise ``late()`` in its place when the deadline cancelled it (and
+        nothing else did), as ``asyncio.timeout`` tells its own cancellation from another's."""
+        if self.expired and self._task.uncancel() <= self._cancelling:
+            raise late() from None
+
+    def close(self) -> None:
+        self._handle.cancel()
 
 
 def raise_for_status(response: httpx.Response, label: str, url: str) -> None:

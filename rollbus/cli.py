@@ -43,7 +43,15 @@ from schemas.log import MAX_PAYLOAD, LogConfig
 from stack.heap import settle_heap
 from stack.nats_server import FSYNC_MODES
 from stack.provision import Retention, bytes_text
-from stack.runtime import COMPONENTS, Stack, StackOptions, check_options, engine_summary, model_defaults
+from stack.runtime import (
+    COMPONENTS,
+    SEND_TIMEOUT_S,
+    Stack,
+    StackOptions,
+    check_options,
+    engine_summary,
+    model_defaults,
+)
 from stack.user_error import UserError, one_line
 
 # Commands beyond the stack itself: each module has ``register(subparsers)`` and sets
@@ -89,7 +97,8 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
     parser.add_argument("--model", default=None, metavar="NAME|PATH",
                         help="local engine's model: tiny-qwen2 (default), smollm2, a model dir or a .gguf file")
     parser.add_argument("--engine-timeout", type=number(float, above=0), default=300.0, metavar="SECONDS",
-                        help="sglang/vllm: wait this long for a reply or the next streamed event [300]")
+                        help="sglang/vllm: the longest one engine call may take, its whole reply, streamed or "
+                             "not; past it the turn is 504 [300]")
     parser.add_argument("--health-interval", type=number(float, above=0), default=5.0, metavar="SECONDS",
                         help="sglang/vllm: probe each server's /health this often [5]")
     parser.add_argument("--tokenizer", default=None,
@@ -109,6 +118,9 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
                         help="session lease: another edge may take over a dead edge's sessions after it [15]")
     parser.add_argument("--idle-timeout", type=number(float, at_least=0), default=3600.0, metavar="SECONDS",
                         help="abort open sessions nothing touched for this long; 0: never [3600]")
+    parser.add_argument("--send-timeout", type=number(float, above=0), default=SEND_TIMEOUT_S, metavar="SECONDS",
+                        help="disconnect a client that takes none of its reply (its receive window closed) for "
+                             f"this long [{SEND_TIMEOUT_S:g}]")
     parser.add_argument("--body-min-rate", type=_rate, default=EdgeSettings().body_min_rate, metavar="SIZE",
                         help="bytes a second a request body must arrive at: refused (400) past "
                              f"{EdgeSettings().body_base_s:g} s + its size at this rate [64KiB]")
@@ -239,6 +251,7 @@ def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOpti
         lease_ttl=args.lease_ttl if edge else 15.0,
         idle_timeout=args.idle_timeout if edge else 3600.0,
         body_min_rate=args.body_min_rate if edge else EdgeSettings().body_min_rate,
+        send_timeout=args.send_timeout if edge else SEND_TIMEOUT_S,
         materializer=_materializer_options(args) if "materializer" in components else MaterializerOptions(),
         metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
         metrics_port=None if edge else getattr(args, "metrics_port", None),  # the edge serves its own

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("edge", "projector", "materializer")
+SEND_TIMEOUT_S = 60.0  # a connection whose client takes none of its reply for this long is closed (TCP_USER_TIMEOUT)
 DATA_SUBDIRS = ("nats", "trajectories", ".trajectories-staging")  # what the stack writes under --data-dir
 LOCK_FILE = "rollbus.lock"  # <data-dir>/rollbus.lock: held by the stack that runs the embedded nats-server
 
@@ -126,7 +127,7 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     engine: str = "local"
     engine_urls: tuple[str, ...] = ()
     model: str | None = None  # the local engine's model: None (tiny-qwen2), "smollm2", or a path
-    engine_timeout: float = 300.0  # HTTP engines: seconds to wait for a reply (or the next streamed event)
+    engine_timeout: float = 300.0  # HTTP engines: seconds one engine call may take, its whole reply (streamed or not)
     health_interval: float = 5.0  # HTTP engines: seconds between /health probes of each server
     tokenizer: str = "builtin:qwen2.5"
     tool_format: str = "hermes"
@@ -139,6 +140,7 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     idle_timeout: float = 3600.0
     disconnect_grace: float = 10.0
     body_min_rate: float = EdgeSettings().body_min_rate  # bytes a second a request body must arrive at
+    send_timeout: float = SEND_TIMEOUT_S  # seconds a client may take none of its reply before it is disconnected
     rollback_rewritten_turns: bool = True
     materializer: MaterializerOptions = MaterializerOptions()
     metrics_host: str = "127.0.0.1"  # a projector or materializer run alone: where it serves /metrics
@@ -292,8 +294,17 @@ class EdgeServer(EmbeddedGranian):
         self._shd = SocketHolder(sock.detach(), False, LISTEN_BACKLOG)
 
 
-def bind(host: str, port: int, *, listen: bool = True) -> socket.socket:
-    """A non-blocking TCP socket bound to ``host:port`` (listening unless ``listen=False``), with TCP_NODELAY.
+def bind(host: str, port: int, *, listen: bool = True, send_timeout: float = SEND_TIMEOUT_S) -> socket.socket:
+    """A non-blocking TCP socket bound to ``host:port`` (listening unless ``listen=False``), with TCP_NODELAY
+    and, on Linux, ``TCP_USER_TIMEOUT`` of ``send_timeout`` seconds.
+
+    ``TCP_USER_TIMEOUT`` is what bounds a client that stops reading its reply: granian has no write
+    timeout, and its ``send`` waits (once its buffers, ~2.8 MB, are full) for as long as the client's
+    receive window stays closed, which a client that is alive but reads nothing keeps it forever. With it
+    the kernel closes a connection whose reply could not be sent (a closed window) or was not acknowledged
+    (a client gone without a word) for that long; granian then drops the rest of the reply. A client that
+    reads, however slowly, is not affected; the turn itself never waits for the client (see
+    :mod:`edge.streaming`).
 
     Raises :class:`StartupError` when the address cannot be had: the port is in use, needs
     privileges, or is out of range; the host is unknown or not this machine's.
@@ -304,6 +315,9 @@ def bind(host: str, port: int, *, listen: bool = True) -> socket.socket:
         # no Nagle: an SSE frame is sent at once, not held while the previous one waits for the client's
         # delayed ACK; set on the listening socket, it is inherited by every connection accepted on it
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux; inherited by every accepted connection too
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, min(max(1, round(send_timeout * 1000)),
+                                                                              2**31 - 1))  # ms, an int
         sock.bind((host, port))
     except (OSError, OverflowError) as exc:
         sock.close()
@@ -394,7 +408,7 @@ class Stack:
             lock.acquire()
             self._lock = lock
         if "edge" in options.components:
-            self._sock = bind(options.host, options.port, listen=False)
+            self._sock = bind(options.host, options.port, listen=False, send_timeout=options.send_timeout)
         elif options.metrics_port is not None:  # a consumer alone: prometheus-client's server for its /metrics
             try:
                 self.metrics_server = self.metrics.serve(options.metrics_host, options.metrics_port)
@@ -455,7 +469,7 @@ class Stack:
             self._engine = self._given_engine or await asyncio.to_thread(build_engine, options)
         except (ValueError, OSError) as exc:  # the engine's options, or a model that does not load
             raise StartupError(f"cannot start the {options.engine} engine: {one_line(str(exc))}") from exc
-        sock = self._sock or bind(options.host, options.port, listen=False)
+        sock = self._sock or bind(options.host, options.port, listen=False, send_timeout=options.send_timeout)
         start_listening(sock, options.host, options.port)
         host, port = sock.getsockname()[:2]
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"

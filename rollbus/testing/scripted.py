@@ -65,6 +65,8 @@ class ScriptedReply(msgspec.Struct, frozen=True):
     differs from ``token_ids`` is sent as is (to test the client's count check).
     ``delay_s`` sleeps before answering (to test timeouts and cancellation);
     ``chunk_delay_s`` sleeps between streamed events (to test closing a stream early).
+    ``trickle_s``: a plain reply's headers go out at once and its body one byte every so many
+    seconds (an engine that answers and then stalls; a stream trickles with ``chunk_delay_s``).
     ``error_message``: the message of the ``engine_error`` and ``refused`` faults' error bodies.
     """
 
@@ -74,6 +76,7 @@ class ScriptedReply(msgspec.Struct, frozen=True):
     weight_version: str = "scripted"
     delay_s: float = 0.0
     chunk_delay_s: float = 0.0
+    trickle_s: float = 0.0
     fault: Fault | None = None
     error_message: str | None = None
 
@@ -229,6 +232,9 @@ class ScriptedServer:
             return Response(MALFORMED, media_type="application/json")
         if fault == "missing_fields":
             self._strip(event, streamed=False)
+        if reply.trickle_s > 0:
+            return StreamingResponse(_trickle(msgspec.json.encode(event), reply.trickle_s),
+                                     media_type="application/json")
         return Response(msgspec.json.encode(event), media_type="application/json")
 
     async def _sse(self, body: dict[str, Any], plan: Plan, reply: ScriptedReply) -> AsyncIterator[bytes]:
@@ -380,6 +386,14 @@ class ScriptedEngineServer(ScriptedServer):
         body = await request.json()
         self.aborted.append(str(body.get("rid")))
         return Response(status_code=200)
+
+
+async def _trickle(body: bytes, every_s: float) -> AsyncIterator[bytes]:
+    """``body`` one byte at a time, ``every_s`` seconds apart."""
+    for index in range(len(body)):
+        if index:
+            await asyncio.sleep(every_s)
+        yield body[index:index + 1]
 
 
 def _sglang_finish(plan: Plan) -> dict[str, Any]:

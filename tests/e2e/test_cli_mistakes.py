@@ -328,6 +328,7 @@ def test_a_bad_flag_value_is_one_line():
     ("--ack-wait", "0", "must be more than 0"),
     ("--body-min-rate", "0", "must be more than 0"),
     ("--body-min-rate", "fast", "not a size"),
+    ("--send-timeout", "0", "must be more than 0"),
 ])
 def test_a_nonsensical_setting_is_refused_before_anything_starts(tmp_path: Path, flag: str, value: str,
                                                                  says: str):

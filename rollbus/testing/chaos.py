@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -355,7 +355,8 @@ class ProcessStack:
     """nats-server (its store in ``root/nats``), ``rollbus edge`` on a fixed port, ``rollbus projector`` and
     ``rollbus materializer`` (Parquet in ``root/data/trajectories``), each a process of its own."""
 
-    def __init__(self, root: Path, engine_url: str, *, admin_token: str = "tok", ack_wait: float = 5.0) -> None:
+    def __init__(self, root: Path, engine_url: str, *, admin_token: str = "tok", ack_wait: float = 5.0,
+                 edge_args: Sequence[str] = ()) -> None:
         self.root = root
         self.admin_token = admin_token
         self.nats = EmbeddedNats(root / "nats", name="chaos").start()
@@ -366,7 +367,7 @@ class ProcessStack:
         try:
             self.parts["edge"] = Component("edge", "--nats", url, "--port", str(free_port()), "--data-dir",
                                            str(root / "edge"), "--admin-token", admin_token, "--engine", "sglang",
-                                           "--engine-url", engine_url)
+                                           "--engine-url", engine_url, *edge_args)
             self.parts["projector"] = Component("projector", "--nats", url, "--data-dir", str(self.data),
                                                 "--metrics-port", "off")
             self.parts["materializer"] = Component("materializer", "--nats", url, "--data-dir", str(self.data),
@@ -514,6 +515,42 @@ def _normalized(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+class Compared(msgspec.Struct, kw_only=True):
+    records: int  # the chaos phase's rows of finalized sessions
+    missing: list[str]  # finalized labels with fewer keys than in base, or none
+    different: list[str]  # finalized labels whose rows are not base's
+    aborted_with_records: list[str]
+    duplicated: int  # rows past one per key, both phases
+
+
+def compare_records(rows: list[dict[str, Any]], ended: dict[int, str]) -> Compared:
+    """The chaos phase's rows (``uid`` ``chaos-...``) against base's, label by label, for the sessions that
+    ``ended`` (plan index -> ``finalized`` or ``aborted``): equal but for :data:`IGNORED` and
+    ``metadata.attempt``."""
+    by_label: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    keys = Counter(r["key"] for r in rows)
+    for row in rows:
+        phase = row["uid"].split("-", 1)[0]
+        by_label.setdefault((phase, _label(row["uid"], row["session_index"])), {})[row["key"].split("-", 1)[-1]] = \
+            _normalized(row)
+    compared = Compared(records=0, missing=[], different=[], aborted_with_records=[],
+                        duplicated=sum(c - 1 for c in keys.values()))
+    for i, status in sorted(ended.items()):
+        label = f"{i // N}/{i % N}"
+        got = by_label.get(("chaos", label), {})
+        if status == "aborted":
+            if got:
+                compared.aborted_with_records.append(label)
+            continue
+        compared.records += len(got)
+        want = by_label.get(("base", label), {})
+        if not got or not got.keys() >= want.keys():
+            compared.missing.append(label)
+        elif got != want:
+            compared.different.append(label)
+    return compared
+
+
 async def _log_check(nats_url: str, ran: Ran) -> tuple[int, int]:
     """(acknowledged turns not in the log as answered, requests completed more than once) of ``ran``."""
     client = await connect(nats_url, name="chaos-check")
@@ -556,27 +593,7 @@ def check(stack: ProcessStack, seed: int, base: Ran, chaos: Ran, runner: FaultRu
     ended = [sid for ran in (base, chaos) for i, sid in ran.session_ids.items() if i in ran.ended]
     statuses, _ = asyncio.run(wait_marked(stack.nats_url, ended, mark_timeout))
     lost, duplicated = asyncio.run(_log_check(stack.nats_url, chaos))
-    rows = read_dataset(stack.data / "trajectories").to_pylist()
-    by_label: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    keys = Counter(r["key"] for r in rows)
-    for row in rows:
-        by_label.setdefault((row["uid"].split("-", 1)[0], _label(row["uid"], row["session_index"])), []).append(
-            _normalized(row))
-    plan_of = {i: (str(i // N), i % N) for i in chaos.session_ids}
-    missing, different, aborted_rows, records = [], [], [], 0
-    for i, status in sorted(chaos.ended.items()):
-        label = f"{plan_of[i][0]}/{plan_of[i][1]}"
-        got = sorted(by_label.get(("chaos", label), []), key=lambda r: r["key"])
-        if status == "aborted":
-            if got:
-                aborted_rows.append(label)
-            continue
-        records += len(got)
-        want = sorted(by_label.get(("base", label), []), key=lambda r: r["key"])
-        if len({r["key"] for r in got}) < len(want) or not got:
-            missing.append(label)
-        elif {r["key"]: r for r in got} != {r["key"]: r for r in want}:
-            different.append(label)
+    compared = compare_records(read_dataset(stack.data / "trajectories").to_pylist(), chaos.ended)
     faults = Counter(f"{f.component} {f.kind}" for f, _ in runner.done)
     recovery: dict[str, float] = {}
     for fault, took in runner.done:
@@ -590,9 +607,10 @@ def check(stack: ProcessStack, seed: int, base: Ran, chaos: Ran, runner: FaultRu
         aborted=sum(s == "aborted" for s in chaos.ended.values()),
         gave_up={f"{i // N}/{i % N}": why for i, why in {**base.gave_up, **chaos.gave_up}.items()},
         faults=dict(faults), recovery_s=recovery, turns_acknowledged=len(chaos.acks), turns_lost=lost,
-        turns_duplicated=duplicated, records=records, records_missing=missing,
-        records_duplicated=sum(c - 1 for c in keys.values()), records_different=different,
-        aborted_with_records=aborted_rows, unmarked=len(ended) - len(statuses), quarantined=kinds["quarantined"],
+        turns_duplicated=duplicated, records=compared.records, records_missing=compared.missing,
+        records_duplicated=compared.duplicated, records_different=compared.different,
+        aborted_with_records=compared.aborted_with_records, unmarked=len(ended) - len(statuses),
+        quarantined=kinds["quarantined"],
         refused=dict(driver.refused), retried=dict(driver.retried), verify_exit=verify_exit,
         verify_said=verify_said, ran_s=ran_s)
 

@@ -43,6 +43,9 @@ def main() -> int:
     parser.add_argument("--sessions", type=_positive(int), default=None,
                         help="sessions per phase, started over the window [200 a minute]")
     parser.add_argument("--faults", type=_positive(int), default=None, help="faults in the window [4 a minute]")
+    parser.add_argument("--pause", type=_positive(float), nargs=2, default=(2.0, 6.0), metavar=("MIN", "MAX"),
+                        help="seconds a SIGSTOP lasts, drawn between MIN and MAX [2 6]; past 20 on nats-server, "
+                             "appends are answered 503 log_unavailable")
     parser.add_argument("--concurrency", type=_positive(int), default=32, help="sessions in flight [32]")
     parser.add_argument("--keep", type=Path, default=None, help="run in this directory and keep it (logs, store)")
     args = parser.parse_args()
@@ -54,7 +57,7 @@ def main() -> int:
         root = args.keep or Path(tmp)
         report = run(root, engine.url, seed=args.seed, sessions=args.sessions or int(200 * args.minutes),
                      window_s=window, faults=args.faults or max(1, int(4 * args.minutes)),
-                     concurrency=args.concurrency, log=lambda line: print(line, flush=True))
+                     concurrency=args.concurrency, pause_s=tuple(args.pause), log=lambda line: print(line, flush=True))
     print(report.render())
     return 1 if report.failures else 0
 

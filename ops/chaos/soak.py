@@ -40,7 +40,15 @@ from PIL import Image, ImageDraw
 from edge.codec.tokenizer import load_tokenizer
 from eventlog.lag import Watched, consumer_lag
 from materializer.service import MaterializerOptions
-from rollbus.testing.burst import TOOLS, Driver, outcome, tool_responder, wait_marked
+from rollbus.testing.burst import (
+    TOOLS,
+    Driver,
+    outcome,
+    sessions_open,
+    sessions_open_at_most,
+    tool_responder,
+    wait_marked,
+)
 from rollbus.testing.chaos import ProcessStack
 from rollbus.testing.scripted import ScriptedEngineServer
 from schemas.log import LogConfig
@@ -75,27 +83,6 @@ class Turns(Driver):
         await self._post(client, f"/sessions/{opened['session_id']}/reward_info", key,
                          {"reward_info": {"reward": 1.0}})
         return str(opened["session_id"])
-
-    async def abandon(self, sessions: int, uid_prefix: str) -> list[str]:
-        """Open ``sessions`` sessions, one turn each, and leave them."""
-        async with httpx.AsyncClient(base_url=self._url, timeout=120) as client:
-            async def one(i: int) -> str:
-                opened = await self._post(client, "/sessions", self._admin, {"uid": f"{uid_prefix}{i}"})
-                await self._post(client, f"/sessions/{opened['session_id']}/v1/chat/completions",
-                                 {"Authorization": f"Bearer {opened['api_key']}"},
-                                 {"model": "m", "messages": [{"role": "user", "content": f"hi {i}"}]})
-                return str(opened["session_id"])
-
-            return list(await self._bounded(client, [one(i) for i in range(sessions)]))
-
-
-async def sessions_open(client: httpx.AsyncClient, url: str) -> float:
-    """The edge's ``rollbus_sessions_open`` gauge."""
-    text = (await client.get(f"{url}/metrics")).text
-    for line in text.splitlines():
-        if line.startswith("rollbus_sessions_open "):
-            return float(line.split()[1])
-    raise ValueError("the edge's /metrics has no rollbus_sessions_open")
 
 
 class Sampler:
@@ -208,16 +195,6 @@ async def _reclaimed(url: str, admin: dict[str, str], session_ids: list[str]) ->
         return Counter(await asyncio.gather(*(one(s) for s in session_ids)))
 
 
-async def _until_open(url: str, most: float, timeout: float) -> float:
-    async with httpx.AsyncClient(timeout=10) as client:
-        deadline = time.monotonic() + timeout
-        while True:
-            now = await sessions_open(client, url)
-            if now <= most or time.monotonic() > deadline:
-                return now
-            await asyncio.sleep(1.0)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, default=500, help="sessions a round [500]")
@@ -256,12 +233,12 @@ def main() -> int:
             reclaim = ""
             if args.abandoned:
                 sampler.phase = "abandoned"
-                before = asyncio.run(_until_open(stack.url, 0, 60))
+                before = asyncio.run(sessions_open_at_most(stack.url, 0, 60))
                 started = time.monotonic()
                 left = asyncio.run(driver.abandon(args.abandoned, "idle-"))
                 opened = time.monotonic() - started
                 sampler.phase = "idle"
-                after = asyncio.run(_until_open(stack.url, before, args.idle_timeout * 3 + 120))
+                after = asyncio.run(sessions_open_at_most(stack.url, before, args.idle_timeout * 3 + 120))
                 reclaimed = time.monotonic() - started
                 statuses = asyncio.run(_reclaimed(stack.url, driver._admin, left))
                 failed |= after > before or statuses != Counter({"aborted (idle_timeout)": len(left)})

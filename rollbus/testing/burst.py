@@ -149,6 +149,18 @@ class Driver:
                          {"reward_info": {"reward": 1.0}})
         return str(opened["session_id"])
 
+    async def abandon(self, sessions: int, uid_prefix: str = "idle-") -> list[str]:
+        """Open ``sessions`` sessions, a turn each, and leave them open (for the idle timeout to reclaim)."""
+        async with httpx.AsyncClient(base_url=self._url, timeout=120) as client:
+            async def one(i: int) -> str:
+                opened = await self._post(client, "/sessions", self._admin, {"uid": f"{uid_prefix}{i}"})
+                await self._post(client, f"/sessions/{opened['session_id']}/v1/chat/completions",
+                                 {"Authorization": f"Bearer {opened['api_key']}"},
+                                 {"model": "m", "messages": [{"role": "user", "content": f"hi {i}"}]})
+                return str(opened["session_id"])
+
+            return list(await self._bounded(client, [one(i) for i in range(sessions)]))
+
     async def _finalize(self, client: httpx.AsyncClient, session_id: str) -> int:
         return int((await self._post(client, f"/sessions/{session_id}/finalize", self._admin))["trajectories"])
 
@@ -206,6 +218,25 @@ class Component:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(120)
+
+
+async def sessions_open(client: httpx.AsyncClient, url: str) -> float:
+    """The ``rollbus_sessions_open`` gauge of the edge at ``url`` (its ``/metrics``): the sessions it holds live."""
+    for line in (await client.get(f"{url}/metrics")).text.splitlines():
+        if line.startswith("rollbus_sessions_open "):
+            return float(line.split()[1])
+    raise ValueError(f"{url}/metrics has no rollbus_sessions_open")
+
+
+async def sessions_open_at_most(url: str, most: float, timeout: float) -> float:
+    """The edge's live sessions once they are ``most`` or fewer, or ``timeout`` seconds passed (then more)."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        deadline = time.monotonic() + timeout
+        while True:
+            now = await sessions_open(client, url)
+            if now <= most or time.monotonic() > deadline:
+                return now
+            await asyncio.sleep(0.5)
 
 
 def nats_url(printed: str) -> str:

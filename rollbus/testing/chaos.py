@@ -616,7 +616,8 @@ def check(stack: ProcessStack, seed: int, base: Ran, chaos: Ran, runner: FaultRu
 
 
 def run(root: Path, engine_url: str, *, seed: int, sessions: int, window_s: float, faults: int,
-        concurrency: int = 32, log: Callable[[str], None] = print) -> Report:
+        concurrency: int = 32, pause_s: tuple[float, float] = (2.0, 6.0), log: Callable[[str], None] = print
+        ) -> Report:
     """The fault-free phase, then the faulted one over ``window_s``, through one :class:`ProcessStack` in
     ``root``; then the checks."""
     stack = ProcessStack(root, engine_url)
@@ -629,7 +630,7 @@ def run(root: Path, engine_url: str, *, seed: int, sessions: int, window_s: floa
         log(f"base: {len(base.ended)} sessions ended, {len(base.acks)} turns, {len(base.gave_up)} given up "
             f"{list(base.gave_up.values())[:3]}; chaos over {window_s:.0f}s")
         driver = ChaosDriver(stack.url, stack.admin_token, concurrency=concurrency)
-        runner = FaultRunner(stack, schedule(seed, window_s, faults)).start()
+        runner = FaultRunner(stack, schedule(seed, window_s, faults, pause_s=pause_s)).start()
         started = time.monotonic()
         chaos = asyncio.run(driver.run(plans(seed, sessions, window_s), "chaos"))
         runner.join()

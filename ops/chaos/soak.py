@@ -4,9 +4,9 @@ Through nats-server, ``rollbus edge`` (scripted SGLang engine), ``rollbus projec
 materializer`` (Parquet), each a process (:class:`rollbus.testing.chaos.ProcessStack`):
 
 1. ``soak``: rounds of ``--sessions`` sessions of ``--turns`` model requests each (OpenAI wire; the model
-   calls ``add``, the agent answers with the result, the model answers, the agent asks again ...), all
-   finalized at the end of the round, as verl ends a step, until ``--minutes`` passed; every session of
-   every round must be materialized once;
+   calls ``add``, the agent answers with the result, the model answers, the agent asks again ...), each
+   finalized when its conversation ends (the finalize at the round's end answers the same), until
+   ``--minutes`` passed; every session of every round must be materialized once;
 2. ``abandoned``: ``--abandoned`` sessions opened (a turn each) and left; the edge's idle keeper
    (``--idle-timeout``) must abort every one (reason ``idle_timeout``), and its open sessions drop back.
 
@@ -82,6 +82,7 @@ class Turns(Driver):
                 messages.append({"role": "user", "content": f"And 19 + 23 again? ({turn})"})
         await self._post(client, f"/sessions/{opened['session_id']}/reward_info", key,
                          {"reward_info": {"reward": 1.0}})
+        await self._finalize(client, opened["session_id"])  # at once: a round may outlast --idle-timeout
         return str(opened["session_id"])
 
 
@@ -159,7 +160,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                       (None, "")]
             if len(points) > 1:
                 draw.line(points, fill=colours[name], width=2)
-            draw.text((width - pad + 4 - 200, top + 4 + 12 * row_at), name, fill=colours[name])
+            draw.text((pad + 6, top + 4 + 12 * row_at), name, fill=colours[name])
         phase_at = None
         for r in rows:
             if r["phase"] != phase_at:

@@ -68,13 +68,16 @@ RETRIED = (429, 502, 503, 504)  # what the official SDKs retry (besides 408, 409
 
 def error_type(status: int, body: bytes) -> str:
     """``"<status> <error type>"`` of an error answer in any of the edge's wire shapes (OpenAI's
-    ``{"error": {"type"}}``, Anthropic's ``{"type": "error", "error": {"type"}}``), else ``"<status>"``."""
+    ``{"error": {"type", "code"}}``, the code after a slash when it has one; Anthropic's ``{"type": "error",
+    "error": {"type"}}``), else ``"<status>"``."""
     try:
         error = msgspec.json.decode(body).get("error")
     except (msgspec.DecodeError, AttributeError):
         return str(status)
-    kind = error.get("type") if isinstance(error, dict) else None
-    return f"{status} {kind}" if isinstance(kind, str) else str(status)
+    if not isinstance(error, dict) or not isinstance(error.get("type"), str):
+        return str(status)
+    code = error.get("code")
+    return f"{status} {error['type']}" + (f"/{code}" if isinstance(code, str) and code != error["type"] else "")
 
 
 class Driver:

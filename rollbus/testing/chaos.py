@@ -385,6 +385,11 @@ class ProcessStack:
     def pids(self) -> dict[str, int]:
         return {**{name: part.proc.pid for name, part in self.parts.items()}, "nats": self.nats.pid}
 
+    def exited(self) -> list[str]:
+        """The parts whose process has ended (none should, but by a fault, which starts it again)."""
+        return [name for name, part in self.parts.items() if part.proc.poll() is not None] + \
+            ["nats"] * (self.nats.poll() is not None)
+
     def apply(self, fault: Fault) -> None:
         """Carry out ``fault``; return once the part runs again (started anew, or continued)."""
         pid = self.pids()[fault.component]
@@ -416,6 +421,7 @@ class FaultRunner:
         self._stack = stack
         self._faults = faults
         self.done: list[tuple[Fault, float]] = []  # (fault, seconds until the part ran again)
+        self.exited: set[str] = set()  # parts found ended on their own before a fault
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="chaos-faults", daemon=True)
         self._began = 0.0
@@ -429,6 +435,7 @@ class FaultRunner:
         try:
             for fault in self._faults:
                 time.sleep(max(0.0, self._began + fault.at - time.monotonic()))
+                self.exited.update(self._stack.exited())
                 started = time.monotonic()
                 self._stack.apply(fault)
                 self.done.append((fault, time.monotonic() - started))
@@ -457,6 +464,7 @@ class Report(msgspec.Struct, kw_only=True):
     records_duplicated: int  # rows past one per key
     records_different: list[str]  # finalized labels whose rows differ from base's
     aborted_with_records: list[str]
+    exited: list[str]  # parts whose process ended on its own (a component that gave up)
     unmarked: int  # ended sessions without a marker
     quarantined: int
     refused: dict[str, int]  # every non-2xx answer, "status error-type" -> count
@@ -472,6 +480,7 @@ class Report(msgspec.Struct, kw_only=True):
             ("turns duplicated", self.turns_duplicated), ("records missing", len(self.records_missing)),
             ("records duplicated", self.records_duplicated), ("records different", len(self.records_different)),
             ("aborted with records", len(self.aborted_with_records)), ("unmarked", self.unmarked),
+            ("parts that exited on their own", len(self.exited)),
             ("quarantined", self.quarantined)) if value]
         said += [f"{cause}: {count}" for cause, count in self.refused.items() if cause.startswith("500")]
         if self.verify_exit != 0:
@@ -490,7 +499,7 @@ class Report(msgspec.Struct, kw_only=True):
             f"records: {self.records} rows; {len(self.records_missing)} sessions missing rows, "
             f"{self.records_duplicated} duplicated rows, {len(self.records_different)} sessions differing from the "
             f"fault-free run, {len(self.aborted_with_records)} aborted sessions with rows; {self.unmarked} unmarked, "
-            f"{self.quarantined} quarantined",
+            f"{self.quarantined} quarantined; parts that exited on their own: {', '.join(self.exited) or 'none'}",
             "non-2xx: " + (", ".join(f"{k} x{v}" for k, v in sorted(self.refused.items())) or "none"),
             "retried: " + (", ".join(f"{k} x{v}" for k, v in sorted(self.retried.items())) or "none"),
             f"replay --verify --all: exit {self.verify_exit} ({self.verify_said})",
@@ -610,6 +619,7 @@ def check(stack: ProcessStack, seed: int, base: Ran, chaos: Ran, runner: FaultRu
         turns_duplicated=duplicated, records=compared.records, records_missing=compared.missing,
         records_duplicated=compared.duplicated, records_different=compared.different,
         aborted_with_records=compared.aborted_with_records, unmarked=len(ended) - len(statuses),
+        exited=sorted(runner.exited | set(stack.exited())),
         quarantined=kinds["quarantined"],
         refused=dict(driver.refused), retried=dict(driver.retried), verify_exit=verify_exit,
         verify_said=verify_said, ran_s=ran_s)

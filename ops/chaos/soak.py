@@ -211,6 +211,7 @@ def main() -> int:
     if min(args.sessions, args.turns, args.concurrency) < 1 or args.minutes <= 0 or args.abandoned < 0 \
             or args.idle_timeout <= 0 or args.every <= 0:
         parser.error("--sessions, --turns, --concurrency, --minutes, --idle-timeout and --every must be positive")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer("builtin:qwen2.5")
     responder = tool_responder(tokenizer.encode, tokenizer.decode, tokenizer.eos_token_id)
     failed = False

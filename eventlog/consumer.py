@@ -13,6 +13,7 @@ them in progress while the handler works, and acks or naks each.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
@@ -33,11 +34,30 @@ BatchHandler = Callable[[list[Msg]], Awaitable[list[Msg]]]
 # died); the fetch is tried again after RETRY_FETCH_S, as after a timeout.
 _NO_LEADER = (ServiceUnavailableError, NoRespondersError)
 RETRY_FETCH_S = 0.25
+SUBSCRIBE_RETRY_MAX_S = 10.0
 
 
 def _config(durable: str, subject: str, ack_wait: float, max_ack_pending: int) -> ConsumerConfig:
     return ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
                           ack_wait=ack_wait, filter_subject=subject, max_ack_pending=max_ack_pending)
+
+
+async def _subscribe_when_answered(js: JetStreamContext, stream: str, subject: str, config: ConsumerConfig,
+                                  stop: asyncio.Event) -> JetStreamContext.PullSubscription | None:
+    """:func:`_subscribe`, tried again (1 s, 2 s, ... 10 s apart) while the server does not answer, as a
+    stalled or restarting nats-server does not, until it does or ``stop`` is set (None)."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            return await _subscribe(js, stream, subject, config)
+        except (TimeoutError, NatsTimeoutError, *_NO_LEADER) as exc:
+            failures += 1
+            delay = min(2.0 ** (failures - 1), SUBSCRIBE_RETRY_MAX_S)
+            log.warning("consumer %s on %s: the server did not answer (%r); trying again in %.0fs",
+                        config.durable_name, stream, exc, delay)
+            with contextlib.suppress(TimeoutError):  # a stop cuts the wait short
+                await asyncio.wait_for(stop.wait(), delay)
+    return None
 
 
 async def _subscribe(js: JetStreamContext, stream: str, subject: str, config: ConsumerConfig
@@ -60,7 +80,9 @@ async def pull_batches(js: JetStreamContext, *, stream: str, durable: str, subje
                        batch: int = 64, ack_wait: float = 30.0) -> AsyncIterator[list[Msg]]:
     """Batches of up to ``batch`` messages from a durable pull consumer, until ``stop`` is set."""
     config = _config(durable, subject, ack_wait, max(batch * 4, 256))
-    sub = await _subscribe(js, stream, subject, config)
+    sub = await _subscribe_when_answered(js, stream, subject, config, stop)
+    if sub is None:
+        return
     try:
         while not stop.is_set():
             try:
@@ -96,7 +118,9 @@ async def consume_batches(js: JetStreamContext, *, stream: str, durable: str, su
                           stop: asyncio.Event, max_batch: int = 256, max_delay: float = 0.5, ack_wait: float = 30.0,
                           retry_delay: float = 1.0) -> None:
     config = _config(durable, subject, ack_wait, max(max_batch * 4, 256))
-    sub = await _subscribe(js, stream, subject, config)
+    sub = await _subscribe_when_answered(js, stream, subject, config, stop)
+    if sub is None:
+        return
     try:
         while not stop.is_set():
             msgs = await _gather(sub, max_batch, max_delay)

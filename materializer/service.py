@@ -129,7 +129,17 @@ class Materializer:
 
     async def run(self, stop: asyncio.Event) -> None:
         self._stop = stop
-        await self.recover()
+        failures = 0
+        while not stop.is_set():  # a server that does not answer yet (stalled, restarting) is waited for
+            try:
+                await self.recover()
+                break
+            except TRANSIENT as exc:
+                failures += 1
+                delay = backoff(failures, self._options.retry_delay, self._options.max_retry_delay)
+                log.warning("staged batches not recovered (%s); trying again in %.1fs", exc, delay)
+                with contextlib.suppress(TimeoutError):  # a stop cuts the wait short
+                    await asyncio.wait_for(stop.wait(), delay)
         o = self._options
         await consume_batches(self._js, stream=self._cfg.ready_stream, durable=o.durable,
                               subject=self._cfg.ready_subjects, handler=self._on_batch, stop=stop,

@@ -28,9 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import re
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -46,6 +43,7 @@ from eventlog.reader import load_state
 from materializer.records import derive_records
 from materializer.tq_fields import grouped
 from rollbus.testing.burst import (
+    Component,
     ConsumerPeak,
     Driver,
     Outcome,
@@ -60,42 +58,6 @@ from stack.nats_server import EmbeddedNats
 from stack.provision import connect
 
 PUT_BATCH = 1024
-
-
-class Component:
-    """``rollbus <command> ...`` as a subprocess, started and announced (its printed lines kept)."""
-
-    def __init__(self, *args: str) -> None:
-        cmd = [sys.executable, "-m", "rollbus.cli", *args, "--log-level", "WARNING"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.printed = ""
-        self._until(r"(Ctrl-C)")
-        found = re.search(r"edge:\s+(http://\S+)", self.printed)
-        self.url = found.group(1) if found else ""
-        threading.Thread(target=self._drain, daemon=True).start()  # keep its pipe from filling
-
-    def _until(self, pattern: str, timeout: float = 120.0) -> None:
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"{self.proc.args[3]} exited:\n{self.printed}")
-            self.printed += line
-            if re.search(pattern, line):
-                return
-        raise RuntimeError(f"{self.proc.args[3]} did not print {pattern!r}:\n{self.printed}")
-
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if "Traceback" in line or "ERROR" in line:
-                print(f"  {self.proc.args[3]}:", line.rstrip(), flush=True)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(120)
 
 
 class RssPeak:

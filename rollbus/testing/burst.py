@@ -15,6 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import signal
+import subprocess
+import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -62,21 +66,39 @@ class Step(msgspec.Struct, kw_only=True):
 RETRIED = (429, 502, 503, 504)  # what the official SDKs retry (besides 408, 409 and connection errors)
 
 
+def error_type(status: int, body: bytes) -> str:
+    """``"<status> <error type>"`` of an error answer in any of the edge's wire shapes (OpenAI's
+    ``{"error": {"type", "code"}}``, the code after a slash when it has one; Anthropic's ``{"type": "error",
+    "error": {"type"}}``), else ``"<status>"``."""
+    try:
+        error = msgspec.json.decode(body).get("error")
+    except (msgspec.DecodeError, AttributeError):
+        return str(status)
+    if not isinstance(error, dict) or not isinstance(error.get("type"), str):
+        return str(status)
+    code = error.get("code")
+    return f"{status} {error['type']}" + (f"/{code}" if isinstance(code, str) and code != error["type"] else "")
+
+
 class Driver:
     """Runs steps against the edge at ``url`` with ``concurrency`` sessions in flight. Like the official
-    SDKs, a request answered 429/502/503/504 or cut off is retried (twice, after 0.5 s and 1 s): the
-    retries are counted in :attr:`retried` by cause."""
+    SDKs, a request answered 429/502/503/504 or cut off is retried, after each of ``delays`` in turn
+    (0.5 s and 1 s: twice): the retries are counted in :attr:`retried` by cause, and every answer that
+    was not a 2xx in :attr:`refused` by status and error type."""
 
-    def __init__(self, url: str, admin_token: str, *, concurrency: int = 64, n: int = 8) -> None:
+    def __init__(self, url: str, admin_token: str, *, concurrency: int = 64, n: int = 8,
+                 delays: Sequence[float] = (0.5, 1.0)) -> None:
         self._url = url
         self._admin = {"Authorization": f"Bearer {admin_token}"}
         self._concurrency = concurrency
         self._n = n
+        self._delays = tuple(delays)
         self.retried: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
 
     async def _post(self, client: httpx.AsyncClient, path: str, headers: dict[str, str],
                     body: dict[str, Any] | None = None) -> Any:
-        for delay in (0.5, 1.0, None):
+        for delay in (*self._delays, None):
             try:
                 response = await client.post(path, json=body, headers=headers)
             except httpx.TransportError as exc:
@@ -84,6 +106,8 @@ class Driver:
                     raise
                 self.retried[type(exc).__name__] += 1
             else:
+                if response.status_code >= 300:
+                    self.refused[error_type(response.status_code, response.content)] += 1
                 if response.status_code not in RETRIED or delay is None:
                     return _ok(response)
                 self.retried[str(response.status_code)] += 1
@@ -128,6 +152,18 @@ class Driver:
                          {"reward_info": {"reward": 1.0}})
         return str(opened["session_id"])
 
+    async def abandon(self, sessions: int, uid_prefix: str = "idle-") -> list[str]:
+        """Open ``sessions`` sessions, a turn each, and leave them open (for the idle timeout to reclaim)."""
+        async with httpx.AsyncClient(base_url=self._url, timeout=120) as client:
+            async def one(i: int) -> str:
+                opened = await self._post(client, "/sessions", self._admin, {"uid": f"{uid_prefix}{i}"})
+                await self._post(client, f"/sessions/{opened['session_id']}/v1/chat/completions",
+                                 {"Authorization": f"Bearer {opened['api_key']}"},
+                                 {"model": "m", "messages": [{"role": "user", "content": f"hi {i}"}]})
+                return str(opened["session_id"])
+
+            return list(await self._bounded(client, [one(i) for i in range(sessions)]))
+
     async def _finalize(self, client: httpx.AsyncClient, session_id: str) -> int:
         return int((await self._post(client, f"/sessions/{session_id}/finalize", self._admin))["trajectories"])
 
@@ -137,6 +173,73 @@ def _ok(response: httpx.Response) -> Any:
         raise RuntimeError(f"{response.request.method} {response.request.url.path}: {response.status_code} "
                            f"{response.text[:300]}")
     return response.json()
+
+
+class Component:
+    """``rollbus <command> ...`` as a subprocess, started and announced (its printed lines kept; a line
+    with a traceback or an ERROR is echoed, prefixed with the command). :meth:`restart` starts the same
+    command again (after a kill)."""
+
+    def __init__(self, *args: str) -> None:
+        self.args = args
+        self.name = args[0]
+        self.start()
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "rollbus.cli", *self.args, "--log-level", "WARNING"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.printed = ""
+        self._until(r"(Ctrl-C)")
+        found = re.search(r"edge:\s+(http://\S+)", self.printed)
+        self.url = found.group(1) if found else ""
+        threading.Thread(target=self._drain, daemon=True).start()  # keep its pipe from filling
+
+    def _until(self, pattern: str, timeout: float = 120.0) -> None:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{self.name} exited:\n{self.printed}")
+            self.printed += line
+            if re.search(pattern, line):
+                return
+        raise RuntimeError(f"{self.name} did not print {pattern!r}:\n{self.printed}")
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if "Traceback" in line or "ERROR" in line:
+                print(f"  {self.name}:", line.rstrip(), flush=True)
+
+    def restart(self) -> None:
+        """Start the command anew once its process has ended (SIGKILL it first)."""
+        self.proc.wait(60)
+        self.start()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(120)
+
+
+async def sessions_open(client: httpx.AsyncClient, url: str) -> float:
+    """The ``rollbus_sessions_open`` gauge of the edge at ``url`` (its ``/metrics``): the sessions it holds live."""
+    for line in (await client.get(f"{url}/metrics")).text.splitlines():
+        if line.startswith("rollbus_sessions_open "):
+            return float(line.split()[1])
+    raise ValueError(f"{url}/metrics has no rollbus_sessions_open")
+
+
+async def sessions_open_at_most(url: str, most: float, timeout: float) -> float:
+    """The edge's live sessions once they are ``most`` or fewer, or ``timeout`` seconds passed (then more)."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        deadline = time.monotonic() + timeout
+        while True:
+            now = await sessions_open(client, url)
+            if now <= most or time.monotonic() > deadline:
+                return now
+            await asyncio.sleep(0.5)
 
 
 def nats_url(printed: str) -> str:

@@ -66,11 +66,7 @@ class Turns(Driver):
         self._turns = turns
 
     async def _session(self, client: httpx.AsyncClient, i: int, global_steps: int, uid_prefix: str) -> str:
-        spec = {"uid": f"{uid_prefix}{i // self._n}", "session_index": i % self._n,
-                "metadata": {"rollout_n": self._n, "global_steps": global_steps}}
-        opened = await self._post(client, "/sessions", self._admin, spec)
-        key = {"Authorization": f"Bearer {opened['api_key']}"}
-        path = f"/sessions/{opened['session_id']}/v1/chat/completions"
+        opened, key, path = await self._open(client, i, global_steps, uid_prefix)
         messages: list[dict[str, Any]] = [{"role": "user", "content": f"What is 19 + 23? (task {i})"}]
         for turn in range(self._turns):
             message = (await self._post(client, path, key, {"model": "m", "messages": messages,

@@ -136,12 +136,17 @@ class Driver:
 
         return await asyncio.gather(*(one(c) for c in calls))
 
-    async def _session(self, client: httpx.AsyncClient, i: int, global_steps: int, uid_prefix: str) -> str:
+    async def _open(self, client: httpx.AsyncClient, i: int, global_steps: int, uid_prefix: str
+                    ) -> tuple[dict[str, Any], dict[str, str], str]:
+        """Open session ``i`` of the step (prompt ``i // n``): its answer, its key header, its chat path."""
         spec = {"uid": f"{uid_prefix}{i // self._n}", "session_index": i % self._n,
                 "metadata": {"rollout_n": self._n, "global_steps": global_steps}}
         opened = await self._post(client, "/sessions", self._admin, spec)
         key = {"Authorization": f"Bearer {opened['api_key']}"}
-        path = f"/sessions/{opened['session_id']}/v1/chat/completions"
+        return opened, key, f"/sessions/{opened['session_id']}/v1/chat/completions"
+
+    async def _session(self, client: httpx.AsyncClient, i: int, global_steps: int, uid_prefix: str) -> str:
+        opened, key, path = await self._open(client, i, global_steps, uid_prefix)
         messages: list[dict[str, Any]] = [{"role": "user", "content": f"What is 19 + 23? (task {i})"}]
         first = await self._post(client, path, key, {"model": "m", "messages": messages, "tools": TOOLS})
         message = first["choices"][0]["message"]

@@ -97,8 +97,11 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
     parser.add_argument("--model", default=None, metavar="NAME|PATH",
                         help="local engine's model: tiny-qwen2 (default), smollm2, a model dir or a .gguf file")
     parser.add_argument("--engine-timeout", type=number(float, above=0), default=300.0, metavar="SECONDS",
+                        help="sglang/vllm: the longest wait for the engine's reply, or its next byte or streamed "
+                             "event; past it the turn is 504 [300]")
+    parser.add_argument("--engine-deadline", type=number(float, above=0), default=1800.0, metavar="SECONDS",
                         help="sglang/vllm: the longest one engine call may take, its whole reply, streamed or "
-                             "not; past it the turn is 504 [300]")
+                             "not (set it above your longest generation); past it the turn is 504 [1800]")
     parser.add_argument("--health-interval", type=number(float, above=0), default=5.0, metavar="SECONDS",
                         help="sglang/vllm: probe each server's /health this often [5]")
     parser.add_argument("--tokenizer", default=None,
@@ -241,6 +244,7 @@ def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOpti
         engine_urls=tuple(args.engine_url) if edge else (),
         model=args.model if edge else None,
         engine_timeout=args.engine_timeout if edge else 300.0,
+        engine_deadline=args.engine_deadline if edge else 1800.0,
         health_interval=args.health_interval if edge else 5.0,
         tokenizer=tokenizer,
         tool_format=tool_format,

@@ -127,7 +127,8 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     engine: str = "local"
     engine_urls: tuple[str, ...] = ()
     model: str | None = None  # the local engine's model: None (tiny-qwen2), "smollm2", or a path
-    engine_timeout: float = 300.0  # HTTP engines: seconds one engine call may take, its whole reply (streamed or not)
+    engine_timeout: float = 300.0  # HTTP engines: seconds to wait for the reply, or its next byte or streamed event
+    engine_deadline: float = 1800.0  # HTTP engines: seconds one engine call may take, its whole reply
     health_interval: float = 5.0  # HTTP engines: seconds between /health probes of each server
     tokenizer: str = "builtin:qwen2.5"
     tool_format: str = "hermes"
@@ -211,6 +212,7 @@ def build_engine(options: StackOptions) -> Engine:
         if options.model is not None:
             raise ValueError("--model selects the local engine's model; a remote engine serves its own")
         return make_engine(options.engine, list(options.engine_urls), timeout=options.engine_timeout,
+                           deadline=options.engine_deadline,
                            health_interval=options.health_interval)
     spec = local_model(options.model)
     if spec is not None and options.tokenizer != spec.tokenizer:

@@ -26,11 +26,13 @@ else is retried: not a timeout once the request was sent, not a 5xx, not a malfo
 reply, and never after a token was streamed; those reach the agent as 502/503/504 and
 the agent may retry the turn (the chain is left as it was).
 
-**Deadline**: one call (``generate``, or a whole ``stream``, its retry included) must be
-over within ``timeout`` seconds of its start, else ``EngineTimeout``: httpx's timeout
-bounds one read at a time, so an engine that sends a byte, or a streamed event, just
-inside it each time would otherwise hold the turn for as long as it trickles. The
-deadline cancels only a wait for the engine, never the stream's reader.
+**Timeouts**: ``timeout`` bounds each wait for the engine (the connection aside: its
+reply's headers, each next byte or streamed event); ``deadline`` bounds one whole call
+(``generate``, or a whole ``stream``, its retry included) from its start: past either,
+``EngineTimeout``. The per-read wait alone would let an engine that sends a byte, or a
+streamed event, just inside it each time hold the turn for as long as it trickles; the
+deadline alone would make a server that never answers wait as long as the longest
+generation may take. The deadline cancels only a wait for the engine, never the stream's reader.
 
 **Aborts**: a call that does not end with a complete reply after its request was sent
 (the awaiting task was cancelled because the agent went away, a stream was closed
@@ -110,6 +112,7 @@ class HttpEngine:
         urls: Sequence[str],
         *,
         timeout: float = 300.0,
+        deadline: float = 1800.0,
         connect_timeout: float = 5.0,
         health_interval: float = 5.0,
         health_timeout: float = 5.0,
@@ -127,7 +130,7 @@ class HttpEngine:
         self._unhealthy_after = max(1, unhealthy_after)
         self._failed_probes = dict.fromkeys(self.urls, 0)
         self._abort_timeout = abort_timeout
-        self._timeout = timeout
+        self._deadline = deadline
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
@@ -157,7 +160,7 @@ class HttpEngine:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         self._ensure_prober()
         session = session_of(request.request_id)
-        async with self._within(asyncio.get_running_loop().time() + self._timeout):
+        async with self._within(asyncio.get_running_loop().time() + self._deadline):
             for retry in (True, False):
                 url = self.pool.acquire(session)
                 try:
@@ -173,7 +176,7 @@ class HttpEngine:
     async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk | GenerateResult]:
         self._ensure_prober()
         session = session_of(request.request_id)
-        watch = _Watch(self._timeout)  # the whole stream's deadline, its retry included
+        watch = _Watch(self._deadline)  # the whole stream's deadline, its retry included
         try:
             for retry in (True, False):
                 url = self.pool.acquire(session)
@@ -305,7 +308,7 @@ class HttpEngine:
             raise self._late() from exc
 
     def _late(self) -> EngineTimeout:
-        return EngineTimeout(f"{self.label} did not complete its reply within {self._timeout:g} s")
+        return EngineTimeout(f"{self.label} did not complete its reply within {self._deadline:g} s")
 
     @contextlib.contextmanager
     def _converted(self, url: str) -> Iterator[None]:

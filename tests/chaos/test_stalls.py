@@ -38,7 +38,8 @@ from tests.e2e.test_engines_stack import eventually, open_session
 from tests.e2e.test_openai_session import reply
 from tests.processes import MaterializerProcess
 
-ENGINE_TIMEOUT_S = 2.0  # --engine-timeout of the engine tests
+ENGINE_TIMEOUT_S = 2.0  # --engine-timeout of the engine tests: the longest wait for one read (silent)
+ENGINE_DEADLINE_S = 3.0  # --engine-deadline of the engine tests: the longest whole call (trickle)
 SEND_TIMEOUT_S = 4.0  # --send-timeout of the slow client's test
 LOG_WAIT_S = 4 * 5.0  # what an append waits for JetStream at most: 4 attempts of 5 s (JetStreamLog's defaults)
 SLACK_S = 5.0  # a loaded machine answers late, never this late
@@ -135,12 +136,14 @@ def test_a_paused_nats_server_is_a_503_in_each_wire_and_the_edge_recovers_when_i
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
 @pytest.mark.parametrize("stall", ["silent", "trickle"])
-def test_an_engine_that_stalls_ends_the_turn_504_within_the_engine_timeout(make_stack, engine, tokenizer, stall,
-                                                                        stream):
-    """``silent``: the engine takes the request and sends nothing; ``trickle``: it sends its headers and
-    then its body a byte every half second (plain), or its events half a second apart (streamed), each
-    read well within the timeout, the whole reply far past it."""
-    stack = make_stack(engine_timeout=ENGINE_TIMEOUT_S)
+def test_an_engine_that_stalls_ends_the_turn_504_within_its_timeouts(make_stack, engine, tokenizer, stall, stream):
+    """``silent``: the engine takes the request and sends nothing: 504 at ``--engine-timeout``, long before
+    the deadline; ``trickle``: it sends its headers and then its body a byte every half second (plain), or
+    its events half a second apart (streamed), each read well within the timeout, the whole reply far
+    past ``--engine-deadline``: 504 at the deadline."""
+    limit = {"silent": ENGINE_TIMEOUT_S, "trickle": ENGINE_DEADLINE_S}[stall]
+    stack = make_stack(engine_timeout=ENGINE_TIMEOUT_S,
+                       engine_deadline={"silent": 600.0, "trickle": ENGINE_DEADLINE_S}[stall])
     session = open_session(stack)
     client = openai_client(session)
     long = reply(tokenizer, "and then " * 200)  # ~400 tokens: 100 events of 4, ~6 KB as one body
@@ -153,7 +156,7 @@ def test_an_engine_that_stalls_ends_the_turn_504_within_the_engine_timeout(make_
         return len(client.chat.completions.create(model="m", messages=HI).choices)
 
     failed, took = timed(turn)
-    assert took < ENGINE_TIMEOUT_S + SLACK_S, f"the turn took {took:.1f} s"
+    assert limit <= took + 0.2 and took < limit + SLACK_S, f"the turn took {took:.1f} s"
     assert isinstance(failed, openai.APIError), failed
     assert failed.body["code"] == "engine_timeout", failed.body
     if isinstance(failed, openai.APIStatusError):  # else reported in the stream, after its first event

@@ -320,6 +320,7 @@ def test_a_bad_flag_value_is_one_line():
     ("--port", "70000", "must be at most 65535"),
     ("--lease-ttl", "0", "must be more than 0"),
     ("--engine-timeout", "-5", "must be more than 0"),
+    ("--engine-deadline", "0", "must be more than 0"),
     ("--health-interval", "nan", "not a finite number"),
     ("--idle-timeout", "-1", "must be at least 0"),
     ("--batch-size", "0", "must be at least 1"),

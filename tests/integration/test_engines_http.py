@@ -168,15 +168,30 @@ async def test_a_slow_server_is_a_timeout_and_gets_an_abort(backend, server, str
 @STREAMED
 async def test_a_trickling_server_is_a_timeout_at_the_deadline_of_the_whole_call(backend, server, streamed) -> None:
     """Every read is answered within the timeout (a byte, or an event, every 0.1 s), the reply is not: the
-    timeout bounds the call, not one read (one per read let the stream run its whole 2 s, the plain call
-    past 30 s)."""
-    engine = backend.engine([server.url], timeout=0.5)
+    deadline bounds the whole call (a per-read timeout alone let the stream run its whole 2 s, the plain
+    call past 30 s)."""
+    engine = backend.engine([server.url], timeout=5.0, deadline=0.5)
     server.push(ScriptedReply(TOKENS * 8, chunk_delay_s=0.1, trickle_s=0.1))  # 20 events of 4
     started = time.monotonic()
     with pytest.raises(EngineTimeout, match=r"did not complete its reply within 0\.5 s"):
         await run(engine, request(request_id="ab12:6", max_new_tokens=80), streamed)
     assert time.monotonic() - started < 1.5
     await eventually(lambda: server.aborted == [backend.abort_prefix + "ab12:6"])
+    await engine.aclose()
+
+
+@STREAMED
+async def test_a_silent_server_is_a_timeout_at_the_wait_for_one_read_long_before_the_deadline(backend, server,
+                                                                                              streamed) -> None:
+    """The per-read wait bounds a server that takes the request and answers nothing, whatever the deadline
+    (which is sized for the longest generation)."""
+    engine = backend.engine([server.url], timeout=0.5, deadline=600.0)
+    server.push(ScriptedReply(TOKENS, delay_s=30.0))
+    started = time.monotonic()
+    with pytest.raises(EngineTimeout):
+        await run(engine, request(request_id="ab12:7", max_new_tokens=8), streamed)
+    assert time.monotonic() - started < 1.5
+    await eventually(lambda: server.aborted == [backend.abort_prefix + "ab12:7"])
     await engine.aclose()
 
 

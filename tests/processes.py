@@ -40,6 +40,24 @@ class CliProcess:
         self.lines.append(out)
         return self.proc.returncode
 
+    def started(self, *patterns: str, timeout: float = 180.0) -> list[str]:
+        """:meth:`read_until` each of ``patterns`` in turn, within ``timeout`` seconds in all (a busy machine
+        starts Ray and TransferQueue slowly); if one never comes, the process is stopped before the error is
+        raised (SIGTERM, so that it shuts down the Ray it hosts; SIGKILL after 30 s), never left running
+        beside the tests that follow (a ``rollbus up`` left so held its Ray and TransferQueue, and the next
+        tests that started a Ray hung)."""
+        deadline = time.monotonic() + timeout
+        try:
+            return [self.read_until(p, max(1.0, deadline - time.monotonic())) for p in patterns]
+        except BaseException:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate()
+            raise
+
 
 class MaterializerProcess:
     """``rollbus materializer --nats URL --data-dir DIR *args``, its output in ``output``."""

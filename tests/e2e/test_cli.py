@@ -19,8 +19,7 @@ class Up(CliProcess):
         if engine_url is not None:
             cmd += ["--engine", engine, "--engine-url", engine_url]
         super().__init__(cmd)
-        self.url = self.read_until(r"edge:\s+(http://\S+)")
-        self.read_until(r"Ctrl-C")
+        self.url, _ = self.started(r"edge:\s+(http://\S+)", r"Ctrl-C")
 
 
 def test_up_restart_keeps_the_log(tmp_path: Path):

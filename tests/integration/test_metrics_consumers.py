@@ -33,7 +33,7 @@ class Alone(CliProcess):
 
     def __init__(self, component: str, nats_url: str, data_dir: Path, *args: str) -> None:
         super().__init__([component, "--nats", nats_url, "--data-dir", str(data_dir), *args])
-        self.metrics = self.read_until(r"metrics:\s+(http://\S+/metrics)")
+        (self.metrics,) = self.started(r"metrics:\s+(http://\S+/metrics)")
 
 
 @pytest.fixture

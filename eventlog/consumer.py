@@ -42,6 +42,11 @@ def _config(durable: str, subject: str, ack_wait: float, max_ack_pending: int) -
                           ack_wait=ack_wait, filter_subject=subject, max_ack_pending=max_ack_pending)
 
 
+def backoff(failures: int, first: float, most: float) -> float:
+    """Seconds to wait after ``failures`` failures in a row: ``first``, doubling, at most ``most``."""
+    return min(first * 2.0 ** max(failures - 1, 0), most)
+
+
 async def _subscribe_when_answered(js: JetStreamContext, stream: str, subject: str, config: ConsumerConfig,
                                   stop: asyncio.Event) -> JetStreamContext.PullSubscription | None:
     """:func:`_subscribe`, tried again (1 s, 2 s, ... 10 s apart) while the server does not answer, as a
@@ -52,7 +57,7 @@ async def _subscribe_when_answered(js: JetStreamContext, stream: str, subject: s
             return await _subscribe(js, stream, subject, config)
         except (TimeoutError, NatsTimeoutError, *_NO_LEADER) as exc:
             failures += 1
-            delay = min(2.0 ** (failures - 1), SUBSCRIBE_RETRY_MAX_S)
+            delay = backoff(failures, 1.0, SUBSCRIBE_RETRY_MAX_S)
             log.warning("consumer %s on %s: the server did not answer (%r); trying again in %.0fs",
                         config.durable_name, stream, exc, delay)
             with contextlib.suppress(TimeoutError):  # a stop cuts the wait short

@@ -44,7 +44,7 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
-from eventlog.consumer import consume_batches
+from eventlog.consumer import backoff, consume_batches
 from eventlog.lag import Watched
 from eventlog.reader import load_state
 from materializer.batch import BatchWriter
@@ -216,11 +216,6 @@ class Materializer:
         await writer.write([session_id])
         marker = (await writer.markers.get_many([session_id])).get(session_id)
         return len(marker.digests) if marker is not None else 0
-
-
-def backoff(failures: int, first: float, most: float) -> float:
-    """Seconds to wait after ``failures`` failures in a row: ``first``, doubling, at most ``most``."""
-    return min(first * 2.0 ** max(failures - 1, 0), most)
 
 
 def _short(exc: BaseException) -> str:

@@ -38,6 +38,7 @@ from contextlib import contextmanager
 import msgspec
 
 from edge.engine_input import InputBuffer
+from edge.forks import Histories
 from edge.idempotency import InFlight
 from edge.ownership import KvLeases, LeaseHandle
 from edge.settings import Clock
@@ -101,6 +102,7 @@ class LiveSession:
         self.bodies = StoredBodies()  # latest acknowledged request bodies (what new ones are stored against)
         self.known: dict[str, object] = {}  # by wire: the last request's decoded history (edge.codec.prefix)
         self.stored = StoredConversations()  # conversations requests may continue (edge.stored)
+        self.histories = Histories()  # the chains' latest histories, to tell where a new chain forks (edge.forks)
         self.inputs: dict[int, InputBuffer] = {}  # long chains' engine input, grown in place (edge.engine_input)
         self.active = 0  # requests in flight
         self.touched = state.updated_at  # last activity: a request started or an event committed

@@ -163,6 +163,9 @@ class EdgeMetrics:
                                           "the log (the engine not called), by wire", ("wire",), registry=registry)
         self.rollbacks = Counter("rollbus_rollbacks_total", "Rewritten last assistant turns rolled back (their "
                                  "sampled tokens dropped from the chain)", registry=registry)
+        self.forks = Counter("rollbus_chain_forks_total", "Chains started after a session's first, by the cause of "
+                             "the fork (sibling, sub_agent, history_compacted, ...: edge.forks)", ("cause",),
+                             registry=registry)
         self._turn_children: dict[tuple[str, str, str], tuple[Tallied, Tallied, Tallied]] = {}
 
     def turn(self, wire: str, finish_reason: str, status: str, input_tokens: int = 0, output_tokens: int = 0) -> None:

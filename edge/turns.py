@@ -27,6 +27,7 @@ from edge.codec.reasoning import opens_reasoning
 from edge.codec.reply import ReplyParser, call_ids
 from edge.engine_input import MIN_TOKENS, InputBuffer
 from edge.engines.base import Constraint, Engine, GenerateRequest, GenerateResult, SamplingParams
+from edge.forks import classify
 from edge.live import LiveSession
 from edge.metrics import ABANDONED, ENGINE_ERROR, OK, REFUSED, Metrics
 from edge.settings import Clock, EdgeSettings
@@ -40,6 +41,7 @@ from schemas.events import (
     ContextAppended,
     EngineFailed,
     Event,
+    ForkPoint,
     RequestReceived,
     TokensGenerated,
     TurnAbandoned,
@@ -126,6 +128,7 @@ class _Plan(msgspec.Struct, frozen=True, kw_only=True):
     chat_turns: int
     prefix_digest: str
     rollback: tuple[int, int] | None = None  # (request whose turn is rolled back, sampled tokens dropped)
+    fork: ForkPoint | None = None  # a new chain's parent and cause (edge.forks)
 
 
 class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
@@ -323,6 +326,8 @@ class TurnRunner:
             closing = () if chain is None else (self._closed(live, chain, request_no),)
             return PreparedTurn(request=request, request_no=request_no, received=received,
                                 refusal=(received, *closing))
+        if plan.chain is None:
+            plan = msgspec.structs.replace(plan, fork=self._fork(live, request.conversation, plan.context))
         prepared = PreparedTurn(request=request, request_no=request_no, received=received, plan=plan)
         if len(plan.input_ids) >= limit:
             closing = () if plan.chain is None else (self._closed(live, plan.chain, request_no),)
@@ -331,6 +336,17 @@ class TurnRunner:
         generate = GenerateRequest(request_id=f"{live.state.session_id}:{request_no}", input_ids=plan.input_ids,
                                    sampling=sampling, constraint=constraint)
         return msgspec.structs.replace(prepared, generate=generate)
+
+    @staticmethod
+    def _fork(live: LiveSession, conversation: Conversation, prompt: bytes) -> ForkPoint:
+        """Where a new chain forks from, and why (edge.forks), with the tokens its prompt shares with its parent's."""
+        state = live.state
+        fork = classify(conversation.messages, conversation.tools, live.histories.known(),
+                        had_chains=bool(state.chains))
+        if fork.parent is None:
+            return fork
+        shared = tokens.common_prefix(prompt, state.chain(fork.parent).packed_ids())
+        return msgspec.structs.replace(fork, token_offset=shared)
 
     async def commit(self, live: LiveSession, turn: PreparedTurn, result: GenerateResult,
                      parsed: ParsedOutput) -> TurnOutcome:
@@ -356,8 +372,12 @@ class TurnRunner:
         events = await live.commit(self._log, draft)
         completed = next(e for e in events if type(e) is TurnCompleted)
         live.bodies.stored(completed.chain, request_no, turn.request.body)
+        replied = msgspec.structs.replace(reply, reasoning=parsed.reasoning)
+        live.histories.remember(completed.chain, (*conversation.messages, replied), conversation.tools)
+        if plan.fork is not None and completed.chain > 0:
+            self._counted.forks.labels(plan.fork.cause).inc()
         if conversation.store:
-            live.stored.put(request_no, conversation, msgspec.structs.replace(reply, reasoning=parsed.reasoning), tip)
+            live.stored.put(request_no, conversation, replied, tip)
         outcome = self._outcome(live, request_no, plan, result, parsed, full)
         self._counted.turn(turn.request.wire, outcome.finish_reason, OK, outcome.prompt_tokens,
                            outcome.completion_tokens)
@@ -436,7 +456,7 @@ class TurnRunner:
                   "request_no": request_no, "prefix_digest": plan.prefix_digest, "n_messages": plan.n_messages,
                   "chat_turns": plan.chat_turns}
         if plan.chain is None:
-            return ChainStarted(prompt_ids=plan.context, **common)
+            return ChainStarted(prompt_ids=plan.context, fork=plan.fork or msgspec.UNSET, **common)
         return ContextAppended(token_ids=plan.context, **common)
 
     def _tokens(self, live: LiveSession, chain: int, request_no: int, result: GenerateResult) -> TokensGenerated:

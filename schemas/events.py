@@ -91,6 +91,21 @@ def body_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
+FORK_CAUSES = ("sibling", "sub_agent", "history_rewritten", "history_compacted", "reasoning_dropped",
+               "tools_changed", "system_changed", "tool_calls_as_text", "new_conversation", "unknown")
+"""Why a chain started (:class:`ForkPoint`); ``edge.forks`` says how each is told from the others."""
+
+
+class ForkPoint(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a new chain comes from: its parent chain, how much of the parent it shares, and why it
+    did not continue it (one of :data:`FORK_CAUSES`)."""
+
+    cause: str
+    parent: int | None = None  # the chain sharing the longest message prefix; None: no chain is its parent
+    message_index: int = 0  # the request's messages[:message_index] are the parent's history too
+    token_offset: int = 0  # the new chain's prompt repeats the parent's first token_offset tokens
+
+
 class ChainStarted(Event, tag="chain_started", kw_only=True):
     """A request that extends no chain starts one; its rendered prompt is the chain's prompt."""
 
@@ -100,6 +115,9 @@ class ChainStarted(Event, tag="chain_started", kw_only=True):
     prefix_digest: str  # digest of the request's message history (tools included)
     n_messages: int
     chat_turns: int  # user + assistant messages in the prompt
+    # Its parent and the cause of the fork. UNSET (absent from the encoded event, so the events written
+    # before the field re-encode byte for byte): not recorded (a log written before forks were).
+    fork: ForkPoint | msgspec.UnsetType = msgspec.UNSET
 
 
 class ContextAppended(Event, tag="context_appended", kw_only=True):

@@ -43,3 +43,10 @@ def last_id(data: bytes) -> int:
 def count(data: bytes) -> int:
     """Number of tokens (or log probs) in a packed array."""
     return len(data) // 4
+
+
+def common_prefix(a: bytes, b: bytes) -> int:
+    """How many leading tokens two packed arrays share."""
+    n = min(len(a), len(b)) // 4
+    differ = np.flatnonzero(np.frombuffer(a, ID_DTYPE, n) != np.frombuffer(b, ID_DTYPE, n))
+    return int(differ[0]) if len(differ) else n

@@ -33,6 +33,7 @@ from schemas.events import (
     ContextAppended,
     EngineFailed,
     Event,
+    ForkPoint,
     RequestReceived,
     RewardReported,
     SamplingDefaults,
@@ -107,6 +108,7 @@ class ChainState(msgspec.Struct, frozen=True, kw_only=True):
     pending_segment: int = 0  # where the pending request's segments start
     closed: str | None = None  # materialization reason once closed
     closed_by: int | None = None  # the request whose turn closed it, if one did
+    fork: ForkPoint | None = None  # its parent and why it started (None: a log written before forks were)
 
     @property
     def length(self) -> int:
@@ -267,6 +269,8 @@ def _chain_started(state: SessionState, e: ChainStarted) -> SessionState:
     _require_open(state, e)
     if e.chain != len(state.chains):
         raise FoldError(f"session {state.session_id}: chain {e.chain} started, expected {len(state.chains)}")
+    if e.fork and e.fork.parent is not None and not 0 <= e.fork.parent < e.chain:
+        raise FoldError(f"session {state.session_id}: chain {e.chain} forks from chain {e.fork.parent}")
     # Sibling chains (parallel samples, retried sub-agents) often start from the same prompt:
     # they share one buffer.
     prompt = next((c.prompt_ids for c in state.chains if c.prompt_ids == e.prompt_ids), e.prompt_ids)
@@ -279,6 +283,7 @@ def _chain_started(state: SessionState, e: ChainStarted) -> SessionState:
         pending_request=e.request_no,
         pending_prefix=e.prefix_digest,
         pending_prefix_messages=e.n_messages,
+        fork=e.fork or None,
     )
     return msgspec.structs.replace(state, seq=e.seq, updated_at=e.time, chains=(*state.chains, chain))
 

@@ -12,6 +12,7 @@ from schemas.events import (
     ChainStarted,
     ContextAppended,
     Event,
+    ForkPoint,
     RequestReceived,
     RewardReported,
     SessionAborted,
@@ -46,7 +47,9 @@ class SessionScript:
 
     def turn(self, chain: int, context: Sequence[int], generated: Sequence[int], *, new_chain: bool = False,
              logprobs: Sequence[float] | None = None, n_messages: int = 2, tip: str = "tip", chat_turns: int = 1,
-             finish: str = "stop", body: bytes = b"{}", key: str | None = None, prefix: str | None = None) -> None:
+             finish: str = "stop", body: bytes = b"{}", key: str | None = None, prefix: str | None = None,
+             fork: ForkPoint | None = None) -> None:
+        """``fork``: a new chain's parent and cause (None: none recorded, as in a log written before forks)."""
         self.requests += 1
         no = self.requests
         prefix = prefix if prefix is not None else f"p{no}"
@@ -54,7 +57,8 @@ class SessionScript:
                   body_digest=body_digest(body), idempotency_key=key)
         if new_chain:
             self._add(ChainStarted, chain=chain, request_no=no, prompt_ids=tokens.pack_ids(context),
-                      prefix_digest=prefix, n_messages=n_messages, chat_turns=chat_turns)
+                      prefix_digest=prefix, n_messages=n_messages, chat_turns=chat_turns,
+                      **({} if fork is None else {"fork": fork}))
         else:
             self._add(ContextAppended, chain=chain, request_no=no, token_ids=tokens.pack_ids(context),
                       prefix_digest=prefix, n_messages=n_messages, chat_turns=chat_turns)

@@ -1,7 +1,8 @@
 import pytest
 
-from schemas import tokens
+from schemas import envelope, tokens
 from schemas.errors import FoldError, OutOfOrderEvent
+from schemas.events import ChainStarted, ForkPoint
 from session.fold import apply, fold
 from tests.helpers import SessionScript
 
@@ -128,3 +129,22 @@ def test_sibling_chains_share_their_prompt_buffer():
     script.turn(2, [1, 2, 9], [6], new_chain=True)
     first, sibling, other = fold(script.events).chains
     assert sibling.prompt_ids is first.prompt_ids and other.prompt_ids is not first.prompt_ids
+
+
+def test_a_chain_keeps_its_fork_and_a_log_without_forks_folds_as_before():
+    script = SessionScript()
+    script.turn(0, [1, 2, 3], [4], new_chain=True)  # as written before forks were recorded
+    fork = ForkPoint(cause="sibling", parent=0, message_index=2, token_offset=3)
+    script.turn(1, [1, 2, 3], [5], new_chain=True, fork=fork)
+    state = fold(script.events)
+    assert state.chains[0].fork is None and state.chains[1].fork == fork
+    old, new = (e for e in script.events if isinstance(e, ChainStarted))
+    assert b"fork" not in envelope.encode([old])  # an old event re-encodes byte for byte
+    assert envelope.decode(envelope.encode([old, new])) == [old, new]
+
+
+def test_a_fork_from_a_chain_that_does_not_precede_it_is_refused():
+    script = SessionScript()
+    script.turn(0, [1], [2], new_chain=True, fork=ForkPoint(cause="sibling", parent=0))
+    with pytest.raises(FoldError):
+        fold(script.events)

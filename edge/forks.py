@@ -1,0 +1,242 @@
+"""Why a request starts a new chain, and from where: the fork classifier. Pure.
+
+A request that continues no chain (:mod:`session.chains`) starts one. Its *parent* is the chain
+whose history shares the longest message prefix with the request (ties: the earliest chain), its
+*fork point* the number of messages they share (and, computed by the caller, the tokens), and its
+*cause* is read from what differs, in this order:
+
+- ``new_conversation``: the session's first chain; or a request sharing no conversation (no
+  message past the system prompt) with any chain, with the system prompt and tools of the session's
+  first chain (a new task for the main agent);
+- ``history_compacted``: earlier messages dropped or summarised. The request repeats, after the
+  fork, messages the parent has further on (the ones before them dropped), or the first differing
+  message stands for at least 3 of the parent's, is shorter than they are, and half of its words
+  (4 letters or more) are theirs, more of them from those after the first than from the first (a
+  summary of what happened, not an edit of the message it replaces);
+- ``sub_agent``: a request sharing no conversation with any chain, whose system prompt or tool set
+  differs from the first chain's (Claude Code's Agent tool, a planner calling a worker). Its parent is the latest chain
+  with other system prompt or tools whose last reply called a tool (the caller waiting for it),
+  else the session's first chain;
+- ``system_changed`` / ``tools_changed``: the conversation is the parent's, under another system
+  prompt / tool set;
+- ``sibling``: the same history (the request's messages are all the parent's, or the parent's all
+  the request's while the parent is busy): a concurrent or repeated sample;
+- ``tool_calls_as_text``: at the fork, the parent's reply called tools and the request's
+  assistant message has no calls but names them in its text (smolagents' ``Calling tools:``);
+- ``reasoning_dropped``: at the fork, the two assistant messages are the same once reasoning
+  (``<think>`` blocks, the reply's reasoning) is taken out of their text;
+- ``history_rewritten``: anything else (an earlier message edited).
+
+Messages are compared in the canonical form chains are matched with (:mod:`edge.codec.digest`:
+tool-call ids, argument JSON formatting and reasoning fields do not count).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import msgspec
+
+from edge.codec.conversation import Message, ToolSpec
+from edge.codec.digest import extend, tools_digest
+from schemas.events import FORK_CAUSES, ForkPoint
+
+__all__ = ["FORK_CAUSES", "ForkPoint", "Histories", "History", "classify", "history", "message_key"]
+
+SIBLING = "sibling"
+SUB_AGENT = "sub_agent"
+HISTORY_REWRITTEN = "history_rewritten"
+HISTORY_COMPACTED = "history_compacted"
+REASONING_DROPPED = "reasoning_dropped"
+TOOLS_CHANGED = "tools_changed"
+SYSTEM_CHANGED = "system_changed"
+TOOL_CALLS_AS_TEXT = "tool_calls_as_text"
+NEW_CONVERSATION = "new_conversation"
+UNKNOWN = "unknown"  # the chains' histories are not known here (the session was taken over from another edge)
+
+SUMMARY_WORDS = 0.5  # share of a summary's words that must come from the messages it replaces
+MIN_SUMMARY_WORDS = 5
+MIN_REPLACED = 3  # a summary stands for at least this many messages
+_ROOT = b""
+_WORD = re.compile(r"[a-z0-9]{4,}")
+_THINK = re.compile(r"<think>.*?</think>|^.*?</think>", re.DOTALL)
+
+
+def message_key(message: Message) -> bytes:
+    """A message's canonical digest (what chain matching compares)."""
+    return extend(_ROOT, message)
+
+
+class History(msgspec.Struct, frozen=True, kw_only=True):
+    """A chain's history at its tip (its last reply included), as the edge last saw it."""
+
+    index: int
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    keys: tuple[bytes, ...] = ()  # message_key of each message (history() fills it)
+
+    @property
+    def n_system(self) -> int:
+        return _n_system(self.messages)
+
+
+def history(index: int, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> History:
+    return History(index=index, messages=tuple(messages), tools=tuple(tools),
+                   keys=tuple(message_key(m) for m in messages))
+
+
+def _n_system(messages: Sequence[Message]) -> int:
+    n = 0
+    while n < len(messages) and messages[n].role == "system":
+        n += 1
+    return n
+
+
+def _common(a: Sequence[bytes], b: Sequence[bytes]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class _Request:
+    def __init__(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> None:
+        self.messages = messages
+        self.keys = [message_key(m) for m in messages]
+        self.n_system = _n_system(messages)
+        self.tools = tools_digest(tuple(tools))
+
+    def shared(self, chain: History) -> tuple[int, int]:
+        """Messages shared from the start, and from the first message past the system prompts."""
+        return (_common(self.keys, chain.keys),
+                _common(self.keys[self.n_system:], chain.keys[chain.n_system:]))
+
+    def same_system(self, chain: History) -> bool:
+        return self.keys[: self.n_system] == list(chain.keys[: chain.n_system])
+
+    def same_tools(self, chain: History) -> bool:
+        return self.tools == tools_digest(chain.tools)
+
+
+def classify(messages: Sequence[Message], tools: Sequence[ToolSpec], chains: Sequence[History],
+             *, had_chains: bool | None = None) -> ForkPoint:
+    """The fork a request starting a new chain makes (``token_offset`` left 0 for the caller).
+
+    ``chains``: the histories known of the session's chains; ``had_chains``: whether the session
+    has chains at all (default: whether any history is known). A session with chains none of whose
+    histories is known gets ``unknown``."""
+    if not chains:
+        return ForkPoint(cause=UNKNOWN if had_chains else NEW_CONVERSATION)
+    request = _Request(messages, tools)
+    scored = [(request.shared(c), c) for c in chains]
+    (k, kb), parent = max(scored, key=lambda item: (item[0], -item[1].index))
+    if kb == 0:
+        return _new_conversation(request, chains, k, parent, scored)
+    if not request.same_system(parent):
+        return ForkPoint(cause=SYSTEM_CHANGED, parent=parent.index, message_index=k)
+    if not request.same_tools(parent):
+        return ForkPoint(cause=TOOLS_CHANGED, parent=parent.index, message_index=k)
+    return ForkPoint(cause=_diverged(messages, parent, k), parent=parent.index, message_index=k)
+
+
+def _new_conversation(request: _Request, chains: Sequence[History], k: int, parent: History,
+                      scored: list[tuple[tuple[int, int], History]]) -> ForkPoint:
+    """A request sharing no conversation past the system prompt with any chain."""
+    for (shared, _), chain in sorted(scored, key=lambda item: -item[1].index):
+        if _compacted(request.messages, chain, shared):
+            return ForkPoint(cause=HISTORY_COMPACTED, parent=chain.index, message_index=shared)
+    root = min(chains, key=lambda c: c.index)  # the session's first chain: its main conversation
+    if request.same_system(root) and request.same_tools(root):
+        return ForkPoint(cause=NEW_CONVERSATION, parent=parent.index if k else None, message_index=k)
+    caller = next((c for c in reversed(chains) if _waits_on_tool(c)
+                   and not (request.same_system(c) and request.same_tools(c))), chains[0])
+    return ForkPoint(cause=SUB_AGENT, parent=caller.index, message_index=request.shared(caller)[0])
+
+
+def _waits_on_tool(chain: History) -> bool:
+    last = chain.messages[-1] if chain.messages else None
+    return last is not None and last.role == "assistant" and bool(last.tool_calls)
+
+
+def _diverged(messages: Sequence[Message], parent: History, k: int) -> str:
+    """The cause when the request and its parent share system prompt, tools and ``k`` messages."""
+    if k >= min(len(messages), len(parent.messages)):
+        return SIBLING
+    ours, theirs = messages[k], parent.messages[k]
+    if ours.role == "assistant" and theirs.role == "assistant":
+        if _calls_as_text(theirs, ours):
+            return TOOL_CALLS_AS_TEXT
+        if _without_reasoning(theirs) == _without_reasoning(ours) and _calls(theirs) == _calls(ours):
+            return REASONING_DROPPED
+    if _compacted(messages, parent, k):
+        return HISTORY_COMPACTED
+    return HISTORY_REWRITTEN
+
+
+def _calls_as_text(sampled: Message, sent: Message) -> bool:
+    """The reply called tools; the message sent back in its place calls none but names each in its text."""
+    return bool(sampled.tool_calls) and not sent.tool_calls and all(
+        call.name in sent.content for call in sampled.tool_calls)
+
+
+def _calls(message: Message) -> bytes:
+    return message_key(Message(role="assistant", tool_calls=message.tool_calls))
+
+
+def _without_reasoning(message: Message) -> str:
+    text = _THINK.sub("", message.content)
+    if message.reasoning:
+        text = text.replace(message.reasoning, "")
+    return " ".join(text.split())
+
+
+def _words(text: str) -> set[str]:
+    return set(_WORD.findall(text.lower()))
+
+
+def _compacted(messages: Sequence[Message], parent: History, k: int) -> bool:
+    """Earlier messages dropped (later ones of the parent come back, sooner) or summarised."""
+    later = {key: i for i, key in enumerate(parent.keys[k:], k) if i >= max(k, parent.n_system)}
+    for position, message in enumerate(messages[k:], k):
+        i = later.get(message_key(message))
+        if i is not None and i > position:
+            return True
+    if k >= len(messages) or len(parent.messages) - k < MIN_REPLACED:
+        return False
+    summary = messages[k].content
+    replaced = [_text(m) for m in parent.messages[k:]]
+    words = _words(summary)
+    if len(words) < MIN_SUMMARY_WORDS or len(summary) >= sum(map(len, replaced)):
+        return False
+    first, later = _words(replaced[0]), _words(" ".join(replaced[1:]))
+    return len(words & later) > len(words & first) and len(words & (first | later)) >= SUMMARY_WORDS * len(words)
+
+
+def _text(message: Message) -> str:
+    return " ".join([message.content, *(f"{c.name} {c.arguments}" for c in message.tool_calls)])
+
+
+class Histories:
+    """The latest history of a session's chains as this edge saw them (their last request's messages
+    and reply), for :func:`classify`: edge memory, not the log's. The last ``keep`` chains used are
+    kept, and the session's first chain always. After a takeover the new edge knows none of the
+    earlier chains (a request forking from one of them gets ``unknown``, or a parent among the chains
+    started since)."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self._keep = keep
+        self._by_chain: OrderedDict[int, History] = OrderedDict()
+
+    def remember(self, chain: int, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> None:
+        self._by_chain[chain] = history(chain, messages, tools)
+        self._by_chain.move_to_end(chain)
+        while len(self._by_chain) > self._keep:
+            oldest = next(c for c in self._by_chain if c != min(self._by_chain))
+            del self._by_chain[oldest]
+
+    def known(self) -> list[History]:
+        return sorted(self._by_chain.values(), key=lambda h: h.index)

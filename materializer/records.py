@@ -22,6 +22,12 @@ the marker records the options a session's records were derived with (:func:`red
 ``constrained_turns``: the chain's turns (0-based) that were sampled under a constraint (a
 forced tool call or a JSON format): their log probs are the constrained distribution's.
 
+Each record says where its chain forked from (the log's ``chain_started.fork``, see
+:mod:`edge.forks`): ``parent_key`` (the parent chain's trajectory key, "" for a chain with no
+parent), ``fork_message_index`` and ``fork_token_offset`` (the messages and the prompt tokens it
+shares with the parent) and ``fork_cause``; a log written before forks were recorded leaves
+``fork_cause`` "" (null in Parquet).
+
 ``min_global_steps`` / ``max_global_steps`` span the weight versions of the chain's turns
 (``"3"``, or ``"3..4"`` for a turn sampled across a weight update: :func:`version_span`);
 without an integer version, both are the session's ``global_steps``.
@@ -35,6 +41,7 @@ from __future__ import annotations
 import logging
 import re
 
+import msgspec
 import numpy as np
 
 from reward.intake import reward_info_of
@@ -55,7 +62,23 @@ def session_reward(state: SessionState) -> RewardDecision:
 def derive_records(state: SessionState, options: RecordOptions = RecordOptions(),
                    reward: RewardDecision | None = None) -> list[TrajectoryRecord]:
     reward = reward if reward is not None else session_reward(state)
-    return [_record(state, chain, index, reward, options) for index, chain in _selected(state, options)]
+    keys = _trajectory_keys(state)
+    return [_forked(_record(state, chain, index, reward, options), chain, keys)
+            for index, chain in _selected(state, options)]
+
+
+def _trajectory_keys(state: SessionState) -> dict[int, str]:
+    """Chain index -> its trajectory key, for the chains that become trajectories."""
+    return {chain.index: f"{state.uid}_{state.session_index}_{i}" for i, chain in enumerate(state.trajectory_chains())}
+
+
+def _forked(record: TrajectoryRecord, chain: ChainState, keys: dict[int, str]) -> TrajectoryRecord:
+    fork = chain.fork
+    if fork is None:
+        return record
+    parent = keys.get(fork.parent, "") if fork.parent is not None else ""
+    return msgspec.structs.replace(record, parent_key=parent, fork_message_index=fork.message_index,
+                                   fork_token_offset=fork.token_offset, fork_cause=fork.cause)
 
 
 async def derive_scored(state: SessionState, options: RecordOptions,

@@ -11,7 +11,8 @@ Per trajectory key ``{uid}_{session_index}_{trajectory_index}``:
   ``reward_extra_info``, ``extra_fields`` (``reward_extra_info`` where verl's replay
   buffer reads it, the reward and its source, the weight-version span, the
   materialization reason, session and trajectory index, the turns sampled under a
-  constraint) and, when the session was opened with them, the task fields verl reads by
+  constraint, and where the chain forked from: ``parent_key``, ``fork_message_index``,
+  ``fork_token_offset``, ``fork_cause``) and, when the session was opened with them, the task fields verl reads by
   name (``data_source``, ``reward_model``, ``extra_info``, ``raw_prompt``, ``tools_kwargs``);
 - tags: ``status: success``, ``prompt_len``, ``response_len``, ``seq_len``, ``global_steps``,
   ``min_global_steps``, ``max_global_steps``, ``uid`` and ``materialization_reason``.
@@ -93,6 +94,10 @@ def extra_fields(record: TrajectoryRecord) -> dict[str, Any]:
         "session_index": record.session_index,
         "trajectory_index": record.trajectory_index,
         "constrained_turns": list(record.constrained_turns),
+        "parent_key": record.parent_key,
+        "fork_message_index": record.fork_message_index,
+        "fork_token_offset": record.fork_token_offset,
+        "fork_cause": record.fork_cause,
     }
 
 

@@ -35,9 +35,10 @@ INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
 MAX_REASON = 400  # characters of a reason kept (in the event, the log line, `rollbus sessions`)
 
-_INT32_FIELDS = ("session_index", "trajectory_index", "num_turns")
+_INT32_FIELDS = ("session_index", "trajectory_index", "num_turns", "fork_message_index", "fork_token_offset")
 _INT64_FIELDS = ("global_steps", "min_global_steps", "max_global_steps")
-_STRINGS = ("key", "uid", "session_id", "agent_name", "status", "reward_source", "materialization_reason")
+_STRINGS = ("key", "uid", "session_id", "agent_name", "status", "reward_source", "materialization_reason",
+            "parent_key", "fork_cause")
 _ARRAYS: tuple[tuple[str, type[np.generic]], ...] = (
     ("prompts", np.int32), ("responses", np.int32), ("response_mask", np.int8), ("loss_mask", np.int8),
     ("rm_scores", np.float32), ("rollout_log_probs", np.float32))

@@ -52,6 +52,12 @@ class TrajectoryRecord(msgspec.Struct, frozen=True, kw_only=True):
     # The turns (0-based, in the chain's order) sampled under a constraint (a forced tool call, a JSON format):
     # their rollout_log_probs are the constrained distribution's, not the model's own.
     constrained_turns: tuple[int, ...] = ()
+    # Where the chain forked from (materializer.records): its parent's key ("" for a root chain), the messages and
+    # tokens it shares with the parent, and the cause (schemas.events.FORK_CAUSES; "" when the log did not record it).
+    parent_key: str = ""
+    fork_message_index: int = 0
+    fork_token_offset: int = 0
+    fork_cause: str = ""
 
     @property
     def prompt_len(self) -> int:
@@ -144,6 +150,8 @@ def record_digest(record: TrajectoryRecord) -> str:
             record.reward_source, record.min_global_steps, record.max_global_steps, record.metadata]
     if record.constrained_turns:  # only then: the digests of records from before it existed stay the same
         meta.append(list(record.constrained_turns))
+    if record.fork_cause:  # likewise
+        meta.append([record.parent_key, record.fork_message_index, record.fork_token_offset, record.fork_cause])
     h.update(msgspec.json.encode(meta, order="sorted"))
     return h.hexdigest()
 
@@ -193,6 +201,11 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("truncated", pa.bool_(), nullable=False),  # padded form only: cut to the padded lengths
         # the turns sampled under a constraint (0-based); null in files written before the column existed
         pa.field("constrained_turns", _ints()),
+        # where the chain forked from (null when the log did not record it, and in files written before)
+        pa.field("parent_key", pa.string()),  # "" for a chain with no parent
+        pa.field("fork_message_index", pa.int32()),
+        pa.field("fork_token_offset", pa.int32()),
+        pa.field("fork_cause", pa.string()),
     ],
     metadata={"rollbus.schema": "trajectory/v1"},
 )
@@ -289,11 +302,23 @@ def records_to_table(records: list[TrajectoryRecord], padded: Mapping[str, Any] 
         "metadata": pa.array([_json(r.metadata) for r in records], pa.string()),
         "truncated": pa.array(np.asarray(seq["truncated"], dtype=bool), pa.bool_()),
         "constrained_turns": pa.array([list(r.constrained_turns) for r in records], _ints()),
+        **_fork_columns(records),
     }
     schema = TRAJECTORY_SCHEMA
     if padding is not None:
         schema = schema.with_metadata({**(schema.metadata or {}), PADDING_METADATA: _json(dict(padding)).encode()})
     return pa.Table.from_pydict(columns, schema=schema)
+
+
+def _fork_columns(records: list[TrajectoryRecord]) -> dict[str, pa.Array]:
+    """The fork columns: null for a record whose log did not record its fork."""
+    forked = [r if r.fork_cause else None for r in records]
+    return {
+        "parent_key": pa.array([r and r.parent_key for r in forked], pa.string()),
+        "fork_message_index": pa.array([r and r.fork_message_index for r in forked], pa.int32()),
+        "fork_token_offset": pa.array([r and r.fork_token_offset for r in forked], pa.int32()),
+        "fork_cause": pa.array([r and r.fork_cause for r in forked], pa.string()),
+    }
 
 
 _VALUE_TYPES: dict[str, pa.DataType] = {

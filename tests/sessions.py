@@ -2,7 +2,8 @@
 
 Prompts cycle through five shapes so every prompt status and record shape occurs:
 all sessions finalized (one or two chains, with or without log probs, rewards posted or
-not, ``finished: false``), some aborted, all aborted (a ``failure`` prompt), and one
+not, ``finished: false``; even prompts record where their chains forked, odd ones do not, as logs
+written before forks were), some aborted, all aborted (a ``failure`` prompt), and one
 finalized without any turn (a failed session of a ``finished`` prompt).
 """
 
@@ -14,7 +15,15 @@ from collections.abc import Sequence
 import msgspec
 
 from eventlog.publisher import JetStreamLog
-from schemas.events import ChainStarted, ContextAppended, Event, RequestReceived, TokensGenerated, TurnCompleted
+from schemas.events import (
+    ChainStarted,
+    ContextAppended,
+    Event,
+    ForkPoint,
+    RequestReceived,
+    TokensGenerated,
+    TurnCompleted,
+)
 from tests.helpers import SessionScript
 
 
@@ -22,7 +31,14 @@ def session_id(prompt: int, index: int) -> str:
     return f"{prompt:016x}{index:016x}"
 
 
-def _turns(script: SessionScript, rng: random.Random, logprobs: bool) -> None:
+def _fork(chain: int, forks: bool) -> ForkPoint | None:
+    """A second chain forks from the first as a sibling; ``forks`` False: none recorded (an older log)."""
+    if not forks:
+        return None
+    return ForkPoint(cause="new_conversation") if chain == 0 else ForkPoint(cause="sibling", parent=0, message_index=1)
+
+
+def _turns(script: SessionScript, rng: random.Random, logprobs: bool, forks: bool = True) -> None:
     chains = 1 + (rng.random() < 0.3)
     for chain in range(chains):
         prompt = [rng.randrange(1000) for _ in range(rng.randint(2, 12))]
@@ -31,7 +47,7 @@ def _turns(script: SessionScript, rng: random.Random, logprobs: bool) -> None:
             probs = [-rng.random() for _ in sampled] if logprobs else None
             context = prompt if turn == 0 else [rng.randrange(1000) for _ in range(rng.randint(0, 4))]
             script.turn(chain, context, sampled, new_chain=turn == 0, logprobs=probs, n_messages=2 + 2 * turn,
-                        tip=f"t{chain}.{turn}")
+                        tip=f"t{chain}.{turn}", fork=_fork(chain, forks))
             if probs is None:  # the helper fills log probs in; drop them to model an engine without
                 script.events[-2] = msgspec.structs.replace(script.events[-2], logprobs=None)
         if rng.random() < 0.2:
@@ -50,7 +66,7 @@ def workload(prompts: int, n: int, seed: int = 0) -> list[SessionScript]:
             aborted = shape == 3 or (shape == 2 and i % 2 == 0)
             empty = shape == 4 and i == 0
             if not empty:
-                _turns(script, rng, logprobs=rng.random() < 0.8)
+                _turns(script, rng, logprobs=rng.random() < 0.8, forks=p % 2 == 0)
             if not aborted and rng.random() < 0.8:
                 finished = {"finished": False} if rng.random() < 0.15 else {}
                 script.reward(round(rng.random(), 3), acc=float(rng.random() < 0.5), **finished)

@@ -22,6 +22,9 @@ from tests.integration.test_materializer import _drained
 from tests.sessions import append, expected_statuses, workload
 from tests.tq.readers import group_by_prompt, parquet_rows, tq_partition
 
+FORK_FIELDS = ("parent_key", "fork_message_index", "fork_token_offset", "fork_cause")
+DEFAULTS = {"parent_key": "", "fork_message_index": 0, "fork_token_offset": 0, "fork_cause": ""}
+
 
 @contextlib.asynccontextmanager
 async def materializing(js, cfg, tmp_path, partition, **options):
@@ -60,6 +63,12 @@ async def test_verl_protocol_keys_tags_and_prompt_statuses(nc, js, log_config, t
         assert tags.get("materialization_reason") == parquet[key]["materialization_reason"]
         assert row["extra_fields"]["reward_extra_info"] == parquet[key]["reward_extra_info"]
         assert row["extra_fields"]["session_index"] == int(index) and row["data_source"] == "synthetic"
+        fork = {name: row["extra_fields"][name] for name in FORK_FIELDS}
+        assert fork == {name: parquet[key][name] or DEFAULTS[name] for name in FORK_FIELDS}
+    causes = {row["extra_fields"]["fork_cause"] for row in rows.values()}
+    assert {"sibling", "new_conversation", ""} <= causes  # odd prompts' logs recorded no forks
+    assert all(row["extra_fields"]["parent_key"] == row["uid"] + "_" + key.split("_")[1] + "_0"
+               for key, row in rows.items() if row["extra_fields"]["fork_cause"] == "sibling")
 
 
 async def test_a_verl_style_consumer_gets_tensors_equal_to_the_parquet_rows(nc, js, log_config, tmp_path, partition):

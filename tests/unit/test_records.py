@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from materializer.records import RecordOptions, derive_records
-from schemas.events import RewardInfo
-from schemas.records import TRAJECTORY_SCHEMA, records_to_table
+from schemas.events import ForkPoint, RewardInfo
+from schemas.records import TRAJECTORY_SCHEMA, record_digest, records_to_table
 from session.fold import fold
 from tests.helpers import SessionScript
 
@@ -201,3 +201,30 @@ async def test_rederive_reproduces_the_digests_a_marker_recorded():
                                     options=options)
         again = rederive(state, msgspec.json.decode(msgspec.json.encode(marker), type=MaterializedMarker))
         assert {r.key: record_digest(r) for r in again} == marker.digests
+
+
+def test_records_say_where_each_chain_forked_from_and_parquet_keeps_it(tmp_path):
+    script = SessionScript(uid="u7", session_index=1)
+    script.turn(0, [10, 11, 12], [20, 21], new_chain=True, fork=ForkPoint(cause="new_conversation"))
+    sibling = ForkPoint(cause="sibling", parent=0, message_index=2, token_offset=3)
+    script.turn(1, [10, 11, 12], [22], new_chain=True, fork=sibling)
+    script.turn(2, [50], [60], new_chain=True, fork=ForkPoint(cause="sub_agent", parent=1, token_offset=0))
+    script.finalize()
+    root, second, third = derive_records(fold(script.events))
+    assert (root.parent_key, root.fork_cause) == ("", "new_conversation")
+    assert (second.parent_key, second.fork_message_index, second.fork_token_offset, second.fork_cause) == \
+        ("u7_1_0", 2, 3, "sibling")
+    assert (third.parent_key, third.fork_cause) == ("u7_1_1", "sub_agent")
+    pq.write_table(records_to_table([root, second, third]), tmp_path / "f.parquet")
+    rows = pl.read_parquet(tmp_path / "f.parquet").select(
+        ["parent_key", "fork_message_index", "fork_token_offset", "fork_cause"]).rows()
+    assert rows == [("", 0, 0, "new_conversation"), ("u7_1_0", 2, 3, "sibling"), ("u7_1_1", 0, 0, "sub_agent")]
+
+
+def test_a_log_without_forks_gives_null_fork_columns_and_the_digests_it_had():
+    records = derive_records(_session())
+    assert all(r.fork_cause == "" and r.parent_key == "" for r in records)
+    table = records_to_table(records)
+    assert table.column("fork_cause").null_count == len(records) == table.column("parent_key").null_count
+    forked = msgspec.structs.replace(records[0], fork_cause="sibling")
+    assert record_digest(forked) != record_digest(records[0])

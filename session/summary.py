@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from schemas.events import ForkPoint
 from session.fold import SessionState
 
 
@@ -21,6 +22,7 @@ class ChainSummary(msgspec.Struct, frozen=True, kw_only=True):
     response_len: int
     generated_len: int
     materialization_reason: str | None = None
+    fork: ForkPoint | None = None  # its parent and the cause of the fork (None: the log did not record it)
 
 
 class SessionSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,6 +42,7 @@ class SessionSummary(msgspec.Struct, frozen=True, kw_only=True):
     opened_at: float
     updated_at: float
     quarantined: str | None = None  # why the materializer set it aside: none of its records are in the sinks
+    forks: dict[str, int] = {}  # chains after the first, by the cause of their fork (as the log recorded it)
 
 
 def summarize(state: SessionState) -> SessionSummary:
@@ -52,6 +55,7 @@ def summarize(state: SessionState) -> SessionSummary:
             response_len=c.response_len,
             generated_len=c.generated_len,
             materialization_reason=c.closed,
+            fork=c.fork,
         )
         for c in state.chains
     ]
@@ -73,4 +77,14 @@ def summarize(state: SessionState) -> SessionSummary:
         opened_at=state.opened_at,
         updated_at=state.updated_at,
         quarantined=state.quarantined,
+        forks=fork_counts(state),
     )
+
+
+def fork_counts(state: SessionState) -> dict[str, int]:
+    """The chains after the session's first, by the cause of their fork ("unrecorded" for a log without it)."""
+    counts: dict[str, int] = {}
+    for chain in state.chains[1:]:
+        cause = chain.fork.cause if chain.fork is not None else "unrecorded"
+        counts[cause] = counts.get(cause, 0) + 1
+    return counts

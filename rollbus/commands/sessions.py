@@ -6,6 +6,7 @@
     rollbus sessions --status open         only open ones (or finalized, aborted, quarantined)
     rollbus sessions --uid prompt42 --all  every session of one prompt
     rollbus sessions --json                one JSON array of summaries
+    rollbus sessions --tree                each session's chains as a tree, with the cause of each fork
 
 Projections follow the log a moment behind (the projector's lag): a session opened an
 instant ago may not be listed yet; ``GET /sessions/{id}`` and ``rollbus replay`` read the log.
@@ -14,6 +15,10 @@ A session the materializer quarantined (it could not be materialized: none of it
 in the sinks; see ``materializer/quarantine.py``) is listed with status ``quarantined`` and the
 reason in the last column; its summary keeps its ``status`` (``finalized`` or ``aborted``) and
 says why in ``quarantined``.
+
+The ``forks`` column counts the session's chains after its first (each forked from a parent chain,
+for the cause its ``chain_started`` recorded: see ``edge/forks.py``); the last line sums them by
+cause over the sessions shown, and ``--tree`` draws each session's chains under it.
 
 The ``model_turns`` column counts the model's replies in the session (its summary's
 ``turns``), not verl's ``num_turns`` of a record (a chain's messages, as ``rollbus demo``
@@ -32,7 +37,7 @@ from nats.js.client import JetStreamContext
 
 from rollbus.tools import EXIT_OK, add_connection_args, run_tool
 from schemas.log import LogConfig
-from session.summary import SessionSummary, summarize
+from session.summary import ChainSummary, SessionSummary, summarize
 from session_projector.projections import iter_projections
 
 STATUSES = ("open", "finalized", "aborted", "quarantined")
@@ -48,6 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--limit", type=int, default=50, help="show the latest N, newest first [50]")
     parser.add_argument("--all", action="store_true", help="no limit")
     parser.add_argument("--json", action="store_true", help="a JSON array of session summaries")
+    parser.add_argument("--tree", action="store_true",
+                        help="draw each session's chains as a tree, with the cause of each fork")
     add_connection_args(parser)
     parser.set_defaults(run=lambda args: asyncio.run(run_tool(args, sessions_main)))
 
@@ -60,10 +67,42 @@ async def sessions_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Nam
     if args.json:
         print(msgspec.json.encode(shown).decode())
         return EXIT_OK
-    print(table(shown, now=time.time()))
+    print(table(shown, now=time.time(), tree=args.tree))
     tallies = ", ".join(f"{counts[s]} {s}" for s in STATUSES)
     print(f"{len(shown)} of {len(chosen)} matching sessions shown; {len(summaries)} in all ({tallies})")
+    print(f"forks by cause: {fork_tally(shown)}")
     return EXIT_OK
+
+
+def fork_tally(summaries: list[SessionSummary]) -> str:
+    """The forks of the sessions, by cause, most frequent first ("none" when there are none)."""
+    total: Counter[str] = Counter()
+    for summary in summaries:
+        total.update(summary.forks)
+    return ", ".join(f"{cause} {n}" for cause, n in sorted(total.items(), key=lambda i: (-i[1], i[0]))) or "none"
+
+
+def chain_tree(summary: SessionSummary) -> list[str]:
+    """The session's chains, each under its parent (chains without one at the top), with why it forked."""
+    children: dict[int | None, list[ChainSummary]] = {}
+    for chain in summary.chains:
+        parent = chain.fork.parent if chain.fork is not None else None
+        children.setdefault(parent, []).append(chain)
+    lines: list[str] = []
+
+    def draw(chain: ChainSummary, depth: int) -> None:
+        fork = chain.fork
+        why = "no fork recorded" if fork is None else fork.cause if fork.parent is None else (
+            f"{fork.cause} at message {fork.message_index}, token {fork.token_offset}")
+        turns = f"{chain.turns} turn" + ("" if chain.turns == 1 else "s")
+        lines.append(f"{'  ' * depth}  └ chain {chain.index}: {why}; {turns}, "
+                     f"{chain.prompt_len}+{chain.response_len} tokens")
+        for child in children.get(chain.index, []):
+            draw(child, depth + 1)
+
+    for root in children.get(None, []):
+        draw(root, 0)
+    return lines
 
 
 def shown_status(summary: SessionSummary) -> str:
@@ -90,14 +129,16 @@ def _ago(seconds: float) -> str:
     return f"{seconds:.0f}s ago"
 
 
-def table(summaries: list[SessionSummary], *, now: float) -> str:
+def table(summaries: list[SessionSummary], *, now: float, tree: bool = False) -> str:
     header = (f"{'session':<32}  {'status':<11} {'uid':<16} {'idx':>3} {'model_turns':>11} {'chains':>6} "
-              f"{'traj':>4} {'reward':>7}  {'updated':<9} reason")
+              f"{'forks':>5} {'traj':>4} {'reward':>7}  {'updated':<9} reason")
     lines = [header, "-" * len(header)]
     for s in summaries:
         reward = "-" if s.reward is None else f"{s.reward:.3g}"
         uid = s.uid if len(s.uid) <= 16 else s.uid[:15] + "…"
         lines.append(f"{s.session_id:<32}  {shown_status(s):<11} {uid:<16} {s.session_index:>3} {s.turns:>11} "
-                     f"{len(s.chains):>6} {s.trajectories:>4} {reward:>7}  {_ago(now - s.updated_at):<9} "
-                     f"{_reason(s)}".rstrip())
+                     f"{len(s.chains):>6} {sum(s.forks.values()):>5} {s.trajectories:>4} {reward:>7}  "
+                     f"{_ago(now - s.updated_at):<9} {_reason(s)}".rstrip())
+        if tree:
+            lines += chain_tree(s)
     return "\n".join(lines)

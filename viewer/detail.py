@@ -1,6 +1,7 @@
-"""One session as the session page draws it: chains with their first token windows, turns, tool
-calls, reasoning, reward, the audit trail (rollbacks, abandoned turns, engine failures, closes) and
-the requests whose raw bodies can be asked for. Pure: built from a folded state and its events.
+"""One session as the session page draws it: chains (each with the fork it started with: its parent
+and why, which the page draws as a tree) with their first token windows, turns, tool calls,
+reasoning, reward, the audit trail (rollbacks, abandoned turns, engine failures, closes) and the
+requests whose raw bodies can be asked for. Pure: built from a folded state and its events.
 
 Everything is bounded: texts are cut at :data:`MAX_TEXT` characters (with a notice), a chain lists
 at most :data:`MAX_TURNS` turns, the first :data:`TOKEN_CHAINS` chains carry a token window, and
@@ -18,6 +19,7 @@ from schemas.events import (
     ChainClosed,
     EngineFailed,
     Event,
+    ForkPoint,
     RequestReceived,
     RewardReported,
     SessionAborted,
@@ -90,6 +92,7 @@ class ChainDetail(msgspec.Struct, frozen=True, kw_only=True):
     turns_omitted: int
     prompt: TokenWindow | None  # None past the first TOKEN_CHAINS chains: asked for on demand
     response: TokenWindow | None
+    fork: ForkPoint | None = None  # its parent chain and the cause of the fork (None: the log did not record it)
 
 
 class SessionDetail(msgspec.Struct, frozen=True, kw_only=True):
@@ -169,7 +172,7 @@ def chain_detail(chain: ChainState, view: Any, decode: Decode | None, *, with_to
         has_logprobs=view.has_logprobs, mask_runs=view.mask_runs, turns=_turns(chain, decode),
         turns_omitted=max(0, len(chain.turns) - MAX_TURNS),
         prompt=window(chain, decode, part="prompt") if with_tokens else None,
-        response=window(chain, decode, part="response") if with_tokens else None)
+        response=window(chain, decode, part="response") if with_tokens else None, fork=chain.fork)
 
 
 def session_detail(state: SessionState, audit: list[AuditEntry], requests: list[RequestEntry],

@@ -1,7 +1,9 @@
 """Chains as a tree, end to end: one session driven through the official OpenAI SDK forks four ways
 (a sub-agent with its own system prompt and tools, a sibling sampled from the same history, a
 compacted history, and smolagents-style tool calls re-sent as text); each fork's parent and cause
-are in the log, the Parquet records, the metrics and ``rollbus sessions``."""
+are in the log, the Parquet records, the metrics, ``rollbus sessions`` and the viewer, which draws the
+session as a tree of chains (in a real headless Chromium: skipped without one, as the viewer's own
+browser test)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from rollbus.commands.sessions import sessions_main
 from schemas import tokens
 from schemas.events import ChainStarted
 from tests.e2e.test_openai_session import TOOLS, call_text, open_session, reply, wait_for_parquet
+from tests.e2e.test_viewer_browser import CHROMIUM, ViewerThread
+from tests.e2e.test_viewer_browser import _artifacts as artifacts
+from tests.e2e.test_viewer_browser import _browser as browser
 from tests.integration.test_metrics import eventually, scrape, value
 
 SYSTEM = {"role": "system", "content": "You are a careful arithmetic agent."}
@@ -113,3 +118,35 @@ def test_forks_are_recorded_with_their_parent_and_cause_everywhere(stack, engine
     assert [r["parent_key"] for r in rows] == ["", *["forks_0_0"] * 4]
     assert [r["fork_message_index"] for r in rows] == [0, 0, 2, 1, 2]
     assert [r["fork_token_offset"] for r in rows] == [e.fork.token_offset for e in started]
+
+
+def test_the_viewer_draws_the_session_as_a_tree_of_chains_with_their_causes(stack, engine, tokenizer, log_config):
+    session = open_session(stack, uid="forktree")
+    sid = session["session_id"]
+    _drive(OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0), engine, tokenizer)
+    with ViewerThread(stack.nats_url, log_config) as viewer:
+        detail = httpx.get(f"{viewer.url}/api/sessions/{sid}").json()
+        assert [c["fork"]["cause"] for c in detail["chains"]] == CAUSES
+        assert [c["fork"]["parent"] for c in detail["chains"]] == [None, 0, 0, 0, 0]
+        sync_playwright, expect = browser()
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                                  args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+            page = chromium.new_page(viewport={"width": 1400, "height": 1000})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"{viewer.url}/session/{sid}")
+            page.wait_for_selector("#tree li")
+            expect(page.locator("#tree > li")).to_have_count(1)  # one root: chain 0
+            root = page.locator("#tree > li")
+            assert root.get_attribute("data-chain") == "0" and root.get_attribute("data-cause") == "new_conversation"
+            children = root.locator(":scope > ul > li")
+            expect(children).to_have_count(4)
+            shown = [(children.nth(i).get_attribute("data-chain"), children.nth(i).locator(".cause").inner_text())
+                     for i in range(4)]
+            assert shown == [(str(i), cause) for i, cause in enumerate(CAUSES[1:], 1)]
+            assert "at message 2, token" in children.nth(1).inner_text()
+            assert page.locator("#chain-3 p.fork").inner_text().startswith("fork: history_compacted from chain 0")
+            page.screenshot(path=str(artifacts() / "viewer_forks.png"), full_page=True)
+            chromium.close()
+            assert not errors, errors

@@ -205,6 +205,36 @@ async function showRaw(sessionId, requestNo, target) {
   } catch (error) { showError(error); }
 }
 
+function forkText(fork) {
+  if (!fork) return "no fork recorded";
+  if (fork.parent === null || fork.parent === undefined) return fork.cause;
+  return `${fork.cause} from chain ${fork.parent} at message ${fork.message_index}, token ${fork.token_offset}`;
+}
+
+function forkTree(chains) {
+  // chains under their parents; a chain without one (or whose parent is not listed) at the top
+  const listed = new Set(chains.map((c) => c.index));
+  const children = new Map();
+  for (const chain of chains) {
+    const parent = chain.fork && listed.has(chain.fork.parent) ? chain.fork.parent : null;
+    if (!children.has(parent)) children.set(parent, []);
+    children.get(parent).push(chain);
+  }
+  const node = (chain) => {
+    const cause = chain.fork ? chain.fork.cause : "unrecorded";
+    const item = el("li", { "data-chain": chain.index, "data-cause": cause },
+      el("a", { href: `#chain-${chain.index}`, text: `chain ${chain.index}` }), " ",
+      el("span", { class: `cause ${cause}`, text: cause }),
+      el("span", { class: "muted", text: (chain.fork && chain.fork.parent !== null && chain.fork.parent !== undefined
+        ? ` · at message ${chain.fork.message_index}, token ${chain.fork.token_offset}` : "") +
+        ` · ${plural(chain.turns.length + chain.turns_omitted, "turn")} · ${chain.prompt_len}+${chain.response_len} tokens` }));
+    const below = children.get(chain.index) || [];
+    if (below.length) item.append(el("ul", {}, ...below.map(node)));
+    return item;
+  };
+  return (children.get(null) || []).map(node);
+}
+
 function chainCard(sessionId, chain, sessionStatus) {
   // a chain still open when its session ended becomes a trajectory with the session's reason
   const status = chain.materialization_reason ? `closed (${chain.materialization_reason})`
@@ -212,6 +242,7 @@ function chainCard(sessionId, chain, sessionStatus) {
   const runs = chain.mask_runs.map(([v, n]) => `${v}x${n}`).join(" ") || "-";
   const card = el("section", { class: "card chain", id: `chain-${chain.index}` },
     el("h2", { text: `chain ${chain.index} · ${status}` }),
+    el("p", { class: "fork", text: `fork: ${forkText(chain.fork)}` }),
     el("p", { class: "muted", text: `prompt ${chain.prompt_len} · response ${chain.response_len} (sampled ` +
       `${chain.sampled_len}, context ${chain.response_len - chain.sampled_len}) · log probs ` +
       `${chain.has_logprobs ? "yes" : "no"} · ${plural(chain.turns.length + chain.turns_omitted, "turn")} · mask ${runs}` }));
@@ -243,6 +274,7 @@ function overview(data) {
 
 function renderSession(sessionId, data) {
   document.getElementById("overview").replaceChildren(...overview(data));
+  document.getElementById("tree").replaceChildren(...forkTree(data.chains));
   document.getElementById("chains").replaceChildren(...data.chains.map((c) => chainCard(sessionId, c, data.status)));
   document.querySelector("#audit tbody").replaceChildren(...data.audit.map((a) => el("tr", { class: `audit ${a.kind}` },
     el("td", { class: "num", text: a.seq }), el("td", { text: when(a.time) }), el("td", { text: a.kind }),

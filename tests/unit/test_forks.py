@@ -18,6 +18,7 @@ from edge.forks import (
     TOOL_CALLS_AS_TEXT,
     TOOLS_CHANGED,
     UNKNOWN,
+    Histories,
     classify,
     history,
 )
@@ -216,3 +217,12 @@ def _shared(request, chain):
     while n < min(len(keys), len(chain.keys)) and keys[n] == chain.keys[n]:
         n += 1
     return n
+
+
+def test_histories_keep_the_latest_chains_and_always_the_first():
+    kept = Histories(keep=3)
+    for chain in range(6):
+        kept.remember(chain, [SYSTEM, Message(role="user", content=str(chain))], TOOLS)
+    kept.remember(4, [*MAIN], TOOLS)
+    assert [h.index for h in kept.known()] == [0, 4, 5]
+    assert kept.known()[1].messages == MAIN

@@ -27,6 +27,10 @@ whose history shares the longest message prefix with the request (ties: the earl
   (``<think>`` blocks, the reply's reasoning) is taken out of their text;
 - ``history_rewritten``: anything else (an earlier message edited).
 
+:func:`reserialized_continuation` serves a session's ``continue_reserialized_turns`` setting: a
+request that is a chain's whole history with only such re-serialised replies (the text differs,
+the conversation does not) continues that chain with its logged tokens instead of forking.
+
 Messages are compared in the canonical form chains are matched with (:mod:`edge.codec.digest`:
 tool-call ids, argument JSON formatting and reasoning fields do not count).
 """
@@ -43,7 +47,8 @@ from edge.codec.conversation import Message, ToolSpec
 from edge.codec.digest import extend, tools_digest
 from schemas.events import FORK_CAUSES, ForkPoint
 
-__all__ = ["FORK_CAUSES", "ForkPoint", "Histories", "History", "classify", "history", "message_key"]
+__all__ = ["CONTINUABLE", "FORK_CAUSES", "ForkPoint", "Histories", "History", "classify", "history", "message_key",
+           "reserialized_continuation"]
 
 SIBLING = "sibling"
 SUB_AGENT = "sub_agent"
@@ -218,6 +223,38 @@ def _compacted(messages: Sequence[Message], parent: History, k: int) -> bool:
 
 def _text(message: Message) -> str:
     return " ".join([message.content, *(f"{c.name} {c.arguments}" for c in message.tool_calls)])
+
+
+CONTINUABLE = (REASONING_DROPPED, TOOL_CALLS_AS_TEXT)
+"""The causes where the text differs but the conversation does not (a session may continue the chain)."""
+
+
+def reserialized_continuation(messages: Sequence[Message], tools: Sequence[ToolSpec],
+                              chains: Sequence[History]) -> tuple[int, int, str] | None:
+    """``(chain, n_history, cause)`` when the request is a chain's whole history, some of its replies sent
+    back other than sampled (reasoning dropped, tool calls as text: :data:`CONTINUABLE`), then new
+    messages (``messages[n_history:]``); else None."""
+    if not chains:
+        return None
+    fork = classify(messages, tools, chains)
+    if fork.cause not in CONTINUABLE or fork.parent is None:
+        return None
+    parent = next(c for c in chains if c.index == fork.parent)
+    n = len(parent.messages)
+    if len(messages) <= n:
+        return None
+    for sent, sampled, key in zip(messages[:n], parent.messages, parent.keys, strict=True):
+        if message_key(sent) != key and not _same_reply(sampled, sent):
+            return None
+    return parent.index, n, fork.cause
+
+
+def _same_reply(sampled: Message, sent: Message) -> bool:
+    """The reply as sampled and as sent back, told apart only by its reasoning or its calls written as text."""
+    if sampled.role != "assistant" or sent.role != "assistant":
+        return False
+    return _calls_as_text(sampled, sent) or (_without_reasoning(sampled) == _without_reasoning(sent)
+                                             and _calls(sampled) == _calls(sent))
 
 
 class Histories:

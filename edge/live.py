@@ -47,6 +47,7 @@ from eventlog.publisher import EventLog
 from schemas.bodies import literal, parts_against
 from schemas.errors import LogUnavailable, OwnershipLost, SessionClosed
 from schemas.events import BodyPart, Event
+from schemas.metadata import or_default, read_settings
 from session.fold import SessionState, apply
 from session.summary import SessionSummary, summarize
 
@@ -103,6 +104,8 @@ class LiveSession:
         self.known: dict[str, object] = {}  # by wire: the last request's decoded history (edge.codec.prefix)
         self.stored = StoredConversations()  # conversations requests may continue (edge.stored)
         self.histories = Histories()  # the chains' latest histories, to tell where a new chain forks (edge.forks)
+        # the session's continue_reserialized_turns (schemas.metadata): continue a chain its request re-serialised
+        self.continues_reserialized = or_default(read_settings(state.metadata)[0].continue_reserialized_turns, False)
         self.inputs: dict[int, InputBuffer] = {}  # long chains' engine input, grown in place (edge.engine_input)
         self.active = 0  # requests in flight
         self.touched = state.updated_at  # last activity: a request started or an event committed

@@ -27,7 +27,7 @@ from edge.codec.reasoning import opens_reasoning
 from edge.codec.reply import ReplyParser, call_ids
 from edge.engine_input import MIN_TOKENS, InputBuffer
 from edge.engines.base import Constraint, Engine, GenerateRequest, GenerateResult, SamplingParams
-from edge.forks import classify
+from edge.forks import classify, reserialized_continuation
 from edge.live import LiveSession
 from edge.metrics import ABANDONED, ENGINE_ERROR, OK, REFUSED, Metrics
 from edge.settings import Clock, EdgeSettings
@@ -129,6 +129,7 @@ class _Plan(msgspec.Struct, frozen=True, kw_only=True):
     prefix_digest: str
     rollback: tuple[int, int] | None = None  # (request whose turn is rolled back, sampled tokens dropped)
     fork: ForkPoint | None = None  # a new chain's parent and cause (edge.forks)
+    reserialized: str | None = None  # continued despite re-sent replies, for this cause (edge.forks.CONTINUABLE)
 
 
 class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
@@ -264,6 +265,7 @@ class TurnRunner:
         constraint = self.constraint(conversation)
         request_no = live.take_request_no()
         digests, selection = self._select(live.state, conversation, live.busy)
+        selection, reserialized = self._reserialized(live, conversation, selection)
         received = self._received(live, request, request_no,
                                   None if isinstance(selection, (Exhausted, NewChain)) else selection.chain.index)
         if isinstance(selection, Exhausted):
@@ -275,10 +277,11 @@ class TurnRunner:
             new = conversation.messages if isinstance(selection, NewChain) else \
                 conversation.messages[selection.n_history:]
             if _text_size(new) < OFFLOAD_CHARS:
-                return self._prepare(live, request, selection, digests, received, request_no, constraint), busy
+                return self._prepare(live, request, selection, digests, received, request_no, constraint,
+                                     reserialized), busy
             async with self._offloaded:
                 return await asyncio.to_thread(self._prepare, live, request, selection, digests, received,
-                                               request_no, constraint), busy
+                                               request_no, constraint, reserialized), busy
         except BaseException:
             if busy is not None:
                 live.busy.discard(busy)
@@ -292,6 +295,24 @@ class TurnRunner:
         return digests, select_chain(state, digests, busy, _Roles(conversation.messages),
                                      rollback=self._settings.rollback_rewritten_turns)
 
+    @staticmethod
+    def _reserialized(live: LiveSession, conversation: Conversation,
+                      selection: Selection) -> tuple[Selection, str | None]:
+        """With the session's ``continue_reserialized_turns``, a request that would start a chain (or roll a
+        chain's last reply back) only because it re-sent a chain's replies other than sampled
+        (edge.forks.CONTINUABLE) continues that chain with its logged tokens instead: the selection, and the
+        cause it was continued despite (None: as selected)."""
+        if not isinstance(selection, (NewChain, Rollback)) or not live.continues_reserialized:
+            return selection, None
+        found = reserialized_continuation(conversation.messages, conversation.tools, live.histories.known())
+        if found is None:
+            return selection, None
+        index, n_history, cause = found
+        chain = live.state.chain(index)
+        if index in live.busy or chain.closed is not None:
+            return selection, None
+        return Continue(chain, n_history), cause
+
     async def count_prompt(self, live: LiveSession, conversation: Conversation) -> int:
         """How many tokens the engine would be given for ``conversation`` were it sent now (the turn's
         ``prompt_tokens``): its chain's tokens and the increment, or a new chain's prompt; past the
@@ -299,6 +320,7 @@ class TurnRunner:
         recorded. Much new text is tokenized on a worker thread, as a turn's."""
         self.codec.check_system_placement(conversation.messages)
         digests, selection = self._select(live.state, conversation, ())
+        selection = self._reserialized(live, conversation, selection)[0]
         if isinstance(selection, Exhausted):
             selection = Continue(selection.chain, selection.chain.n_messages)
 
@@ -317,10 +339,12 @@ class TurnRunner:
 
     def _prepare(self, live: LiveSession, request: TurnRequest, selection: Continue | Rollback | NewChain,
                  digests: Sequence[str], received: RequestReceived, request_no: int,
-                 constraint: Constraint | None = None) -> PreparedTurn:
+                 constraint: Constraint | None = None, reserialized: str | None = None) -> PreparedTurn:
         limit = self._settings.max_trajectory_length
         try:
             plan = self._plan(live.state, request.conversation, selection, digests, live.inputs)
+            if reserialized is not None:
+                plan = msgspec.structs.replace(plan, reserialized=reserialized)
         except NoRoom:  # known to be too long before it was tokenized
             chain = None if isinstance(selection, NewChain) else selection.chain.index
             closing = () if chain is None else (self._closed(live, chain, request_no),)
@@ -457,7 +481,7 @@ class TurnRunner:
                   "chat_turns": plan.chat_turns}
         if plan.chain is None:
             return ChainStarted(prompt_ids=plan.context, fork=plan.fork or msgspec.UNSET, **common)
-        return ContextAppended(token_ids=plan.context, **common)
+        return ContextAppended(token_ids=plan.context, reserialized=plan.reserialized or msgspec.UNSET, **common)
 
     def _tokens(self, live: LiveSession, chain: int, request_no: int, result: GenerateResult) -> TokensGenerated:
         logprobs = tokens.pack_logprobs(result.logprobs) if result.logprobs is not None else None

@@ -129,6 +129,10 @@ class ContextAppended(Event, tag="context_appended", kw_only=True):
     prefix_digest: str
     n_messages: int  # message history length after the append
     chat_turns: int  # user + assistant messages in the appended messages
+    # The request re-sent the chain's replies other than sampled (this cause: "reasoning_dropped" or
+    # "tool_calls_as_text") and the session's continue_reserialized_turns continued the chain with its logged
+    # tokens instead of forking. UNSET (absent from the encoded event): the request extended the chain as is.
+    reserialized: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class TokensGenerated(Event, tag="tokens_generated", kw_only=True):

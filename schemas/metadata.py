@@ -45,6 +45,9 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
     prompt_status_rule: StatusRule | UnsetType = UNSET  # how the prompt's terminal status is decided
     trajectory_selection: TrajectorySelection | UnsetType = UNSET  # this session's record options
     mask_unfinished_episode: bool | UnsetType = UNSET
+    # the edge: a request that re-sends the model's replies other than sampled (reasoning dropped, tool calls
+    # as text) continues their chain with its logged tokens instead of forking (edge.forks; off when absent)
+    continue_reserialized_turns: bool | UnsetType = UNSET
 
     def to_metadata(self) -> dict[str, object]:
         """The keys that are set, as they go into a session's metadata (in field order)."""
@@ -63,6 +66,7 @@ EXPECTED: dict[str, str] = {
     "prompt_status_rule": " or ".join(f"'{rule}'" for rule in STATUS_RULES),
     "trajectory_selection": " or ".join(f"'{selection}'" for selection in SELECTIONS),
     "mask_unfinished_episode": "a boolean",
+    "continue_reserialized_turns": "a boolean",
 }
 
 

@@ -17,6 +17,7 @@ import msgspec
 from schemas import tokens
 from schemas.events import (
     ChainClosed,
+    ContextAppended,
     EngineFailed,
     Event,
     ForkPoint,
@@ -122,6 +123,12 @@ def event_kind(event: Event) -> str:
 
 def audit_entry(event: Event) -> AuditEntry | None:
     """What the audit trail shows of an event; None for the events it leaves out (tokens, requests...)."""
+    if isinstance(event, ContextAppended) and event.reserialized:
+        return AuditEntry(seq=event.seq, time=event.time, kind="context_appended", chain=event.chain,
+                          request_no=event.request_no,
+                          detail=f"request {event.request_no} re-sent the chain's replies other than sampled "
+                                 f"({event.reserialized}): the chain continued with its logged tokens "
+                                 f"(continue_reserialized_turns)")
     if not isinstance(event, AUDITED):
         return None
     chain = getattr(event, "chain", None)

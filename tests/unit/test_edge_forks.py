@@ -4,16 +4,23 @@ edge memory)."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
 from edge.codec.fidelity import load_codec
+from edge.codec.openai_wire import decode_request
 from edge.engines.base import GenerateRequest, GenerateResult
 from edge.live import LiveSession
+from edge.turns import TurnRequest, TurnRunner
 from rollbus.testing.engine import HandlerEngine, result
 from rollbus.testing.memory_log import InMemoryLog
 from schemas import tokens
-from schemas.events import ChainStarted
-from tests.unit.test_edge_in_memory import IM_END, SID, Agent, clock, opened, runner
+from schemas.events import ChainStarted, ContextAppended, SessionOpened
+from session.fold import apply, fold
+from tests.unit.test_edge_in_memory import IM_END, NOW, SID, Agent, clock, opened, runner
+from viewer.detail import audit_entry
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +77,59 @@ async def test_after_a_takeover_a_fork_from_an_earlier_chain_is_unknown(codec) -
     _, unknown, known = await started(log)
     assert (unknown.fork.cause, unknown.fork.parent) == ("unknown", None)
     assert (known.fork.cause, known.fork.parent) == ("sibling", 1)
+
+
+ECHO = [{"type": "function", "function": {"name": "echo", "parameters": {"type": "object", "properties": {
+    "text": {"type": "string"}}}}}]
+
+
+def call(name: str, text: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {{"text": "{text}"}}}}\n</tool_call>'
+
+
+def smolagents_request(messages: list[dict[str, Any]]) -> TurnRequest:
+    body = json.dumps({"model": "m", "messages": messages, "tools": ECHO}).encode()
+    return TurnRequest(conversation=decode_request(body), wire="openai", body=body)
+
+
+async def smolagents_session(codec, log: InMemoryLog, **metadata: object) -> TurnRunner:
+    """Three steps of an agent that sends each tool call back as text and its result as a user turn."""
+    event = SessionOpened(session_id=SID, seq=1, time=NOW, uid="uid1", session_index=0, api_key_digest="x",
+                          max_trajectory_length=4096, tokenizer="builtin:qwen2.5", tool_format="hermes",
+                          metadata=metadata)
+    live = LiveSession(apply(None, event), (await log.append(SID, [event], 0)).stream_seq, clock=clock)
+    turns = runner(codec, log, replies(codec, call("echo", "a"), call("echo", "b"), "Both echoed."))
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Use the tools."},
+                                      {"role": "user", "content": "Echo a, then b."}]
+    for _ in range(3):
+        outcome = await turns.run(live, smolagents_request(messages))
+        if not outcome.tool_calls:
+            return turns
+        calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                 for c in outcome.tool_calls]
+        messages += [{"role": "assistant", "content": f"Calling tools:\n{calls!r}"},
+                     {"role": "user", "content": f"Observation:\n{json.loads(outcome.tool_calls[0].arguments)}"}]
+    return turns
+
+
+async def test_calls_re_sent_as_text_fork_by_default(codec) -> None:
+    log = InMemoryLog()
+    turns = await smolagents_session(codec, log)
+    assert [e.fork.cause for e in await started(log)] == ["new_conversation", *["tool_calls_as_text"] * 2]
+    assert turns.metrics.value("rollbus_chain_forks_total", cause="tool_calls_as_text") == 2
+
+
+async def test_continue_reserialized_turns_continues_the_chain_with_its_logged_tokens(codec) -> None:
+    log = InMemoryLog()
+    turns = await smolagents_session(codec, log, continue_reserialized_turns=True)
+    events = (await log.read_session(SID)).events
+    assert len(await started(log)) == 1
+    appended = [e for e in events if isinstance(e, ContextAppended)]
+    assert [e.reserialized for e in appended] == ["tool_calls_as_text"] * 2  # the choice, in the log
+    assert "continued with its logged tokens" in audit_entry(appended[0]).detail  # the viewer's audit trail
+    (chain,) = fold(events).chains
+    assert len(chain.turns) == 3 and [t.tool_calls[0].name for t in chain.turns[:2]] == ["echo", "echo"]
+    text = codec[0].tokenizer.decode(chain.token_ids()[chain.prompt_len:])
+    assert "Calling tools" not in text and text.count("<tool_call>") == 2  # the calls as sampled, not as re-sent
+    assert "Observation:" in text
+    assert turns.metrics.value("rollbus_chain_forks_total", cause="tool_calls_as_text") == 0

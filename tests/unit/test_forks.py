@@ -21,6 +21,7 @@ from edge.forks import (
     Histories,
     classify,
     history,
+    reserialized_continuation,
 )
 from schemas.events import ToolCall
 
@@ -226,3 +227,18 @@ def test_histories_keep_the_latest_chains_and_always_the_first():
     kept.remember(4, [*MAIN], TOOLS)
     assert [h.index for h in kept.known()] == [0, 4, 5]
     assert kept.known()[1].messages == MAIN
+
+
+def test_a_re_serialised_history_continues_only_when_nothing_else_differs():
+    as_text = Message(role="assistant", content=(
+        "Calling tools:\n[{'id': 'call_1', 'type': 'function', 'function': {'name': 'read_file', "
+        "'arguments': {'path': 'parser/lists.py'}}}]"))
+    observation = Message(role="user", content="Observation:\n" + READ_RESULT.content)
+    chain = main_chain((SYSTEM, TASK, READ))
+    assert reserialized_continuation([SYSTEM, TASK, as_text, observation], TOOLS, [chain]) == \
+        (0, 3, TOOL_CALLS_AS_TEXT)
+    assert reserialized_continuation([SYSTEM, TASK, as_text], TOOLS, [chain]) is None  # nothing new
+    edited = Message(role="user", content="Fix the dict parser instead.")
+    assert reserialized_continuation([SYSTEM, edited, as_text, observation], TOOLS, [chain]) is None
+    assert reserialized_continuation([SYSTEM, TASK, as_text, observation], TOOLS[:1], [chain]) is None
+    assert reserialized_continuation([SYSTEM, TASK, as_text, observation], TOOLS, []) is None

@@ -93,6 +93,9 @@ def test_claude_code_runs_a_sub_agent_in_a_chain_of_its_own(agent, agent_session
     texts = [tokenizer.decode(row["input_ids"]) for row in rows]
     (sub,) = [text for text in texts if json.dumps(SUBTASK) not in text]
     assert f"{SUBTASK}<|im_end|>" in sub and "<tool_response>\n4\n" in sub  # the sub-agent's Bash ran
+    main, sub_agent = sorted(rows, key=lambda row: row["trajectory_index"])  # its fork: a sub-agent of the main chain
+    assert (main["fork_cause"], sub_agent["fork_cause"], sub_agent["parent_key"]) == \
+        ("new_conversation", "sub_agent", main["key"])
 
 
 @pytest.fixture(scope="module")

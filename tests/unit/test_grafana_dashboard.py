@@ -47,12 +47,13 @@ def test_every_metric_the_dashboard_queries_exists_in_the_registry() -> None:
     queried = {name for panel in _panels(_dashboard()) for target in panel["targets"]
                for name in METRIC.findall(target["expr"])}
     assert queried - exposed == set()
-    # the metrics are all on it: sessions, turns, tokens, latencies, lag, records, failures, replays, rollbacks
+    # the metrics are all on it: sessions, turns, tokens, latencies, lag, records, failures, replays, rollbacks,
+    # forks
     for name in ("rollbus_sessions_open", "rollbus_turns_total", "rollbus_input_tokens_total",
                  "rollbus_output_tokens_total", "rollbus_engine_seconds_bucket", "rollbus_log_append_seconds_bucket",
                  "rollbus_consumer_pending_messages", "rollbus_consumer_lag_seconds",
                  "rollbus_records_materialized_total", "rollbus_failures_total", "rollbus_idempotent_replays_total",
-                 "rollbus_rollbacks_total"):
+                 "rollbus_rollbacks_total", "rollbus_chain_forks_total"):
         assert name in queried, name
 
 

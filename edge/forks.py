@@ -37,11 +37,10 @@ tool-call ids, argument JSON formatting and reasoning fields do not count).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import OrderedDict
 from collections.abc import Sequence
-
-import msgspec
 
 from edge.codec.conversation import Message, ToolSpec
 from edge.codec.digest import extend, tools_digest
@@ -64,6 +63,8 @@ UNKNOWN = "unknown"  # the chains' histories are not known here (the session was
 SUMMARY_WORDS = 0.5  # share of a summary's words that must come from the messages it replaces
 MIN_SUMMARY_WORDS = 5
 MIN_REPLACED = 3  # a summary stands for at least this many messages
+SCANNED_CHARS = 256 * 1024  # of the messages a summary may stand for, the words of this many characters are read
+COMPACTION_CANDIDATES = 8  # a request sharing no conversation is compared with this many latest chains
 _ROOT = b""
 _WORD = re.compile(r"[a-z0-9]{4,}")
 _THINK = re.compile(r"<think>.*?</think>|^.*?</think>", re.DOTALL)
@@ -74,22 +75,27 @@ def message_key(message: Message) -> bytes:
     return extend(_ROOT, message)
 
 
-class History(msgspec.Struct, frozen=True, kw_only=True):
-    """A chain's history at its tip (its last reply included), as the edge last saw it."""
+class History:
+    """A chain's history at its tip (its last reply included), as the edge last saw it. Its messages'
+    keys are computed when a fork first compares with it (a turn only remembers the history)."""
 
-    index: int
-    messages: tuple[Message, ...]
-    tools: tuple[ToolSpec, ...] = ()
-    keys: tuple[bytes, ...] = ()  # message_key of each message (history() fills it)
+    def __init__(self, index: int, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> None:
+        self.index = index
+        self.messages = tuple(messages)
+        self.tools = tuple(tools)
 
-    @property
+    @functools.cached_property
+    def keys(self) -> tuple[bytes, ...]:
+        """:func:`message_key` of each message."""
+        return tuple(message_key(m) for m in self.messages)
+
+    @functools.cached_property
     def n_system(self) -> int:
         return _n_system(self.messages)
 
 
 def history(index: int, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> History:
-    return History(index=index, messages=tuple(messages), tools=tuple(tools),
-                   keys=tuple(message_key(m) for m in messages))
+    return History(index, messages, tools)
 
 
 def _n_system(messages: Sequence[Message]) -> int:
@@ -151,7 +157,7 @@ def classify(messages: Sequence[Message], tools: Sequence[ToolSpec], chains: Seq
 def _new_conversation(request: _Request, chains: Sequence[History], k: int, parent: History,
                       scored: list[tuple[tuple[int, int], History]]) -> ForkPoint:
     """A request sharing no conversation past the system prompt with any chain."""
-    for (shared, _), chain in sorted(scored, key=lambda item: -item[1].index):
+    for (shared, _), chain in sorted(scored, key=lambda item: -item[1].index)[:COMPACTION_CANDIDATES]:
         if _compacted(request.messages, chain, shared):
             return ForkPoint(cause=HISTORY_COMPACTED, parent=chain.index, message_index=shared)
     root = min(chains, key=lambda c: c.index)  # the session's first chain: its main conversation
@@ -217,7 +223,7 @@ def _compacted(messages: Sequence[Message], parent: History, k: int) -> bool:
     words = _words(summary)
     if len(words) < MIN_SUMMARY_WORDS or len(summary) >= sum(map(len, replaced)):
         return False
-    first, later = _words(replaced[0]), _words(" ".join(replaced[1:]))
+    first, later = _words(replaced[0][:SCANNED_CHARS]), _words(" ".join(replaced[1:])[:SCANNED_CHARS])
     return len(words & later) > len(words & first) and len(words & (first | later)) >= SUMMARY_WORDS * len(words)
 
 
@@ -264,7 +270,7 @@ class Histories:
     earlier chains (a request forking from one of them gets ``unknown``, or a parent among the chains
     started since)."""
 
-    def __init__(self, keep: int = 64) -> None:
+    def __init__(self, keep: int = 16) -> None:
         self._keep = keep
         self._by_chain: OrderedDict[int, History] = OrderedDict()
 

@@ -40,14 +40,17 @@ from __future__ import annotations
 import functools
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from edge.codec.conversation import Message, ToolSpec
+from edge.codec.conversation import Conversation, Message, ToolSpec
 from edge.codec.digest import extend, tools_digest
-from schemas.events import FORK_CAUSES, ForkPoint
+from schemas.bodies import rebuild
+from schemas.errors import RollbusError
+from schemas.events import FORK_CAUSES, ForkPoint, RequestReceived
+from session.fold import SessionState
 
 __all__ = ["CONTINUABLE", "FORK_CAUSES", "ForkPoint", "Histories", "History", "classify", "history", "message_key",
-           "reserialized_continuation"]
+           "recover_histories", "reserialized_continuation"]
 
 SIBLING = "sibling"
 SUB_AGENT = "sub_agent"
@@ -58,7 +61,7 @@ TOOLS_CHANGED = "tools_changed"
 SYSTEM_CHANGED = "system_changed"
 TOOL_CALLS_AS_TEXT = "tool_calls_as_text"
 NEW_CONVERSATION = "new_conversation"
-UNKNOWN = "unknown"  # the chains' histories are not known here (the session was taken over from another edge)
+UNKNOWN = "unknown"  # no chain's history is known here (taken over from another edge, and not recoverable)
 
 SUMMARY_WORDS = 0.5  # share of a summary's words that must come from the messages it replaces
 MIN_SUMMARY_WORDS = 5
@@ -266,20 +269,65 @@ def _same_reply(sampled: Message, sent: Message) -> bool:
 class Histories:
     """The latest history of a session's chains as this edge saw them (their last request's messages
     and reply), for :func:`classify`: edge memory, not the log's. The last ``keep`` chains used are
-    kept, and the session's first chain always. After a takeover the new edge knows none of the
-    earlier chains (a request forking from one of them gets ``unknown``, or a parent among the chains
-    started since)."""
+    kept, and the session's first chain always.
 
-    def __init__(self, keep: int = 16) -> None:
+    A session this edge took over (``recoverable``: it had chains when it was loaded) knows none of
+    its earlier chains: the first request that would fork has them recovered from the log once
+    (:func:`recover_histories`); a chain that cannot be recovered is left out, and a fork whose
+    session has chains but none known gets ``unknown``."""
+
+    def __init__(self, keep: int = 16, *, recoverable: bool = False) -> None:
         self._keep = keep
         self._by_chain: OrderedDict[int, History] = OrderedDict()
+        self._recoverable = recoverable
 
     def remember(self, chain: int, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> None:
-        self._by_chain[chain] = history(chain, messages, tools)
-        self._by_chain.move_to_end(chain)
+        self._put(history(chain, messages, tools))
+
+    def _put(self, known: History) -> None:
+        self._by_chain[known.index] = known
+        self._by_chain.move_to_end(known.index)
         while len(self._by_chain) > self._keep:
             oldest = next(c for c in self._by_chain if c != min(self._by_chain))
             del self._by_chain[oldest]
 
     def known(self) -> list[History]:
         return sorted(self._by_chain.values(), key=lambda h: h.index)
+
+    @property
+    def to_recover(self) -> bool:
+        """Whether the chains this edge did not see are still to be recovered from the log."""
+        return self._recoverable
+
+    def recovered(self, histories: Sequence[History]) -> None:
+        """The chains' histories as recovered from the log (those this edge knows since stay as they are)."""
+        self._recoverable = False
+        for found in sorted(histories, key=lambda h: h.index):
+            if found.index not in self._by_chain:
+                self._put(found)
+
+
+def recover_histories(events: Sequence[object], state: SessionState,
+                      decoders: Mapping[str, Callable[[bytes], Conversation]]) -> list[History]:
+    """The chains' histories from the session's log: each chain's last request, decoded on its wire,
+    and the reply its turn recorded. A request that continues a stored response (its history is not
+    in its body) or that no decoder takes now is left out."""
+    bodies = rebuild(events)
+    wires = {e.request_no: e.wire for e in events if isinstance(e, RequestReceived)}
+    found = []
+    for chain in state.chains:
+        if not chain.turns:
+            continue
+        turn = chain.turns[-1]
+        decode = decoders.get(wires.get(turn.request_no, ""))
+        if decode is None:
+            continue
+        try:
+            conversation = decode(bodies.body(turn.request_no))
+        except (RollbusError, KeyError):
+            continue
+        if conversation.continues is not None:
+            continue
+        reply = Message(role="assistant", content=turn.text, tool_calls=turn.tool_calls, reasoning=turn.reasoning)
+        found.append(history(chain.index, (*conversation.messages, reply), conversation.tools))
+    return found

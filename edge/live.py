@@ -103,7 +103,9 @@ class LiveSession:
         self.bodies = StoredBodies()  # latest acknowledged request bodies (what new ones are stored against)
         self.known: dict[str, object] = {}  # by wire: the last request's decoded history (edge.codec.prefix)
         self.stored = StoredConversations()  # conversations requests may continue (edge.stored)
-        self.histories = Histories()  # the chains' latest histories, to tell where a new chain forks (edge.forks)
+        # the chains' latest histories, to tell where a new chain forks (edge.forks); a session loaded with chains
+        # (taken over) has them recovered from the log when a request would fork
+        self.histories = Histories(recoverable=bool(state.chains))
         # the session's continue_reserialized_turns (schemas.metadata): continue a chain its request re-serialised
         self.continues_reserialized = or_default(read_settings(state.metadata)[0].continue_reserialized_turns, False)
         self.inputs: dict[int, InputBuffer] = {}  # long chains' engine input, grown in place (edge.engine_input)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 import time
 import uuid
@@ -33,6 +34,7 @@ import msgspec
 
 from edge.codec.conversation import Conversation
 from edge.codec.strict import check_sampling
+from edge.forks import recover_histories
 from edge.idempotency import RequestIdentity, identify, recorded_outcome, repeated_request
 from edge.live import LiveSession, Registry
 from edge.ownership import KvLeases
@@ -50,6 +52,7 @@ from schemas.errors import (
     MalformedRequest,
     OwnershipLost,
     ResponseNotFound,
+    RollbusError,
     SessionClosed,
     SessionNotFound,
     Unauthorized,
@@ -60,6 +63,8 @@ from schemas.metadata import read_settings
 from schemas.values import INT32_MAX, check_free_form
 from session.fold import apply
 from session.summary import SessionSummary, summarize
+
+log = logging.getLogger(__name__)
 
 Reader = Callable[[str], Awaitable[SessionLog]]
 
@@ -133,6 +138,8 @@ class EdgeService:
         self._index = index
         self._reader = reader
         self.decoders: dict[str, Decode] = {}  # by wire: its adapter's decoding (the app registers them)
+        if reader is not None:
+            turns.recover_histories = self._recover_histories
         self.body_limits = body_limits(settings)  # the model routes' request bodies
         self.metrics = turns.metrics  # the turns' registry: the edge's /metrics
         self.metrics.edge.sessions_open.set_function(registry.__len__)
@@ -273,6 +280,18 @@ class EdgeService:
         reader, session_id = self._reader, live.session_id
         read = (lambda: reader(session_id)) if reader is not None else None
         return await held(live.stored, live.state, request_no, wire, self.decoders.get(wire), read)
+
+    async def _recover_histories(self, live: LiveSession) -> None:
+        """A taken-over session's chain histories, from its log (once): where its next forks come from."""
+        if self._reader is None or not live.histories.to_recover:
+            return
+        try:
+            events = (await self._reader(live.session_id)).events
+        except RollbusError as exc:  # the turn goes on: its fork's cause is then unknown
+            log.warning("could not read %s to recover its chains' histories: %s", live.session_id, exc)
+            live.histories.recovered(())
+            return
+        live.histories.recovered(recover_histories(events, live.state, self.decoders))
 
     async def stored_response(self, live: LiveSession, request_no: int,
                               wire: str = "responses") -> tuple[TurnOutcome, Stored]:

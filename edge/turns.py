@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Collection, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import TypeVar, overload
 
@@ -200,6 +200,8 @@ class TurnRunner:
         self._offloaded = asyncio.Semaphore(OFFLOADED)
         self.metrics = metrics if metrics is not None else Metrics()
         self._counted = self.metrics.edge
+        # recovers a taken-over session's chain histories from the log (the service sets it: edge.forks)
+        self.recover_histories: Callable[[LiveSession], Awaitable[None]] | None = None
 
     @property
     def engine(self) -> Engine:
@@ -265,6 +267,9 @@ class TurnRunner:
         constraint = self.constraint(conversation)
         request_no = live.take_request_no()
         digests, selection = self._select(live.state, conversation, live.busy)
+        if isinstance(selection, (NewChain, Rollback)) and live.histories.to_recover and \
+                self.recover_histories is not None:  # taken over: the earlier chains' histories, from the log
+            await self.recover_histories(live)
         selection, reserialized = self._reserialized(live, conversation, selection)
         received = self._received(live, request, request_no,
                                   None if isinstance(selection, (Exhausted, NewChain)) else selection.chain.index)

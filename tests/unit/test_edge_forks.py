@@ -13,13 +13,14 @@ from edge.codec.fidelity import load_codec
 from edge.codec.openai_wire import decode_request
 from edge.engines.base import GenerateRequest, GenerateResult
 from edge.live import LiveSession
+from edge.service import OpenSession
 from edge.turns import TurnRequest, TurnRunner
 from rollbus.testing.engine import HandlerEngine, result
 from rollbus.testing.memory_log import InMemoryLog
 from schemas import tokens
 from schemas.events import ChainStarted, ContextAppended, SessionOpened
 from session.fold import apply, fold
-from tests.unit.test_edge_in_memory import IM_END, NOW, SID, Agent, clock, opened, runner
+from tests.unit.test_edge_in_memory import IM_END, NOW, SID, Agent, clock, opened, runner, service
 from viewer.detail import audit_entry
 
 
@@ -64,9 +65,9 @@ async def test_reasoning_left_out_continues_the_chain_and_put_in_the_text_forks_
     assert turns.metrics.value("rollbus_chain_forks_total", cause="new_conversation") == 0
 
 
-async def test_after_a_takeover_a_fork_from_an_earlier_chain_is_unknown(codec) -> None:
+async def test_after_a_takeover_a_fork_from_an_earlier_chain_is_unknown_without_the_log(codec) -> None:
     log = InMemoryLog()
-    turns = runner(codec, log, replies(codec, "one", "two", "three"))
+    turns = runner(codec, log, replies(codec, "one", "two", "three"))  # no service: nothing recovers histories
     live, agent = await opened(log), Agent()
     request = agent.request("hi")
     await turns.run(live, request)
@@ -77,6 +78,31 @@ async def test_after_a_takeover_a_fork_from_an_earlier_chain_is_unknown(codec) -
     _, unknown, known = await started(log)
     assert (unknown.fork.cause, unknown.fork.parent) == ("unknown", None)
     assert (known.fork.cause, known.fork.parent) == ("sibling", 1)
+
+
+async def test_a_restarted_edge_recovers_the_chains_histories_from_the_log_when_a_request_forks(codec) -> None:
+    log = InMemoryLog()
+    engine = replies(codec, "one", "two", "three", "four")
+    first = service(codec, log, engine)
+    session = await first.open_session(OpenSession())
+    sid, key = session.session_id, session.api_key
+    agent = Agent()
+    opening = agent.request("hi")
+    agent.heard(await first.complete(await first.authorize(sid, key), opening))
+    agent.heard(await first.complete(await first.authorize(sid, key), agent.request("more")))
+
+    restarted = service(codec, log, engine)  # nothing in memory: the log is all it has
+    restarted.decoders["openai"] = decode_request  # as the app registers its adapters
+    live = await restarted.authorize(sid, key)
+    assert live.histories.to_recover and not live.histories.known()
+    await restarted.complete(live, agent.request("more"))  # extends chain 0: nothing read
+    assert live.histories.to_recover
+    await restarted.complete(live, opening)  # a sibling of chain 0's first turn
+    assert not live.histories.to_recover
+    events = (await log.read_session(sid)).events
+    (_, sibling) = [e for e in events if isinstance(e, ChainStarted)]
+    assert (sibling.fork.cause, sibling.fork.parent, sibling.fork.message_index) == ("sibling", 0, 2)
+    assert sibling.fork.token_offset == tokens.count(fold(events).chains[0].prompt_ids)
 
 
 ECHO = [{"type": "function", "function": {"name": "echo", "parameters": {"type": "object", "properties": {

@@ -37,6 +37,7 @@ class SessionRow(msgspec.Struct, frozen=True, kw_only=True):
     reason: str  # why it was quarantined, else why it ended and its chains' materialization reasons
     opened_at: float
     updated_at: float
+    forks: dict[str, int] = {}  # chains after the first, by the cause of their fork (SessionSummary.forks)
 
 
 class Page(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,7 +55,8 @@ def row(summary: SessionSummary) -> SessionRow:
     return SessionRow(session_id=summary.session_id, status=status, uid=summary.uid,
                       session_index=summary.session_index, agent_name=summary.agent_name, turns=summary.turns,
                       chains=len(summary.chains), trajectories=summary.trajectories, reward=summary.reward,
-                      reason=reason or "", opened_at=summary.opened_at, updated_at=summary.updated_at)
+                      reason=reason or "", opened_at=summary.opened_at, updated_at=summary.updated_at,
+                      forks=dict(summary.forks))
 
 
 def order_key(r: SessionRow) -> tuple[float, str]:

@@ -128,6 +128,8 @@ def test_the_viewer_draws_the_session_as_a_tree_of_chains_with_their_causes(stac
         detail = httpx.get(f"{viewer.url}/api/sessions/{sid}").json()
         assert [c["fork"]["cause"] for c in detail["chains"]] == CAUSES
         assert [c["fork"]["parent"] for c in detail["chains"]] == [None, 0, 0, 0, 0]
+        eventually(lambda: [(r["chains"], sum(r["forks"].values())) for r in httpx.get(
+            f"{viewer.url}/api/sessions", params={"uid": "forktree"}).json()["sessions"]] == [(5, 4)])  # projected
         sync_playwright, expect = browser()
         with sync_playwright() as playwright:
             chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
@@ -135,6 +137,11 @@ def test_the_viewer_draws_the_session_as_a_tree_of_chains_with_their_causes(stac
             page = chromium.new_page(viewport={"width": 1400, "height": 1000})
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"{viewer.url}/?uid=forktree")
+            page.wait_for_selector("#sessions tbody tr td.chains")
+            chains = page.locator("#sessions tbody tr td.chains")
+            assert chains.inner_text() == "5 (4 forked)"
+            assert chains.get_attribute("title") == "sub_agent 1, sibling 1, history_compacted 1, tool_calls_as_text 1"
             page.goto(f"{viewer.url}/session/{sid}")
             page.wait_for_selector("#tree li")
             expect(page.locator("#tree > li")).to_have_count(1)  # one root: chain 0

@@ -93,6 +93,14 @@ function listPage() {
   load();
 }
 
+function chainsCell(s) {
+  // the chains, and how many forked (by cause, on hover)
+  const forks = Object.entries(s.forks || {});
+  const forked = forks.reduce((n, [, count]) => n + count, 0);
+  return el("td", { class: "num chains", text: forked ? `${s.chains} (${forked} forked)` : String(s.chains),
+    title: forks.map(([cause, count]) => `${cause} ${count}`).join(", ") });
+}
+
 function renderRows(data) {
   const now = Date.now() / 1000;
   const body = document.querySelector("#sessions tbody");
@@ -100,7 +108,7 @@ function renderRows(data) {
     el("td", { class: "sid" }, el("a", { href: `/session/${s.session_id}`, text: s.session_id })),
     el("td", {}, el("span", { class: `status ${s.status}`, text: s.status })),
     el("td", { text: s.uid }), el("td", { class: "num", text: s.session_index }),
-    el("td", { class: "num", text: s.turns }), el("td", { class: "num", text: s.chains }),
+    el("td", { class: "num", text: s.turns }), chainsCell(s),
     el("td", { class: "num", text: s.trajectories }), el("td", { class: "num", text: fmtReward(s.reward) }),
     el("td", { text: s.reason }), el("td", { text: ago(now - s.opened_at), title: when(s.opened_at) }))));
   document.getElementById("counts").textContent =

@@ -14,9 +14,9 @@ whose history shares the longest message prefix with the request (ties: the earl
   (4 letters or more) are theirs, more of them from those after the first than from the first (a
   summary of what happened, not an edit of the message it replaces);
 - ``sub_agent``: a request sharing no conversation with any chain, whose system prompt or tool set
-  differs from the first chain's (Claude Code's Agent tool, a planner calling a worker). Its parent is the latest chain
-  with other system prompt or tools whose last reply called a tool (the caller waiting for it),
-  else the session's first chain;
+  differs from the first chain's (Claude Code's Agent tool, a planner calling a worker). Its parent
+  is the latest chain with other system prompt or tools whose last reply called a tool (the caller
+  waiting for it), else the session's first chain;
 - ``system_changed`` / ``tools_changed``: the conversation is the parent's, under another system
   prompt / tool set;
 - ``sibling``: the same history (the request's messages are all the parent's, or the parent's all
@@ -166,8 +166,8 @@ def _new_conversation(request: _Request, chains: Sequence[History], k: int, pare
     root = min(chains, key=lambda c: c.index)  # the session's first chain: its main conversation
     if request.same_system(root) and request.same_tools(root):
         return ForkPoint(cause=NEW_CONVERSATION, parent=parent.index if k else None, message_index=k)
-    caller = next((c for c in reversed(chains) if _waits_on_tool(c)
-                   and not (request.same_system(c) and request.same_tools(c))), chains[0])
+    caller = next((c for c in sorted(chains, key=lambda c: -c.index) if _waits_on_tool(c)
+                   and not (request.same_system(c) and request.same_tools(c))), root)
     return ForkPoint(cause=SUB_AGENT, parent=caller.index, message_index=request.shared(caller)[0])
 
 

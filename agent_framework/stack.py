@@ -25,7 +25,7 @@ from agent_framework.config import AgentFrameworkConfig, ConfigError
 from agent_framework.export import write_session
 from agent_framework.samples import Prompt
 from eventlog.reader import read_session
-from materializer.ledger import PromptLedger, open_bucket
+from materializer.ledger import PromptLedger
 from materializer.prompts import TERMINAL, PromptProgress
 from materializer.records import RecordOptions
 from materializer.service import MaterializerOptions
@@ -139,7 +139,7 @@ class FrameworkStack:
 
         try:
             if self._ledger is None:
-                self._ledger = PromptLedger(await open_bucket(self._nc.jetstream(), self.log.prompts_bucket), 10.0)
+                self._ledger = await PromptLedger(self._nc.jetstream(), self.log.prompts_bucket, timeout=10.0).bind()
             await self._ledger.start_attempt(PromptProgress(
                 uid=prompt.uid, expected=n, global_steps=prompt.global_steps, attempt=attempt,
                 rule=self.config.prompt_status_rule, partition=prompt.partition))

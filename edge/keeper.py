@@ -30,7 +30,7 @@ from edge.live import Clock, LiveSession
 from edge.ownership import KvLeases
 from edge.service import EdgeService
 from schemas.errors import LogUnavailable, OwnershipLost, RollbusError, SessionClosed, SessionNotFound, SessionOwned
-from session_projector.projections import ProjectionHead
+from schemas.log import ProjectionHead
 
 log = logging.getLogger(__name__)
 

@@ -35,22 +35,16 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable
-from typing import TypeVar
 
 import msgspec
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
-from nats.js.kv import KeyValue
 
 from edge.settings import Clock
-from schemas.errors import LogUnavailable, OwnershipLost, SessionOwned
+from eventlog.kv import KvStore
+from schemas.errors import LogUnavailable, OwnershipLost, RevisionConflict, SessionOwned
 from schemas.log import LogConfig
-from session_projector.projections import UNAVAILABLE
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 class Lease(msgspec.Struct, frozen=True, kw_only=True):
@@ -112,16 +106,13 @@ class LeaseHandle:
 class KvLeases:
     def __init__(self, js: JetStreamContext, cfg: LogConfig, *, edge_id: str, url: str = "", ttl: float = 15.0,
                  grace: float = 2.0, clock: Clock = time.time, timeout: float = 5.0) -> None:
-        self._js = js
-        self._cfg = cfg
+        self._store = KvStore(js, cfg.leases_bucket, timeout=timeout)
         self.edge_id = edge_id
         self.instance = secrets.token_hex(6)
         self.url = url
         self.ttl = ttl
         self.grace = grace
         self.clock = clock
-        self._timeout = timeout
-        self._kv: KeyValue | None = None
 
     async def create(self, session_id: str) -> LeaseHandle:
         """The lease of a new session; :class:`OwnershipLost` if the id already has one."""
@@ -149,14 +140,11 @@ class KvLeases:
 
     async def read(self, session_id: str) -> tuple[Lease | None, int]:
         """The current lease and its revision (``None, 0``: there is none)."""
-        kv = await self._bucket()
+        value, revision = await self._store.entry(session_id)  # (a deleted lease: its marker's revision)
+        if value is None:
+            return None, revision
         try:
-            entry = await self._bounded(kv.get(session_id))
-        except KeyNotFoundError as exc:
-            # A deleted lease leaves a marker: its revision is what the next write must name.
-            return None, int(exc.entry.revision or 0) if exc.entry is not None else 0
-        try:
-            return _decoder.decode(entry.value or b""), int(entry.revision or 0)
+            return _decoder.decode(value), revision
         except msgspec.DecodeError as exc:  # not written by an edge: who holds the session is unknown
             raise LogUnavailable(f"the lease entry of session {session_id} is not a lease: {exc}") from exc
 
@@ -171,7 +159,7 @@ class KvLeases:
                 raise
             log.info("lease of %s: a write that timed out was applied; adopting revision %d", session_id, held[0])
             return held
-        except KeyWrongLastSequenceError as exc:
+        except RevisionConflict as exc:
             held = await self._held(session_id, revision)
             if held is None or held[0] == revision:
                 raise OwnershipLost(f"the lease of session {session_id} changed hands") from exc
@@ -179,15 +167,14 @@ class KvLeases:
             log.info("lease of %s: revision %d is this edge's own earlier write; adopting it", session_id, held[0])
             try:
                 return await self._update(session_id, held[0])
-            except KeyWrongLastSequenceError as again:
+            except RevisionConflict as again:
                 raise OwnershipLost(f"the lease of session {session_id} changed hands") from again
 
     async def _update(self, session_id: str, revision: int) -> tuple[int, float]:
-        kv = await self._bucket()
         expires = self.clock() + self.ttl
         value = msgspec.json.encode(Lease(edge_id=self.edge_id, instance=self.instance, url=self.url,
                                           expires=expires))
-        return await self._bounded(kv.update(session_id, value, last=revision)), expires
+        return await self._store.update(session_id, value, revision), expires
 
     async def _held(self, session_id: str, revision: int) -> tuple[int, float] | None:
         """After a write over ``revision`` whose outcome is unknown: the stored lease's revision and
@@ -201,28 +188,13 @@ class KvLeases:
         raise OwnershipLost(f"the lease of session {session_id} changed hands")
 
     async def delete(self, session_id: str, revision: int) -> None:
-        kv = await self._bucket()
         try:
-            await self._bounded(kv.delete(session_id, last=revision))
-        except KeyWrongLastSequenceError as exc:
+            await self._store.delete(session_id, revision)
+        except RevisionConflict as exc:
             held = await self._held(session_id, revision)  # a stale revision of our own: delete over the stored one
             if held is None or held[0] == revision:
                 raise OwnershipLost(f"the lease of session {session_id} changed hands") from exc
             try:
-                await self._bounded(kv.delete(session_id, last=held[0]))
-            except KeyWrongLastSequenceError as again:
+                await self._store.delete(session_id, held[0])
+            except RevisionConflict as again:
                 raise OwnershipLost(f"the lease of session {session_id} changed hands") from again
-
-    async def _bucket(self) -> KeyValue:
-        if self._kv is None:
-            try:
-                self._kv = await self._bounded(self._js.key_value(self._cfg.leases_bucket))
-            except NotFoundError as exc:
-                raise LogUnavailable(f"KV bucket {self._cfg.leases_bucket} does not exist") from exc
-        return self._kv
-
-    async def _bounded(self, call: Awaitable[T]) -> T:
-        try:
-            return await asyncio.wait_for(call, self._timeout)
-        except UNAVAILABLE as exc:
-            raise LogUnavailable("JetStream did not answer a lease operation") from exc

@@ -7,25 +7,19 @@ claims the pair in the index (:class:`KvSessionIndex`); see :mod:`edge.service` 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
-from collections.abc import Awaitable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import msgspec
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
-from nats.js.kv import KeyValue
 
-from schemas.errors import Conflict, LogUnavailable
+from eventlog.kv import KvStore
+from schemas.errors import Conflict, LogUnavailable, RevisionConflict
 from schemas.log import LogConfig
 from schemas.metadata import or_default, read_settings
-from session_projector.projections import UNAVAILABLE
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 class IndexHolder(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,20 +60,19 @@ class SessionIndex(Protocol):
 
 
 class _KvClaim:
-    def __init__(self, kv: KeyValue, key: str, revision: int, previous: bytes | None, timeout: float) -> None:
-        self._kv = kv
+    def __init__(self, store: KvStore, key: str, revision: int, previous: bytes | None) -> None:
+        self._store = store
         self._key = key
         self._revision = revision
         self._previous = previous
-        self._timeout = timeout
 
     async def release(self) -> None:
         try:
             if self._previous is None:
-                await asyncio.wait_for(self._kv.delete(self._key, last=self._revision), self._timeout)
+                await self._store.delete(self._key, self._revision)
             else:
-                await asyncio.wait_for(self._kv.update(self._key, self._previous, last=self._revision), self._timeout)
-        except (KeyWrongLastSequenceError, *UNAVAILABLE) as exc:
+                await self._store.update(self._key, self._previous, self._revision)
+        except (RevisionConflict, LogUnavailable) as exc:
             log.warning("session index key %s not released: %r", self._key, exc)
 
 
@@ -88,23 +81,15 @@ class KvSessionIndex:
     by compare-and-set (revision 0 to create). Read and written only when a session opens."""
 
     def __init__(self, js: JetStreamContext, cfg: LogConfig, *, timeout: float = 5.0, tries: int = 4) -> None:
-        self._js = js
-        self._cfg = cfg
-        self._timeout = timeout
+        self._store = KvStore(js, cfg.session_index_bucket, timeout=timeout)
         self._tries = tries
-        self._kv: KeyValue | None = None
 
     async def claim(self, uid: str, session_index: int, attempt: int, session_id: str) -> IndexClaim:
-        kv = await self._bucket()
         key = index_key(uid, session_index)
         value = msgspec.json.encode(IndexHolder(session_id=session_id, attempt=attempt))
         for _ in range(self._tries):
-            try:
-                entry = await self._bounded(kv.get(key))
-            except KeyNotFoundError as exc:  # never held, or a released claim (its marker's revision)
-                previous, revision = None, int(exc.entry.revision or 0) if exc.entry is not None else 0
-            else:
-                previous, revision = entry.value or b"", int(entry.revision or 0)
+            previous, revision = await self._store.entry(key)  # (a released claim: its marker's revision)
+            if previous is not None:
                 holder = _holder(previous, key)
                 if attempt <= holder.attempt:
                     raise Conflict(
@@ -112,29 +97,15 @@ class KvSessionIndex:
                         f"{holder.session_id} (attempt {holder.attempt}); only a newer metadata.attempt "
                         f"than {holder.attempt} may open it again", param="session_index")
             try:
-                new_revision = await self._bounded(kv.update(key, value, last=revision))
-            except KeyWrongLastSequenceError:  # another open of the pair came first: look again
+                new_revision = await self._store.update(key, value, revision)
+            except RevisionConflict:  # another open of the pair came first: look again
                 continue
             if previous is not None:
                 log.info("uid %r session_index %d: attempt %d takes over from session %s", uid, session_index,
                          attempt, _holder(previous, key).session_id)
-            return _KvClaim(kv, key, new_revision, previous, self._timeout)
+            return _KvClaim(self._store, key, new_revision, previous)
         raise Conflict(f"uid {uid!r} session_index {session_index} is being opened concurrently",
                        param="session_index")
-
-    async def _bucket(self) -> KeyValue:
-        if self._kv is None:
-            try:
-                self._kv = await self._bounded(self._js.key_value(self._cfg.session_index_bucket))
-            except NotFoundError as exc:
-                raise LogUnavailable(f"KV bucket {self._cfg.session_index_bucket} does not exist") from exc
-        return self._kv
-
-    async def _bounded(self, call: Awaitable[T]) -> T:
-        try:
-            return await asyncio.wait_for(call, self._timeout)
-        except UNAVAILABLE as exc:
-            raise LogUnavailable("JetStream did not answer a session index operation") from exc
 
 
 class _NoClaim:

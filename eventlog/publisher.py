@@ -212,7 +212,16 @@ class JetStreamLog:
                        moved: int = 0) -> Ack:
         headers = append_headers(self._cfg, session_id, batch[0].seq, batch[-1].seq, expected_last,
                                  schema=SCHEMA_VERSION, blobs=moved)
-        subject = self._cfg.subject(session_id, envelope.kind_of(batch))
+        return await self.publish(self._cfg.subject(session_id, envelope.kind_of(batch)), payload, headers,
+                                  session_id=session_id)
+
+    async def publish(self, subject: str, payload: bytes, headers: dict[str, str], *,
+                      session_id: str | None = None) -> Ack:
+        """Publish one message as it is, under the append's rules: acknowledged, retried with the same
+        headers (so the same ``Nats-Msg-Id``), errors mapped as :data:`APPEND_ERRORS` says. With an
+        expected-last-sequence header, a refusal is :class:`OwnershipLost`, unless ``session_id``'s
+        last message is this very one (a retry of a stored attempt). Every writer of the log
+        publishes through here: the edge's appends, the quarantine, an import, the ready signals."""
         last: BaseException | None = None
         for attempt in range(1, self._attempts + 1):
             self._refuse_if_refused()
@@ -221,10 +230,12 @@ class JetStreamLog:
             except PublishRejected as exc:
                 if exc.error.err_code != WRONG_LAST_SEQUENCE:
                     failure, last = append_outcome(exc), exc
-                elif attempt > 1 and (stored := await self._stored_last(session_id, headers[HDR_MSG_ID])):
+                elif attempt > 1 and session_id is not None and headers.get(HDR_MSG_ID) and \
+                        (stored := await self._stored_last(session_id, headers[HDR_MSG_ID])):
                     return stored  # the timed-out attempt was stored
                 else:
-                    raise OwnershipLost(f"session {session_id} was appended to by another writer") from exc
+                    raise OwnershipLost(f"session {session_id or subject} was appended to by another writer") \
+                        from exc
             except _CAUGHT as exc:
                 failure, last = append_outcome(exc), exc
             if failure is not None:

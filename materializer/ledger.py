@@ -8,71 +8,27 @@
   may not): a :class:`PromptProgress` per prompt, updated with the revision it was read
   at (compare-and-set), so concurrent writers cannot lose each other's sessions.
 
-Every call is bounded; NATS errors become :class:`LogUnavailable` here, once.
+Both are :class:`eventlog.kv.KvStore` buckets: every call bounded, NATS errors mapped there, once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Awaitable, Iterable
-from typing import TypeVar
+from collections.abc import Iterable
 
 import msgspec
-from nats.errors import Error as NatsError
-from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
-from nats.js.kv import KeyValue
 
+from eventlog.kv import KvStore
 from materializer.prompts import PromptProgress
-from schemas.errors import Conflict, LogUnavailable
+from schemas.errors import RevisionConflict
 from schemas.records import MaterializedMarker
-
-T = TypeVar("T")
 
 _marker = msgspec.json.Decoder(MaterializedMarker)
 _progress = msgspec.json.Decoder(PromptProgress)
 
 
-class RevisionConflict(Conflict):
-    """Someone else wrote the key since it was read (or created it first)."""
-
-
-async def _bounded(call: Awaitable[T], what: str, timeout: float) -> T:
-    try:
-        return await asyncio.wait_for(call, timeout)
-    except KeyWrongLastSequenceError as exc:
-        raise RevisionConflict(f"{what}: written concurrently") from exc
-    except (KeyNotFoundError, NotFoundError):
-        raise
-    except (TimeoutError, NatsError) as exc:
-        raise LogUnavailable(f"{what}: JetStream KV did not answer ({exc!r})") from exc
-
-
-async def open_bucket(js: JetStreamContext, bucket: str, timeout: float = 10.0) -> KeyValue:
-    return await _bounded(js.key_value(bucket), f"bucket {bucket}", timeout)
-
-
-class _Store:
-    def __init__(self, kv: KeyValue, timeout: float) -> None:
-        self._kv = kv
-        self._timeout = timeout
-
-    async def get(self, key: str) -> tuple[bytes, int] | None:
-        try:
-            entry = await _bounded(self._kv.get(key), f"get {key}", self._timeout)
-        except (KeyNotFoundError, NotFoundError):
-            return None
-        return (entry.value or b""), int(entry.revision or 0)
-
-    async def create(self, key: str, value: bytes) -> int:
-        return await _bounded(self._kv.create(key, value), f"create {key}", self._timeout)
-
-    async def update(self, key: str, value: bytes, revision: int) -> int:
-        return await _bounded(self._kv.update(key, value, last=revision), f"update {key}", self._timeout)
-
-
-class Markers(_Store):
+class Markers(KvStore):
     async def get_many(self, session_ids: Iterable[str]) -> dict[str, MaterializedMarker]:
         ids = list(dict.fromkeys(session_ids))
         found = await asyncio.gather(*(self.get(sid) for sid in ids))
@@ -97,7 +53,7 @@ def prompt_key(uid: str) -> str:
     return "p" + hashlib.sha256(uid.encode()).hexdigest()[:40]
 
 
-class PromptLedger(_Store):
+class PromptLedger(KvStore):
     async def load(self, uids: Iterable[str]) -> dict[str, tuple[PromptProgress, int]]:
         """Progress and revision of each known prompt (unknown prompts are absent)."""
         wanted = list(dict.fromkeys(uids))

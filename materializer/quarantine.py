@@ -42,19 +42,19 @@ import msgspec
 from nats.errors import Error as NatsError
 from nats.js.api import RawStreamMsg
 from nats.js.client import JetStreamContext
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import NotFoundError
 
+from eventlog.publisher import JetStreamLog
 from eventlog.reader import iter_envelopes, last_stream_seq
 from reward.scorer import ScorerError
 from schemas import envelope
-from schemas.errors import Conflict, FoldError, LogUnavailable, SinkUnavailable
+from schemas.errors import Conflict, FoldError, LogUnavailable, OwnershipLost, SinkUnavailable
 from schemas.events import SCHEMA_VERSION, SUBJECT_KINDS, SessionQuarantined
 from schemas.log import (
     HDR_BLOBS,
     HDR_SCHEMA,
     HDR_SEQ,
     LogConfig,
-    append_headers,
 )
 from session.fold import SessionState, fold
 
@@ -65,7 +65,6 @@ METRIC_HELP = "Ended sessions the materializer set aside (not materialized), by 
 # Failures that say nothing about the session: retry later, never quarantine (a server's limit is never
 # taken for a bad session). nats-py's errors include JetStream's API refusals (APIError: limits, leadership).
 TRANSIENT: tuple[type[Exception], ...] = (LogUnavailable, SinkUnavailable, Conflict, ScorerError, NatsError, OSError)
-_WRONG_LAST_SEQUENCE = 10071
 Recorded = Literal["appended", "found", "no log"]
 
 
@@ -84,9 +83,11 @@ class Counters(Protocol):
 class QuarantineLog:
     """The session's log, for quarantine: what it says of an unreadable session, and the event."""
 
-    def __init__(self, js: JetStreamContext, cfg: LogConfig, *, clock: Callable[[], float] = time.time,
-                 timeout: float = 5.0, attempts: int = 5) -> None:
+    def __init__(self, js: JetStreamContext, cfg: LogConfig, writer: JetStreamLog, *,
+                 clock: Callable[[], float] = time.time, timeout: float = 5.0, attempts: int = 5) -> None:
+        """``writer``: the log's one writer (:class:`eventlog.publisher.JetStreamLog`), which appends the event."""
         self._js = js
+        self._writer = writer
         self._cfg = cfg
         self._clock = clock
         self._timeout = timeout
@@ -129,19 +130,11 @@ class QuarantineLog:
             raise LogUnavailable(f"JetStream did not answer a last-message lookup ({exc!r})") from exc
 
     async def _append(self, event: SessionQuarantined, expected_last: int) -> bool:
-        """False when the session's log moved past ``expected_last`` (or this very append was stored)."""
-        sid = event.session_id
-        headers = append_headers(self._cfg, sid, event.seq, event.seq, expected_last, schema=SCHEMA_VERSION)
-        publish = self._js.publish(self._cfg.subject(sid, KIND), envelope.encode([event]), headers=headers,
-                                   timeout=self._timeout)
+        """False when the session's log moved past ``expected_last``."""
         try:
-            await asyncio.wait_for(publish, self._timeout + 1)
-        except APIError as exc:
-            if exc.err_code == _WRONG_LAST_SEQUENCE:
-                return False
-            raise LogUnavailable(f"JetStream refused the quarantine of {sid}: {exc.description}") from exc
-        except (TimeoutError, NatsError) as exc:
-            raise LogUnavailable(f"JetStream did not acknowledge the quarantine of {sid} ({exc!r})") from exc
+            await self._writer.append(event.session_id, [event], expected_last)
+        except OwnershipLost:
+            return False
         return True
 
 

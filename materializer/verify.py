@@ -18,21 +18,17 @@ Kinds of difference, per session:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 import msgspec
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError
 
+from eventlog.kv import KvStore, iter_bucket
 from materializer.metadata import record_options
 from materializer.records import RecordOptions, derive_records, rederive
-from schemas.errors import LogUnavailable
 from schemas.log import LogConfig
 from schemas.records import MaterializedMarker, record_digest
 from session.fold import SessionState
-from session_projector.projections import bucket, iter_bucket
 
 _marker = msgspec.json.Decoder(MaterializedMarker)
 
@@ -86,14 +82,8 @@ def compare(state: SessionState, marker: MaterializedMarker | None,
 
 async def read_marker(js: JetStreamContext, cfg: LogConfig, session_id: str,
                       timeout: float = 5.0) -> MaterializedMarker | None:
-    kv = await bucket(js, cfg.markers_bucket, timeout)
-    try:
-        entry = await asyncio.wait_for(kv.get(session_id), timeout)
-    except KeyNotFoundError:
-        return None
-    except (TimeoutError, NatsTimeoutError) as exc:
-        raise LogUnavailable(f"no answer reading the marker of {session_id}") from exc
-    return _marker.decode(entry.value or b"")
+    found = await KvStore(js, cfg.markers_bucket, timeout=timeout).get(session_id)
+    return _marker.decode(found[0]) if found is not None else None
 
 
 async def load_markers(js: JetStreamContext, cfg: LogConfig) -> dict[str, MaterializedMarker]:

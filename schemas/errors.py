@@ -12,7 +12,8 @@
     ├── SessionClosed             finalized or aborted
     ├── Conflict                  e.g. a reward after materialization
     │   ├── OwnershipLost         another writer appended to this session
-    │   └── SessionOwned          another edge holds the session's lease (``retry_after``)
+    │   ├── SessionOwned          another edge holds the session's lease (``retry_after``)
+    │   └── RevisionConflict      a KV key was written since it was read (a lost compare-and-set)
     ├── PayloadTooLarge
     ├── CapacityExceeded          too many open sessions or requests (``retry_after`` when known)
     ├── EngineError               the engine answered nonsense or failed
@@ -84,6 +85,10 @@ class Conflict(RollbusError):
 
 class OwnershipLost(Conflict):
     """Another writer appended to this session, or took its lease."""
+
+
+class RevisionConflict(Conflict):
+    """A KV key was written by someone else since it was read, or created first (a lost compare-and-set)."""
 
 
 class SessionOwned(Conflict):

@@ -135,3 +135,24 @@ def fit_envelopes(events: Sequence[Event], limit: int, payload: bytes | None = N
     if len(payload) > limit:
         raise PayloadTooLarge(f"one {type(event).__name__} event is {len(payload)} bytes (limit {limit})")
     return [Envelope([event], payload, pieces)]
+
+
+class ReadySignal(msgspec.Struct, frozen=True, kw_only=True):
+    """On the ready stream: a session ended (finalized or aborted) and is ready to materialize. The projector
+    publishes it, the materializer consumes it."""
+
+    session_id: str
+    stream_seq: int  # the finalize envelope's position: the session's log is complete up to here
+
+
+class ProjectionHead(msgspec.Struct, frozen=True, kw_only=True):
+    """The leading fields of a session's projection (the projections bucket's value): enough to list and
+    filter sessions. The projector writes projections (:mod:`session_projector.projections`); the edge,
+    the CLI and the viewer read them."""
+
+    session_id: str
+    status: str
+    uid: str
+    opened_at: float
+    updated_at: float
+    stream_seq: int  # log position of the last envelope folded in

@@ -20,37 +20,20 @@ times, position) when a caller scans the whole bucket.
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from collections.abc import AsyncIterator
 
 import msgspec
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
-from nats.js.kv import KeyValue
 
-from eventlog.reader import UNAVAILABLE, iter_envelopes, last_stream_seq
-from schemas.errors import Conflict, FoldError, LogUnavailable
-from schemas.log import LogConfig, check_session_id
+from eventlog.kv import KvStore, iter_bucket
+from eventlog.reader import iter_envelopes, last_stream_seq
+from schemas.errors import Conflict, FoldError, RevisionConflict
+from schemas.log import LogConfig, ProjectionHead, check_session_id
 from session.fold import SessionState, fold, release_buffers
 from session.summary import SessionSummary, summarize
 
-T = TypeVar("T")
-_KV_OPERATION = "KV-Operation"
-
-
-class ProjectionHead(msgspec.Struct, frozen=True, kw_only=True):
-    """The leading fields of a projection: enough to list and filter sessions."""
-
-    session_id: str
-    status: str
-    uid: str
-    opened_at: float
-    updated_at: float
-    stream_seq: int  # log position of the last envelope folded in
+__all__ = ["Projection", "ProjectionHead", "ProjectionStore"]  # (the head is a contract: schemas.log)
 
 
 class Projection(ProjectionHead, frozen=True, kw_only=True):
@@ -79,36 +62,13 @@ def decode(data: bytes) -> Projection:
         raise FoldError(f"a stored projection does not decode: {exc}") from exc
 
 
-async def _bounded(call: Awaitable[T], timeout: float, what: str) -> T:
-    try:
-        return await asyncio.wait_for(call, timeout)
-    except UNAVAILABLE as exc:
-        raise LogUnavailable(f"JetStream did not answer ({what})") from exc
-
-
-async def bucket(js: JetStreamContext, name: str, timeout: float = 5.0) -> KeyValue:
-    """A bound KV bucket (provisioned beforehand by :func:`stack.provision.provision`)."""
-    try:
-        return await _bounded(js.key_value(name), timeout, f"bind {name}")
-    except NotFoundError as exc:
-        raise LogUnavailable(f"KV bucket {name} does not exist; run provisioning first") from exc
-
-
 class ProjectionStore:
     """Projections by session id, compare-and-set on revision, with a small cache of recent ones."""
 
     def __init__(self, js: JetStreamContext, cfg: LogConfig, *, cache: int = 1024, timeout: float = 5.0) -> None:
-        self._js = js
-        self._cfg = cfg
-        self._timeout = timeout
-        self._kv: KeyValue | None = None
+        self._kv = KvStore(js, cfg.projections_bucket, timeout=timeout)
         self._cache: OrderedDict[str, tuple[Projection, int]] = OrderedDict()
         self._cache_size = cache
-
-    async def _bucket(self) -> KeyValue:
-        if self._kv is None:
-            self._kv = await bucket(self._js, self._cfg.projections_bucket, self._timeout)
-        return self._kv
 
     async def get(self, session_id: str) -> tuple[Projection | None, int]:
         """The projection and its revision (0: there is none yet)."""
@@ -116,21 +76,15 @@ class ProjectionStore:
         if cached is not None:
             self._cache.move_to_end(session_id)
             return cached
-        kv = await self._bucket()
-        try:
-            entry = await _bounded(kv.get(session_id), self._timeout, f"get projection {session_id}")
-        except KeyNotFoundError:
-            return None, 0
-        return decode(entry.value or b""), int(entry.revision or 0)
+        found = await self._kv.get(session_id)
+        return (decode(found[0]), found[1]) if found is not None else (None, 0)
 
     async def put(self, projection: Projection, revision: int) -> int:
         """Write if the stored revision is still ``revision``; raises :class:`Conflict` otherwise."""
-        kv = await self._bucket()
         key = projection.session_id
         try:
-            call = kv.update(key, encode(projection), last=revision) if revision else kv.create(key, encode(projection))
-            new = await _bounded(call, self._timeout, f"write projection {key}")
-        except KeyWrongLastSequenceError as exc:
+            new = await self._kv.write(key, encode(projection), revision)
+        except RevisionConflict as exc:
             self.forget(key)
             raise Conflict(f"projection {key} was written concurrently") from exc
         if projection.status == "open":
@@ -167,33 +121,6 @@ async def current_summary(js: JetStreamContext, cfg: LogConfig, session_id: str)
         state = fold(events, state)
     assert state is not None  # a projection's state is never None
     return summarize(state)
-
-
-async def iter_bucket(js: JetStreamContext, name: str, timeout: float = 5.0) -> AsyncIterator[tuple[str, bytes]]:
-    """(key, value) of every live key of a KV bucket, read in one pass (last value per key)."""
-    stream = f"KV_{name}"
-    try:
-        info = await _bounded(js.stream_info(stream), timeout, f"info {stream}")
-    except NotFoundError:
-        return
-    if not info.state.messages:
-        return
-    prefix = f"$KV.{name}."
-    config = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
-    sub = await _bounded(js.subscribe(prefix + ">", ordered_consumer=True, stream=stream, config=config),
-                         timeout, f"read {stream}")
-    try:
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=timeout)
-            except NatsTimeoutError as exc:
-                raise LogUnavailable(f"reading bucket {name} stalled") from exc
-            if (msg.headers or {}).get(_KV_OPERATION) not in ("DEL", "PURGE"):
-                yield msg.subject[len(prefix):], msg.data
-            if not msg.metadata.num_pending:
-                return
-    finally:
-        await sub.unsubscribe()
 
 
 async def iter_projections(js: JetStreamContext, cfg: LogConfig, *, heads_only: bool = False

@@ -28,25 +28,19 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import msgspec
+from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.client import JetStreamContext
 
 from eventlog.consumer import pull_batches, settle
 from eventlog.lag import Watched
+from eventlog.publisher import JetStreamLog
 from eventlog.reader import decode_msg, load_state
-from schemas.errors import LogUnavailable
 from schemas.events import AnyEvent, SessionAborted, SessionFinalized
-from schemas.log import HDR_MSG_ID, LogConfig
+from schemas.log import HDR_MSG_ID, LogConfig, ReadySignal
 from session.fold import SessionState, fold
 from session_projector.projections import ProjectionStore, project
 
 log = logging.getLogger(__name__)
-
-
-class ReadySignal(msgspec.Struct, frozen=True, kw_only=True):
-    session_id: str
-    stream_seq: int  # the finalize envelope's position: the session's log is complete up to here
 
 
 class Counters(Protocol):
@@ -67,10 +61,12 @@ class _Uncounted:
 
 
 class Projector:
-    def __init__(self, js: JetStreamContext, cfg: LogConfig, *, durable: str = "rollbus-projections",
+    def __init__(self, nc: Client, cfg: LogConfig, *, durable: str = "rollbus-projections",
                  batch: int = 256, cache: int = 1024, metrics: Counters | None = None) -> None:
-        """``metrics``: where envelopes, rebuilds, ready signals and retried sessions are counted."""
-        self._js = js
+        """``nc``: the NATS connection it reads the log and publishes ready signals through; ``metrics``:
+        where envelopes, rebuilds, ready signals and retried sessions are counted."""
+        js = self._js = nc.jetstream()
+        self._log = JetStreamLog(nc, cfg)
         self._cfg = cfg
         self._durable = durable
         self._batch = batch
@@ -84,13 +80,16 @@ class Projector:
         return Watched(name="projector", stream=self._cfg.stream, durable=self._durable, subject=self._cfg.subjects)
 
     async def run(self, stop: asyncio.Event) -> None:
-        async for msgs in pull_batches(self._js, stream=self._cfg.stream, durable=self._durable,
-                                       subject=self._cfg.subjects, stop=stop, batch=self._batch):
-            for group in _by_session(self._cfg, msgs):
-                if await settle(group, self._project(group)):
-                    self._metrics.inc(ENVELOPES, len(group))
-                else:
-                    self._metrics.inc(FAILURES, 1.0, component="projector", reason="retried")
+        try:
+            async for msgs in pull_batches(self._js, stream=self._cfg.stream, durable=self._durable,
+                                           subject=self._cfg.subjects, stop=stop, batch=self._batch):
+                for group in _by_session(self._cfg, msgs):
+                    if await settle(group, self._project(group)):
+                        self._metrics.inc(ENVELOPES, len(group))
+                    else:
+                        self._metrics.inc(FAILURES, 1.0, component="projector", reason="retried")
+        finally:
+            await self._log.close()
 
     async def _project(self, msgs: Sequence[Msg]) -> None:
         session_id = self._cfg.session_of(msgs[0].subject)
@@ -123,10 +122,7 @@ class Projector:
     async def _signal(self, ready: ReadySignal) -> None:
         subject = self._cfg.ready_subject(ready.session_id)
         headers = {HDR_MSG_ID: f"ready:{ready.session_id}"}
-        try:
-            await asyncio.wait_for(self._js.publish(subject, msgspec.json.encode(ready), headers=headers), 10)
-        except (TimeoutError, NatsTimeoutError) as exc:
-            raise LogUnavailable(f"ready signal for {ready.session_id} not acknowledged") from exc
+        await self._log.publish(subject, msgspec.json.encode(ready), headers)
         self._metrics.inc(READY)
         log.info("session %s ready to materialize", ready.session_id)
 

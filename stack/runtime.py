@@ -435,11 +435,11 @@ class Stack:
         watched: list[Watched] = []
         if "projector" in options.components:
             self.metrics.declare("projector")
-            projector = Projector(js, options.log, metrics=self.metrics)
+            projector = Projector(self.nc, options.log, metrics=self.metrics)
             watched.append(projector.watched)
             self._spawn(projector.run(self.stop_event), "projector")
         if "materializer" in options.components:
-            materializer = await self._materializer(js)
+            materializer = await self._materializer(self.nc)
             watched.append(materializer.watched)
             self._spawn(materializer.run(self.stop_event), "materializer")
         if watched:
@@ -450,7 +450,7 @@ class Stack:
             self._spawn(keeper.run(self.stop_event), "heap")
         self._ready = True
 
-    async def _materializer(self, js: JetStreamContext) -> Materializer:
+    async def _materializer(self, nc: Client) -> Materializer:
         mo = self.options.materializer
         sink = ParquetSink(self.options.data_dir / "trajectories", padding=mo.padding)
         tq = None
@@ -463,7 +463,7 @@ class Stack:
             tq = TransferQueueSink(mo.tq_partition)
         scorer = self._given_scorer or (load_scorer(mo.reward_scorer) if mo.reward_scorer else None)
         self.metrics.declare("materializer")
-        return Materializer(js, self.options.log, sink, options=mo, tq=tq, scorer=scorer, metrics=self.metrics)
+        return Materializer(nc, self.options.log, sink, options=mo, tq=tq, scorer=scorer, metrics=self.metrics)
 
     async def _start_edge(self, nc: Client, js: JetStreamContext) -> None:
         options = self.options

@@ -26,6 +26,7 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from edge.codec.tokenizer import load_tokenizer
+from eventlog.kv import KvStore
 from eventlog.reader import iter_envelopes, last_stream_seq
 from schemas.bodies import Bodies
 from schemas.errors import LogUnavailable, RollbusError, SessionNotFound
@@ -33,7 +34,7 @@ from schemas.events import RequestReceived
 from schemas.log import LogConfig, check_session_id
 from session.fold import SessionState, fold
 from session.summary import summarize
-from session_projector.projections import bucket, decode
+from session_projector.projections import decode
 from stack.user_error import one_line
 from viewer.detail import MAX_AUDIT, MAX_REQUESTS, AuditEntry, RequestEntry, audit_entry, request_entry
 from viewer.listing import SessionRow, newest_first, order_key, put, remove, row
@@ -84,8 +85,7 @@ class SessionIndex:
 
     async def _follow(self) -> None:
         try:
-            kv = await bucket(self._js, self._cfg.projections_bucket)
-            self._watcher = await kv.watchall()
+            self._watcher = await KvStore(self._js, self._cfg.projections_bucket).watch()
             async for entry in self._watcher:
                 if entry is None:  # the snapshot is in (sorted once); updates follow, each put in its place
                     self._sorted = newest_first(self._rows.values())

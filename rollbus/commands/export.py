@@ -37,9 +37,10 @@ from typing import Any
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
+from eventlog.kv import KvStore
 from eventlog.reader import iter_messages, last_stream_seq
 from rollbus.commands.archive_io import (
     CALL_TIMEOUT_S,
@@ -268,11 +269,8 @@ async def _piece(store: ObjectStore, session_id: str, digest: bytes) -> Archived
 async def _markers(js: JetStreamContext, cfg: LogConfig, sessions: list[str]) -> AsyncIterator[ArchivedMarker]:
     if not sessions:
         return
-    kv = await bucket(js.key_value(cfg.markers_bucket), f"markers bucket {cfg.markers_bucket}")
+    markers = KvStore(js, cfg.markers_bucket, timeout=CALL_TIMEOUT_S)
     for session_id in sessions:
-        try:
-            entry = await asyncio.wait_for(kv.get(session_id), CALL_TIMEOUT_S)
-        except KeyNotFoundError:
-            continue
-        if entry.value:
-            yield ArchivedMarker(session_id=session_id, data=entry.value)
+        found = await markers.get(session_id)
+        if found is not None and found[0]:
+            yield ArchivedMarker(session_id=session_id, data=found[0])

@@ -18,20 +18,21 @@ import sys
 from collections.abc import Awaitable, Callable
 
 import msgspec
+from nats.aio.client import Client
 from nats.errors import Error as NatsError
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
-from nats.js.errors import APIError, KeyWrongLastSequenceError, NotFoundError
-from nats.js.kv import KeyValue
+from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
+from eventlog.kv import KvStore
+from eventlog.publisher import JetStreamLog
 from eventlog.reader import iter_messages, last_stream_seq
 from rollbus.commands.archive_io import CALL_TIMEOUT_S, Counts, bucket, read_archive
 from rollbus.progress import Progress, summary
 from rollbus.tools import EXIT_ERROR, EXIT_OK, find_log, opened_log
 from schemas import blobs, envelope
 from schemas.archive import ArchivedEnvelope, ArchivedMarker, ArchivedPiece, ArchiveError, ArchiveHeader
-from schemas.errors import FoldError, LogUnavailable
+from schemas.errors import FoldError, LogUnavailable, OwnershipLost, RevisionConflict
 from schemas.events import SCHEMA_VERSION
 from schemas.log import (
     HDR_BLOBS,
@@ -49,7 +50,6 @@ from stack.user_error import UserError, one_line
 # What an import republishes of an envelope's headers (the expected-last-sequence pair is the target's;
 # anything else, e.g. a Nats-Rollup in a crafted file, is dropped).
 KEPT_HEADERS = frozenset({HDR_MSG_ID, HDR_SCHEMA, HDR_SEQ, HDR_BLOBS})
-WRONG_LAST_SEQUENCE = 10071
 WIDTH = 64  # envelopes in flight at once, over different sessions (a session's go one after the other)
 
 
@@ -63,9 +63,8 @@ async def import_target(args: argparse.Namespace) -> int:
 async def _import_into(url: str, args: argparse.Namespace, cfg: LogConfig = LogConfig()) -> int:
     nc = await connect(url, name="rollbus-import")
     try:
-        js = nc.jetstream()
-        await provision(js, cfg)
-        return await import_main(js, cfg, args)
+        await provision(nc.jetstream(), cfg)
+        return await import_main(nc, cfg, args)
     finally:
         await nc.close()
 
@@ -78,19 +77,20 @@ class _Target:
         self.refused = False
 
 
-async def import_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Namespace, *, width: int = WIDTH) -> int:
+async def import_main(nc: Client, cfg: LogConfig, args: argparse.Namespace, *, width: int = WIDTH) -> int:
+    js, writer = nc.jetstream(), JetStreamLog(nc, cfg, timeout=CALL_TIMEOUT_S)
     counts, targets = Counts(), dict[str, _Target]()
     pieces: list[ArchivedPiece] = []
     markers: list[ArchivedMarker] = []
     store = await bucket(js.object_store(cfg.pieces_bucket), f"object store {cfg.pieces_bucket}")
-    kv = await bucket(js.key_value(cfg.markers_bucket), f"markers bucket {cfg.markers_bucket}")
+    kv = await KvStore(js, cfg.markers_bucket, timeout=CALL_TIMEOUT_S).bind()
     lanes = _Lanes(width)
 
     async def envelope(record: ArchivedEnvelope, pieces: list[ArchivedPiece]) -> None:
         target = targets.get(record.session_id)
         if target is None:  # (the session's first envelope: the lane runs the next ones after it)
             target = targets[record.session_id] = await _target(js, cfg, record.session_id)
-        await _import_envelope(js, cfg, store, target, record, pieces, counts)
+        await _import_envelope(writer, cfg, store, target, record, pieces, counts)
         progress.update(counts.envelopes + counts.skipped, detail=f"{len(targets)} sessions")
 
     try:
@@ -118,6 +118,7 @@ async def import_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Names
         raise LogUnavailable(f"the import stopped: NATS failed ({exc!r}); run it again to finish it") from exc
     finally:
         await lanes.close()
+        await writer.close()
     counts.sessions = len(targets)
     counts.conflicts = sum(t.refused for t in targets.values())
     print(f"imported {counts.sessions - counts.conflicts} sessions from {args.file} ({header.selection} of "
@@ -183,7 +184,7 @@ async def _target(js: JetStreamContext, cfg: LogConfig, session_id: str) -> _Tar
     return _Target(held, last)
 
 
-async def _import_envelope(js: JetStreamContext, cfg: LogConfig, store: ObjectStore, target: _Target,
+async def _import_envelope(writer: JetStreamLog, cfg: LogConfig, store: ObjectStore, target: _Target,
                            record: ArchivedEnvelope, pieces: list[ArchivedPiece], counts: Counts) -> None:
     if target.refused:
         return
@@ -207,15 +208,11 @@ async def _import_envelope(js: JetStreamContext, cfg: LogConfig, store: ObjectSt
     headers |= {HDR_EXPECTED_LAST_SUBJECT_SEQ: str(target.last),
                 HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: cfg.session_filter(record.session_id)}
     try:
-        ack = await js.publish(cfg.subject(record.session_id, _kind(record)), record.data, timeout=CALL_TIMEOUT_S,
-                               stream=cfg.stream, headers=headers)
-    except APIError as exc:
-        if exc.err_code == WRONG_LAST_SEQUENCE:
-            _refuse(target, record.session_id, "another writer appended to it during the import")
-            return
-        raise LogUnavailable(f"JetStream refused an imported envelope: {exc.description}") from exc
-    except (TimeoutError, NatsTimeoutError) as exc:
-        raise LogUnavailable("JetStream did not acknowledge an imported envelope") from exc
+        ack = await writer.publish(cfg.subject(record.session_id, _kind(record)), record.data, headers,
+                                   session_id=record.session_id)
+    except OwnershipLost:
+        _refuse(target, record.session_id, "another writer appended to it during the import")
+        return
     target.last = ack.seq
     counts.envelopes += 1
 
@@ -258,10 +255,10 @@ def _refuse(target: _Target, session_id: str, why: str) -> None:
           file=sys.stderr)
 
 
-async def _import_marker(kv: KeyValue, record: ArchivedMarker) -> int:
+async def _import_marker(kv: KvStore, record: ArchivedMarker) -> int:
     """1 when the marker was stored; 0 when the target had it already (the same, or its own materializer's)."""
     try:
-        await asyncio.wait_for(kv.create(record.session_id, record.data), CALL_TIMEOUT_S)
-    except KeyWrongLastSequenceError:
+        await kv.create(record.session_id, record.data)
+    except RevisionConflict:
         return 0
     return 1

@@ -29,7 +29,7 @@ import httpx
 import msgspec
 
 from materializer.dataset import read_dataset
-from materializer.ledger import Markers, open_bucket
+from materializer.ledger import Markers
 from rollbus.testing.scripted import Responder, ScriptedReply
 from schemas.errors import LogUnavailable
 from schemas.log import LogConfig
@@ -264,7 +264,7 @@ async def wait_marked(url: str, session_ids: list[str], timeout: float, *, cfg: 
     one or ``timeout`` passed (then some are missing)."""
     client = await connect(url, name="burst-check")
     try:
-        markers = Markers(await open_bucket(client.jetstream(), cfg.markers_bucket), 10.0)
+        markers = await Markers(client.jetstream(), cfg.markers_bucket, timeout=10.0).bind()
         deadline = time.monotonic() + timeout
         found: dict[str, str] = {}
         while len(found) < len(session_ids) and time.monotonic() < deadline:

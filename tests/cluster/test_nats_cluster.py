@@ -33,7 +33,7 @@ from openai import AsyncOpenAI
 
 from edge.codec.tokenizer import load_tokenizer
 from eventlog.reader import read_session
-from materializer.ledger import Markers, open_bucket
+from materializer.ledger import Markers
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply
 from schemas.events import TurnCompleted
 from schemas.log import LogConfig
@@ -186,7 +186,7 @@ async def _retrying(call: Any, attempts: int = 20) -> httpx.Response:
 
 async def _wait_materialized(js, cfg: LogConfig, session_ids: list[str], components: list[Component],
                              timeout: float = 90.0) -> dict:
-    markers = Markers(await open_bucket(js, cfg.markers_bucket), 5.0)
+    markers = await Markers(js, cfg.markers_bucket, timeout=5.0).bind()
     deadline = time.monotonic() + timeout
     found: dict = {}
     while True:

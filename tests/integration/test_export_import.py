@@ -58,12 +58,12 @@ async def _log_sessions(nc: Client, cfg: LogConfig, scripts: list[SessionScript]
 
 
 @pytest.fixture
-async def target(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedNats, JetStreamContext]]:
+async def target(tmp_path: Path) -> AsyncIterator[tuple[Client, JetStreamContext]]:
     """A fresh nats-server of this test's own, its log provisioned (empty)."""
     server = await asyncio.to_thread(EmbeddedNats(tmp_path / "target" / "nats", name="import-target").start)
     client = await connect(server.url, name="import-target")
     await provision(client.jetstream(), TARGET)
-    yield server, client.jetstream()
+    yield client, client.jetstream()
     await client.close()
     await asyncio.to_thread(server.stop)
 
@@ -109,8 +109,8 @@ async def test_a_session_with_large_pieces_exports_and_imports_into_a_fresh_serv
     assert {r.session_id for r in records[1:]} == {big.session_id}  # nothing of the other session
     assert isinstance(records[-1], ArchivedMarker)
 
-    _, target_js = target
-    assert await import_main(target_js, TARGET, _args("import", str(path))) == 0
+    target_nc, target_js = target
+    assert await import_main(target_nc, TARGET, _args("import", str(path))) == 0
     assert "imported 1 sessions" in capsys.readouterr().out
     assert await _replay_json(target_js, TARGET, big.session_id, capsys) == \
         await _replay_json(js, log_config, big.session_id, capsys)
@@ -120,7 +120,7 @@ async def test_a_session_with_large_pieces_exports_and_imports_into_a_fresh_serv
     assert "1 records in its marker, 2 request bodies): 0 differences" in capsys.readouterr().out
 
     held = await _messages(target_js, TARGET)
-    assert await import_main(target_js, TARGET, _args("import", str(path))) == 0  # again: nothing stored twice
+    assert await import_main(target_nc, TARGET, _args("import", str(path))) == 0  # again: nothing stored twice
     assert f"0 envelopes appended, {held} already held, 0 markers; 0 refused" in capsys.readouterr().out
     assert await _messages(target_js, TARGET) == held
 
@@ -158,8 +158,8 @@ async def test_all_since_exports_every_session_active_since_whole_as_parquet(nc,
     assert last_line.startswith(f"export: {exported} envelopes (") and f"log {read}/{read} read" in last_line
     assert read > exported  # (early's envelopes lie in the range)
 
-    _, target_js = target
-    assert await import_main(target_js, TARGET, _args("import", str(path))) == 0
+    target_nc, target_js = target
+    assert await import_main(target_nc, TARGET, _args("import", str(path))) == 0
     for script in (old, late):
         assert await _replay_json(target_js, TARGET, script.session_id, capsys) == \
             await _replay_json(js, log_config, script.session_id, capsys)
@@ -182,8 +182,8 @@ async def test_interleaved_sessions_are_imported_side_by_side_each_in_its_order(
         await write_marker(markers, fold(script.events))
     path = tmp_path / "interleaved.jsonl"
     assert await export_main(js, log_config, _args("export", "--all", "-o", str(path))) == 0
-    _, target_js = target
-    assert await import_main(target_js, TARGET, _args("import", str(path)), width=8) == 0
+    target_nc, target_js = target
+    assert await import_main(target_nc, TARGET, _args("import", str(path)), width=8) == 0
     capsys.readouterr()
     assert await replay_main(target_js, TARGET, _args("replay", "--verify", "--all")) == 0
     assert "verified 40 finalized sessions (40 records in their markers)" in capsys.readouterr().out
@@ -197,12 +197,12 @@ async def test_a_session_the_target_holds_differently_is_refused_and_the_others_
     await _log_sessions(nc, log_config, [_script(20), _script(21)])
     path = tmp_path / "all.jsonl"
     assert await export_main(js, log_config, _args("export", "--all", "-o", str(path))) == 0
-    _, target_js = target
+    target_nc, target_js = target
     other = SessionScript(session_id=f"{20:032x}", uid="someone-else")  # the same id, another session
     await append_all(JetStreamLog(target_js._nc, TARGET), other.session_id, envelopes(other.events))
     capsys.readouterr()
 
-    assert await import_main(target_js, TARGET, _args("import", str(path))) == 2
+    assert await import_main(target_nc, TARGET, _args("import", str(path))) == 2
     out, err = capsys.readouterr()
     refusals = [line for line in err.splitlines() if "refused (409)" in line]
     assert refusals == [f"rollbus import: session {20:032x} refused (409): the log holds a different event at its "
@@ -221,7 +221,7 @@ async def test_a_crafted_archive_is_refused_and_stream_control_headers_are_not_r
     assert await export_main(js, log_config, _args("export", script.session_id, "-o", str(path))) == 0
     header, first, *rest = read_archive(path)
     assert isinstance(first, ArchivedEnvelope)
-    _, target_js = target
+    target_nc, target_js = target
 
     def crafted(*records) -> str:
         crafted_path = tmp_path / f"crafted{len(list(tmp_path.iterdir()))}.jsonl"
@@ -232,11 +232,11 @@ async def test_a_crafted_archive_is_refused_and_stream_control_headers_are_not_r
                      (msgspec.structs.replace(first, subject="elsewhere.x"), "not a log subject"),
                      (msgspec.structs.replace(first, session_id="../../etc"), "not subject-safe")]:
         with pytest.raises(UserError, match=why):
-            await import_main(target_js, TARGET, _args("import", crafted(bad)))
+            await import_main(target_nc, TARGET, _args("import", crafted(bad)))
     assert await _messages(target_js, TARGET) == 0  # nothing of them was stored
 
     rollup = msgspec.structs.replace(first, headers={**first.headers, "Nats-Rollup": "all", "X-Extra": "1"})
-    assert await import_main(target_js, TARGET, _args("import", crafted(rollup, *rest))) == 0
+    assert await import_main(target_nc, TARGET, _args("import", crafted(rollup, *rest))) == 0
     stored = await target_js.get_msg(TARGET.stream, 1)
     assert "Nats-Rollup" not in (stored.headers or {}) and "X-Extra" not in (stored.headers or {})
     assert (stored.headers or {})[HDR_MSG_ID] == first.headers[HDR_MSG_ID]

@@ -15,7 +15,7 @@ from edge.live import LiveSession
 from edge.ownership import KvLeases
 from edge.service import EdgeService
 from eventlog.reader import load_state
-from schemas.errors import LogUnavailable
+from schemas.errors import LogUnavailable, OwnershipLost
 from tests.integration.edges import Agent, FakeClock, edges
 
 TTL = 10.0
@@ -31,7 +31,7 @@ async def stall(edge: EdgeService, method: str, *, apply: bool, times: int = 1) 
     carried them out when ``apply`` (the reply was lost); returns the revisions the server answered."""
     leases = edge.leases
     assert leases is not None
-    kv = await leases._bucket()
+    kv = await leases._store._bound()
     original: Callable[..., Awaitable[Any]] = getattr(kv, method)
     answered: list[int] = []
     left = [times]
@@ -114,3 +114,19 @@ async def test_a_timed_out_renewal_of_a_lease_taken_elsewhere_is_lost(nc, js, lo
         await renew_during_a_request(edge, live, clock)
 
         assert live.lost and edge.registry.peek(agent.session_id) is None
+
+
+async def test_releasing_a_lease_taken_over_elsewhere_is_ownership_lost(js, log_config, clock) -> None:
+    """A delete over a revision that moved is refused as lost ownership (nats-py answers a delete's wrong last
+    sequence with a bare BadRequestError, which escaped the lease's release before), and the taker keeps it."""
+    session_id = "0123456789abcdef0123456789abcdef"
+    mine = KvLeases(js, log_config, edge_id="edge-a", ttl=TTL, clock=clock)
+    handle = await mine.create(session_id)
+    clock.advance(TTL + 5)
+    other = KvLeases(js, log_config, edge_id="edge-b", ttl=TTL, clock=clock)
+    await other.acquire(session_id)
+    with pytest.raises(OwnershipLost):
+        await mine.delete(session_id, handle.revision)
+    await handle.release()  # best effort: says so in the log, raises nothing
+    lease, _ = await other.read(session_id)
+    assert lease is not None and lease.edge_id == "edge-b"

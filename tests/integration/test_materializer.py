@@ -13,7 +13,7 @@ import pytest
 
 from eventlog.publisher import JetStreamLog
 from materializer.batch import BatchWriter
-from materializer.ledger import Markers, PromptLedger, open_bucket
+from materializer.ledger import Markers, PromptLedger
 from materializer.parquet import ParquetSink
 from materializer.records import derive_records
 from materializer.service import Materializer, MaterializerOptions
@@ -25,7 +25,7 @@ from tests.sessions import append, expected_statuses, workload
 
 
 async def _wait_for_markers(js, cfg, count: int, timeout: float = 60.0) -> Markers:
-    markers = Markers(await open_bucket(js, cfg.markers_bucket), 5.0)
+    markers = await Markers(js, cfg.markers_bucket, timeout=5.0).bind()
     kv = await js.key_value(cfg.markers_bucket)
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
@@ -49,11 +49,11 @@ async def _drained(js, cfg, signals: int, timeout: float = 60.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running(js, cfg, sink, kind: type[Materializer] = Materializer, **options):
+async def running(nc, cfg, sink, kind: type[Materializer] = Materializer, **options):
     """A projector and a materializer (of class ``kind``) running until the block ends."""
     stop = asyncio.Event()
-    materializer = kind(js, cfg, sink, options=MaterializerOptions(**{"max_delay": 0.1, **options}))
-    tasks = [asyncio.ensure_future(Projector(js, cfg).run(stop)), asyncio.ensure_future(materializer.run(stop))]
+    materializer = kind(nc, cfg, sink, options=MaterializerOptions(**{"max_delay": 0.1, **options}))
+    tasks = [asyncio.ensure_future(Projector(nc, cfg).run(stop)), asyncio.ensure_future(materializer.run(stop))]
     try:
         yield materializer
     finally:
@@ -76,7 +76,7 @@ async def test_ended_sessions_land_once_with_their_markers_and_prompt_progress(n
     log = JetStreamLog(nc, log_config)
     sink = ParquetSink(tmp_path / "trajectories")
     with caplog.at_level(logging.INFO, logger="materializer.service"):
-        async with running(js, log_config, sink) as materializer:
+        async with running(nc, log_config, sink) as materializer:
             for script in scripts:
                 await append(log, script)
             markers = await _wait_for_markers(js, log_config, len(scripts))
@@ -96,7 +96,7 @@ async def test_ended_sessions_land_once_with_their_markers_and_prompt_progress(n
         state = fold(script.events)
         assert marker.status == state.status and marker.uid == state.uid
         assert marker.digests == {k: record_digest(r) for k, r in expected.items() if r.session_id == state.session_id}
-    ledger = PromptLedger(await open_bucket(js, log_config.prompts_bucket), 5.0)
+    ledger = await PromptLedger(js, log_config.prompts_bucket, timeout=5.0).bind()
     progress = await ledger.load(expected_statuses(scripts))
     assert {uid: p.status for uid, (p, _) in progress.items()} == expected_statuses(scripts)
     assert all(p.published == "" for p, _ in progress.values())  # nothing published without TransferQueue
@@ -106,7 +106,7 @@ async def test_rows_equal_the_pure_derivation(nc, js, log_config, tmp_path):
     scripts = workload(prompts=3, n=2, seed=2)
     log = JetStreamLog(nc, log_config)
     sink = ParquetSink(tmp_path / "t")
-    async with running(js, log_config, sink):
+    async with running(nc, log_config, sink):
         for script in scripts:
             await append(log, script)
         await _wait_for_markers(js, log_config, len(scripts))
@@ -129,14 +129,14 @@ async def test_a_batch_staged_before_a_crash_is_committed_or_discarded_on_restar
     marker = [MaterializedMarker(session_id=s.session_id, stream_seq=1, uid=s.uid, session_index=s.session_index,
                                  digests={r.key: record_digest(r) for r in derive_records(s)}) for s in states]
     committed = sink.stage(records, marker)  # crash after staging and one marker: committed on restart
-    markers = Markers(await open_bucket(js, log_config.markers_bucket), 5.0)
+    markers = await Markers(js, log_config.markers_bucket, timeout=5.0).bind()
     await markers.create_marker(committed.markers[0])
     orphan = sink.stage(records[:1], [msgspec.structs.replace(marker[0], session_id="f" * 32)])  # no marker: dropped
-    await Materializer(js, log_config, sink).recover()
+    await Materializer(nc, log_config, sink).recover()
     assert [p.name for p in sink.directory.glob("*.parquet")] == [committed.name]
     assert sink.staged() == [] and orphan.name != committed.name
     assert set(await markers.get_many(s.session_id for s in states)) == {s.session_id for s in states}
-    async with running(js, log_config, sink):  # the signals come: nothing is written twice
+    async with running(nc, log_config, sink):  # the signals come: nothing is written twice
         await _drained(js, log_config, len(scripts))
     assert Counter(sink.read().column("key").to_pylist()) == Counter(r.key for r in records)
 
@@ -149,11 +149,11 @@ async def test_a_batch_that_fails_between_its_markers_is_finished_by_the_next_wr
     log = JetStreamLog(nc, log_config)
     for script in scripts:
         await append(log, script)
-    markers = Markers(await open_bucket(js, log_config.markers_bucket), 5.0)
+    markers = await Markers(js, log_config.markers_bucket, timeout=5.0).bind()
     sink = ParquetSink(tmp_path / "t")
     writer = BatchWriter(
         load=lambda sid: load_state(js, log_config, sid), markers=markers,
-        ledger=PromptLedger(await open_bucket(js, log_config.prompts_bucket), 5.0), parquet=sink)
+        ledger=await PromptLedger(js, log_config.prompts_bucket, timeout=5.0).bind(), parquet=sink)
     create, calls = markers.create_marker, []
 
     async def flaky(marker):
@@ -197,8 +197,8 @@ async def batch_writer(js, cfg, sink, **kwargs) -> BatchWriter:
     from eventlog.reader import load_state
 
     return BatchWriter(load=lambda sid: load_state(js, cfg, sid),
-                       markers=Markers(await open_bucket(js, cfg.markers_bucket), 5.0),
-                       ledger=PromptLedger(await open_bucket(js, cfg.prompts_bucket), 5.0), parquet=sink, **kwargs)
+                       markers=await Markers(js, cfg.markers_bucket, timeout=5.0).bind(),
+                       ledger=await PromptLedger(js, cfg.prompts_bucket, timeout=5.0).bind(), parquet=sink, **kwargs)
 
 
 async def appended(nc, cfg, *scripts: SessionScript) -> list[str]:
@@ -209,7 +209,7 @@ async def appended(nc, cfg, *scripts: SessionScript) -> list[str]:
 
 
 async def progress_of(js, cfg, uid):
-    ledger = PromptLedger(await open_bucket(js, cfg.prompts_bucket), 5.0)
+    ledger = await PromptLedger(js, cfg.prompts_bucket, timeout=5.0).bind()
     return (await ledger.load([uid]))[uid][0]
 
 

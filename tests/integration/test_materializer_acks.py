@@ -15,16 +15,16 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from eventlog.publisher import JetStreamLog
-from materializer.ledger import Markers, open_bucket
+from materializer.ledger import Markers
 from materializer.parquet import ParquetSink
 from materializer.service import Materializer
-from schemas.log import MAX_PAYLOAD, LogConfig
+from schemas.log import MAX_PAYLOAD, LogConfig, ReadySignal
 from schemas.records import MaterializedMarker
-from session_projector.service import ReadySignal
 from stack.provision import connect, provision
 from tests.integration.test_materializer import _expected_records
 from tests.integration.test_materializer import running as materializing
@@ -53,8 +53,8 @@ class Watched(Materializer):
         return failed
 
 
-def running(js, cfg: LogConfig, sink: ParquetSink):
-    return materializing(js, cfg, sink, Watched, max_delay=0.2, max_batch=256, retry_delay=0.2, max_retry_delay=1.0)
+def running(nc: Client, cfg: LogConfig, sink: ParquetSink):
+    return materializing(nc, cfg, sink, Watched, max_delay=0.2, max_batch=256, retry_delay=0.2, max_retry_delay=1.0)
 
 
 async def _marked(markers: Markers, session_ids: list[str], timeout: float) -> dict[str, MaterializedMarker]:
@@ -94,9 +94,9 @@ async def test_a_server_limit_on_consumers_never_acknowledges_an_unwritten_sessi
     scripts = workload(prompts=40, n=4, seed=3)
     log = JetStreamLog(nc, log_config)
     sink = ParquetSink(tmp_path / "trajectories")
-    async with running(js, log_config, sink) as materializer:
+    async with running(nc, log_config, sink) as materializer:
         await asyncio.gather(*(append(log, s) for s in scripts))
-        markers = Markers(await open_bucket(js, log_config.markers_bucket), 5.0)
+        markers = await Markers(js, log_config.markers_bucket, timeout=5.0).bind()
         found = await _marked(markers, [s.session_id for s in scripts], timeout=90)
     assert materializer.violations == []
     _check_written_once(sink, scripts, found)
@@ -120,10 +120,10 @@ async def test_a_full_disk_is_waited_out_and_quarantines_nothing(nc, js, log_con
     scripts = workload(prompts=10, n=3, seed=4)
     log = JetStreamLog(nc, log_config)
     sink = FullDisk(tmp_path / "trajectories", failures=6)
-    async with running(js, log_config, sink) as materializer:
+    async with running(nc, log_config, sink) as materializer:
         for script in scripts:
             await append(log, script)
-        markers = Markers(await open_bucket(js, log_config.markers_bucket), 5.0)
+        markers = await Markers(js, log_config.markers_bucket, timeout=5.0).bind()
         found = await _marked(markers, [s.session_id for s in scripts], timeout=60)
     assert sink.failures == 0 and materializer.batches > 1
     assert materializer.violations == []

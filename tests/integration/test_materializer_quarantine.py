@@ -11,12 +11,13 @@ import secrets
 from collections import Counter
 from collections.abc import AsyncIterator
 
+from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from edge.metrics import Metrics
 from eventlog.publisher import JetStreamLog
 from eventlog.reader import read_session
-from materializer.ledger import Markers, PromptLedger, open_bucket
+from materializer.ledger import Markers, PromptLedger
 from materializer.parquet import ParquetSink
 from materializer.records import derive_records
 from materializer.service import Materializer, MaterializerOptions
@@ -76,10 +77,10 @@ async def _ready_signals(js: JetStreamContext, cfg: LogConfig, count: int, timeo
 
 
 @contextlib.asynccontextmanager
-async def materializing(js: JetStreamContext, cfg: LogConfig, sink: ParquetSink, metrics: Metrics,
+async def materializing(nc: Client, cfg: LogConfig, sink: ParquetSink, metrics: Metrics,
                         **options: object) -> AsyncIterator[Materializer]:
     stop = asyncio.Event()
-    materializer = Materializer(js, cfg, sink, metrics=metrics,
+    materializer = Materializer(nc, cfg, sink, metrics=metrics,
                                 options=MaterializerOptions(max_delay=0.3, **options))  # type: ignore[arg-type]
     task = asyncio.ensure_future(materializer.run(stop))
     try:
@@ -90,9 +91,9 @@ async def materializing(js: JetStreamContext, cfg: LogConfig, sink: ParquetSink,
 
 
 @contextlib.asynccontextmanager
-async def projecting(js: JetStreamContext, cfg: LogConfig) -> AsyncIterator[None]:
+async def projecting(nc: Client, cfg: LogConfig) -> AsyncIterator[None]:
     stop = asyncio.Event()
-    task = asyncio.ensure_future(Projector(js, cfg).run(stop))
+    task = asyncio.ensure_future(Projector(nc, cfg).run(stop))
     try:
         yield
     finally:
@@ -122,12 +123,12 @@ async def test_poison_sessions_are_quarantined_and_the_rest_of_their_batch_is_wr
     scripts = [innocents[0], wide_token, innocents[1], wide_index, unfoldable, innocents[2]]
     log = JetStreamLog(nc, log_config)
     sink, metrics = ParquetSink(tmp_path / "trajectories"), Metrics()
-    async with projecting(js, log_config):
+    async with projecting(nc, log_config):
         for script in scripts:
             await (_append_unfoldable(js, log_config, log, script) if script is unfoldable else append(log, script))
         await _ready_signals(js, log_config, len(scripts))
         with caplog.at_level(logging.INFO, logger="materializer"):
-            async with materializing(js, log_config, sink, metrics) as materializer:
+            async with materializing(nc, log_config, sink, metrics) as materializer:
                 await _drained(js, log_config, len(scripts))
                 await asyncio.sleep(2.0)  # a materializer retrying would redeliver by now
                 info = await js.consumer_info(log_config.ready_stream, "rollbus-materializer")
@@ -148,12 +149,12 @@ async def test_poison_sessions_are_quarantined_and_the_rest_of_their_batch_is_wr
     assert reasons[wide_index.session_id][0] == "invalid" and "session_index=2147483648" in \
         reasons[wide_index.session_id][1]
     assert reasons[unfoldable.session_id][0] == "unreadable" and "does not fold" in reasons[unfoldable.session_id][1]
-    markers = await Markers(await open_bucket(js, log_config.markers_bucket), 5.0).get_many(
+    markers = await Markers(js, log_config.markers_bucket, timeout=5.0).get_many(
         s.session_id for s in scripts)
     assert {sid: (m.status, m.digests) for sid, m in markers.items() if m.status == "quarantined"} == {
         s.session_id: ("quarantined", {}) for s in poisons}
     # they count as failed sessions: their prompts end
-    ledger = PromptLedger(await open_bucket(js, log_config.prompts_bucket), 5.0)
+    ledger = await PromptLedger(js, log_config.prompts_bucket, timeout=5.0).bind()
     progress = {uid: p for uid, (p, _) in (await ledger.load(["pa", "pb", "pc"])).items()}
     assert {uid: p.status for uid, p in progress.items()} == {"pa": "finished", "pb": "finished", "pc": "failure"}
     assert not progress["pa"].outcomes["1"].succeeded and not progress["pb"].outcomes["1"].succeeded
@@ -181,14 +182,14 @@ async def test_poison_sessions_are_quarantined_and_the_rest_of_their_batch_is_wr
         await kv.delete(script.session_id)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="materializer"):
-        async with materializing(js, log_config, sink, metrics) as again:
+        async with materializing(nc, log_config, sink, metrics) as again:
             await _drained(js, log_config, len(scripts))
             assert (await again.writer()).quarantined == Counter()
     assert Counter(sink.read().column("key").to_pylist()) == _expected_keys(innocents)
     assert len(list(sink.directory.glob("*.parquet"))) == 1
     for script in poisons:
         assert len(await _quarantine_events(js, log_config, script.session_id)) == 1
-    markers = await Markers(await open_bucket(js, log_config.markers_bucket), 5.0).get_many(
+    markers = await Markers(js, log_config.markers_bucket, timeout=5.0).get_many(
         s.session_id for s in poisons)
     assert {m.status for m in markers.values()} == {"quarantined"} and len(markers) == 3
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -217,13 +218,13 @@ async def test_a_batch_that_fails_whole_is_narrowed_down_to_the_one_session(nc, 
     log = JetStreamLog(nc, log_config)
     sink, metrics = ParquetSink(tmp_path / "trajectories"), Metrics()
     scorer = _crashing_scorer("q3", {"q5": 3})  # fails in the batch, its half and its quarter
-    async with projecting(js, log_config):
+    async with projecting(nc, log_config):
         for script in scripts:
             await append(log, script)
         await _ready_signals(js, log_config, len(scripts))
         with caplog.at_level(logging.WARNING, logger="materializer"):
             stop = asyncio.Event()
-            materializer = Materializer(js, log_config, sink, scorer=scorer, metrics=metrics,
+            materializer = Materializer(nc, log_config, sink, scorer=scorer, metrics=metrics,
                                         options=MaterializerOptions(max_delay=0.3))
             task = asyncio.ensure_future(materializer.run(stop))
             try:
@@ -237,7 +238,7 @@ async def test_a_batch_that_fails_whole_is_narrowed_down_to_the_one_session(nc, 
     assert set(sink.read().column("reward").to_pylist()) == {0.5}
     (event,) = await _quarantine_events(js, log_config, scripts[3].session_id)
     assert event.stage == "write" and "RuntimeError: the scorer cannot take this session" in event.reason
-    markers = await Markers(await open_bucket(js, log_config.markers_bucket), 5.0).get_many(
+    markers = await Markers(js, log_config.markers_bucket, timeout=5.0).get_many(
         s.session_id for s in scripts)
     assert [markers[s.session_id].status for s in scripts] == ["finalized"] * 3 + ["quarantined", "finalized",
                                                                                     "finalized"]

@@ -60,14 +60,14 @@ async def test_verify_all_agrees_with_verify_sid_on_quarantined_sessions_and_lat
     still_open.turn(0, [1, 2], [3], new_chain=True)
     ended = [*clean[:2], *late, poison, unfoldable]
     last: dict[str, int] = {}
-    async with projecting(js, log_config):
+    async with projecting(nc, log_config):
         for script in ended:
             if script is unfoldable:
                 await _append_unfoldable(js, log_config, log, script)
             else:
                 last[script.session_id] = await append(log, script)
         await _ready_signals(js, log_config, len(ended))
-        async with materializing(js, log_config, ParquetSink(tmp_path / "trajectories"), Metrics()):
+        async with materializing(nc, log_config, ParquetSink(tmp_path / "trajectories"), Metrics()):
             await _drained(js, log_config, len(ended))
         # after their end (and their records): rewards for the late ones, then more sessions behind them
         for script, reward in zip(late, (0.5, 0.25), strict=True):
@@ -76,7 +76,7 @@ async def test_verify_all_agrees_with_verify_sid_on_quarantined_sessions_and_lat
         for script in clean[2:]:
             await append(log, script)
         await _ready_signals(js, log_config, len(ended) + 2)
-        async with materializing(js, log_config, ParquetSink(tmp_path / "trajectories"), Metrics()):
+        async with materializing(nc, log_config, ParquetSink(tmp_path / "trajectories"), Metrics()):
             await _drained(js, log_config, len(ended) + 2)
     for script in (poison, unfoldable):
         assert len(await _quarantine_events(js, log_config, script.session_id)) == 1

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 import transfer_queue as tq
+from nats.aio.client import Client
 
 from eventlog.publisher import JetStreamLog
-from materializer.ledger import Markers, open_bucket
+from materializer.ledger import Markers
 from materializer.parquet import ParquetSink
 from materializer.prompts import RANK
 from materializer.records import derive_records
@@ -63,13 +64,14 @@ async def _count_markers(js, cfg: LogConfig) -> int:
         return 0
 
 
-async def _reference(js, cfg: LogConfig, tmp_path: Path, partition: str, signals: int) -> Path:
+async def _reference(nc: Client, cfg: LogConfig, tmp_path: Path, partition: str, signals: int) -> Path:
     """The same signals through an in-process materializer nobody kills (its own bookkeeping and outputs)."""
     ref = LogConfig(markers_bucket="ref_materialized", prompts_bucket="ref_prompts")
+    js = nc.jetstream()
     await provision(js, ref)
     sink = ParquetSink(tmp_path / "reference" / "trajectories")
     stop = asyncio.Event()
-    materializer = Materializer(js, ref, sink, tq=TransferQueueSink(partition), options=MaterializerOptions(
+    materializer = Materializer(nc, ref, sink, tq=TransferQueueSink(partition), options=MaterializerOptions(
         transfer_queue=True, durable="reference", max_batch=64, max_delay=0.1))
     task = asyncio.ensure_future(materializer.run(stop))
     await _drained(js, ref, "reference", signals)
@@ -91,7 +93,7 @@ async def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tq_cluster
         js, cfg = nc.jetstream(), LogConfig()
         await provision(js, cfg)
         log, stop = JetStreamLog(nc, cfg), asyncio.Event()
-        projector = asyncio.ensure_future(Projector(js, cfg).run(stop))
+        projector = asyncio.ensure_future(Projector(nc, cfg).run(stop))
         seen: dict[str, list[str]] = {}
         watcher = asyncio.ensure_future(_watch_statuses(partition, seen, stop))
         marked_at_kill = []
@@ -108,8 +110,8 @@ async def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tq_cluster
             await final.ready()
             await _drained(js, cfg, "rollbus-materializer", len(scripts))
             assert final.stop() == 0, final.output.read_text()
-            reference = await _reference(js, cfg, tmp_path, reference_partition, len(scripts))
-            markers = Markers(await open_bucket(js, cfg.markers_bucket), 5.0)
+            reference = await _reference(nc, cfg, tmp_path, reference_partition, len(scripts))
+            markers = await Markers(js, cfg.markers_bucket, timeout=5.0).bind()
             found = await markers.get_many(s.session_id for s in scripts)
         finally:
             stop.set()

@@ -12,7 +12,7 @@ import transfer_queue as tq
 
 from eventlog.publisher import JetStreamLog
 from materializer.dataset import iter_padded_batches
-from materializer.ledger import PromptLedger, open_bucket
+from materializer.ledger import PromptLedger
 from materializer.parquet import ParquetSink
 from materializer.prompts import PromptProgress, SessionOutcome
 from materializer.service import Materializer, MaterializerOptions
@@ -27,12 +27,12 @@ DEFAULTS = {"parent_key": "", "fork_message_index": 0, "fork_token_offset": 0, "
 
 
 @contextlib.asynccontextmanager
-async def materializing(js, cfg, tmp_path, partition, **options):
+async def materializing(nc, cfg, tmp_path, partition, **options):
     stop = asyncio.Event()
     sink = ParquetSink(tmp_path / "trajectories")
-    materializer = Materializer(js, cfg, sink, tq=TransferQueueSink(partition),
+    materializer = Materializer(nc, cfg, sink, tq=TransferQueueSink(partition),
                                 options=MaterializerOptions(max_delay=0.1, transfer_queue=True, **options))
-    tasks = [asyncio.ensure_future(Projector(js, cfg).run(stop)), asyncio.ensure_future(materializer.run(stop))]
+    tasks = [asyncio.ensure_future(Projector(nc, cfg).run(stop)), asyncio.ensure_future(materializer.run(stop))]
     try:
         yield sink
     finally:
@@ -43,7 +43,7 @@ async def materializing(js, cfg, tmp_path, partition, **options):
 async def test_verl_protocol_keys_tags_and_prompt_statuses(nc, js, log_config, tmp_path, partition):
     scripts = workload(prompts=10, n=3, seed=5)
     log = JetStreamLog(nc, log_config)
-    async with materializing(js, log_config, tmp_path, partition) as sink:
+    async with materializing(nc, log_config, tmp_path, partition) as sink:
         for script in scripts:
             await append(log, script)
         await _drained(js, log_config, len(scripts))
@@ -74,7 +74,7 @@ async def test_verl_protocol_keys_tags_and_prompt_statuses(nc, js, log_config, t
 async def test_a_verl_style_consumer_gets_tensors_equal_to_the_parquet_rows(nc, js, log_config, tmp_path, partition):
     scripts = workload(prompts=6, n=2, seed=9)
     log = JetStreamLog(nc, log_config)
-    async with materializing(js, log_config, tmp_path, partition) as sink:
+    async with materializing(nc, log_config, tmp_path, partition) as sink:
         for script in scripts:
             await append(log, script)
         await _drained(js, log_config, len(scripts))
@@ -106,7 +106,7 @@ async def test_a_verl_style_consumer_gets_tensors_equal_to_the_parquet_rows(nc, 
 async def test_a_prompt_consumed_before_a_restart_is_not_brought_back(nc, js, log_config, tmp_path, partition):
     """A crash after the terminal status was written but before it was recorded: the trainer took the group."""
     (script,) = workload(prompts=1, n=1, seed=1)
-    ledger = PromptLedger(await open_bucket(js, log_config.prompts_bucket), 5.0)
+    ledger = await PromptLedger(js, log_config.prompts_bucket, timeout=5.0).bind()
     crashed = PromptProgress(uid="q00000", expected=1, global_steps=4, published="running", publishing="finished",
                              outcomes={"0": SessionOutcome(script.session_id, True)})
     await ledger.save(crashed, 0)
@@ -115,12 +115,12 @@ async def test_a_prompt_consumed_before_a_restart_is_not_brought_back(nc, js, lo
     from schemas.records import MaterializedMarker, record_digest
     from session.fold import fold
 
-    markers = Markers(await open_bucket(js, log_config.markers_bucket), 5.0)
+    markers = await Markers(js, log_config.markers_bucket, timeout=5.0).bind()
     state = fold(script.events)
     await markers.create_marker(MaterializedMarker(
         session_id=script.session_id, stream_seq=1, uid=state.uid, session_index=0,
         digests={r.key: record_digest(r) for r in derive_records(state)}))
-    async with materializing(js, log_config, tmp_path, partition):
+    async with materializing(nc, log_config, tmp_path, partition):
         await append(JetStreamLog(nc, log_config), script)
         await _drained(js, log_config, 1)
     assert tq.kv_list(partition_id=partition).get(partition, {}) == {}  # not resurrected
@@ -135,7 +135,7 @@ async def test_aborted_prompt_fails_and_late_sessions_stay_out_of_transfer_queue
     late = workload(prompts=1, n=3, seed=3)[2]
     late.events[0] = extra(late.events[0], metadata={"global_steps": 4, "rollout_n": 2})
     log = JetStreamLog(nc, log_config)
-    async with materializing(js, log_config, tmp_path, partition) as sink:
+    async with materializing(nc, log_config, tmp_path, partition) as sink:
         for script in scripts:
             await append(log, script)
         await _drained(js, log_config, len(scripts))
@@ -163,9 +163,9 @@ async def test_a_ray_reward_worker_scores_sessions_without_a_task_reward(nc, js,
     log = JetStreamLog(nc, log_config)
     stop = asyncio.Event()
     sink = ParquetSink(tmp_path / "trajectories")
-    materializer = Materializer(js, log_config, sink, tq=TransferQueueSink(partition), scorer=scorer,
+    materializer = Materializer(nc, log_config, sink, tq=TransferQueueSink(partition), scorer=scorer,
                                 options=MaterializerOptions(max_delay=0.1, transfer_queue=True))
-    tasks = [asyncio.ensure_future(Projector(js, log_config).run(stop)), asyncio.ensure_future(materializer.run(stop))]
+    tasks = [asyncio.ensure_future(Projector(nc, log_config).run(stop)), asyncio.ensure_future(materializer.run(stop))]
     for script in scripts:
         kept = [e for e in script.events if type(e).__name__ != "RewardReported"]  # no task reward
         script.events = [msgspec.structs.replace(e, seq=i + 1) for i, e in enumerate(kept)]

@@ -15,13 +15,13 @@ from edge.codec.incremental import TemplateNotIncremental
 from edge.engines.http import Refused
 from edge.http_errors import ERRORS, HttpError, MethodNotAllowed, RouteNotFound, http_error, retry_after_headers
 from edge.routes.wire import error_response
-from materializer.ledger import RevisionConflict
 from schemas.errors import (
     CapacityExceeded,
     Conflict,
     EngineUnavailable,
     LogUnavailable,
     OwnershipLost,
+    RevisionConflict,
     RollbusError,
     SessionOwned,
 )

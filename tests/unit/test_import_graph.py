@@ -135,3 +135,45 @@ def test_no_test_double_in_a_production_package() -> None:
     scripted = [module for module, path in MODULES.items() if not module.startswith(TEST_DOUBLES)
                 and "class Scripted" in path.read_text(encoding="utf-8")]
     assert scripted == []
+
+
+def test_the_edge_and_the_materializer_do_not_import_the_projector() -> None:
+    """What they share with it (the ready signal, a projection's head) is a contract in ``schemas``."""
+    arrows = [f"{module} -> {target}" for module, targets in GRAPH.items()
+              if module.split(".")[0] in ("edge", "materializer")
+              for target in targets if target.startswith("session_projector")]
+    assert arrows == []
+
+
+# What writes to JetStream or binds a KV bucket, read from the source: a ``publish`` (or ``publish_async``) called on
+# a NATS client or JetStream context (named, by this code's convention, ``nc``/``js`` or ``....jetstream()``), or
+# any ``key_value``/``create_key_value`` call. Only ``eventlog`` may (and ``stack.provision``, which creates buckets).
+_NATS_RECEIVERS = ("nc", "_nc", "js", "_js", "jetstream()", "client")
+_KV_CALLS = ("key_value", "create_key_value")
+_MAY_CREATE_BUCKETS = ("stack.provision",)
+
+
+def _jetstream_writes(path: Path) -> Iterator[str]:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        receiver = ast.unparse(node.func.value)
+        publish = node.func.attr in ("publish", "publish_async") and receiver.split(".")[-1] in _NATS_RECEIVERS
+        if publish or node.func.attr in _KV_CALLS:
+            yield f"{receiver}.{node.func.attr} (line {node.lineno})"
+
+
+def test_the_write_check_sees_a_write() -> None:
+    assert list(_jetstream_writes(ROOT / "eventlog" / "acks.py"))  # AckedPublisher: nc.publish
+    assert list(_jetstream_writes(ROOT / "eventlog" / "kv.py"))  # KvStore binds its bucket
+
+
+def test_only_the_eventlog_writes_to_jetstream() -> None:
+    """Every append, quarantine event, imported envelope and ready signal goes through
+    ``eventlog.publisher.JetStreamLog``, every KV bucket through ``eventlog.kv.KvStore``: NATS's errors are
+    mapped in one place."""
+    writes = [f"{module}: {write}" for module, path in MODULES.items()
+              if not module.startswith(("eventlog", TEST_DOUBLES))
+              for write in _jetstream_writes(path)
+              if not (module in _MAY_CREATE_BUCKETS and ".create_key_value" in write)]
+    assert writes == []

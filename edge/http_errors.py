@@ -23,6 +23,7 @@ only when it should answer differently from its parent. In short::
     Conflict                  409     conflict_error / conflict                        invalid_request_error
       OwnershipLost           409     conflict_error / ownership_lost                  invalid_request_error
       SessionOwned            409     conflict_error / session_owned_elsewhere         invalid_request_error +R
+      RevisionConflict        409     conflict_error / conflict                        invalid_request_error
     PayloadTooLarge           413     invalid_request_error / request_too_large        request_too_large
     CapacityExceeded          429     rate_limit_error / rate_limit_error              rate_limit_error      +R
     EngineError               502     api_error / engine_error                         api_error
@@ -60,6 +61,7 @@ from schemas.errors import (
     OwnershipLost,
     PayloadTooLarge,
     ResponseNotFound,
+    RevisionConflict,
     RollbusError,
     SessionClosed,
     SessionNotFound,
@@ -115,6 +117,7 @@ ERRORS: dict[type[RollbusError], HttpError] = {
     SessionClosed: _conflict("session_closed"),
     Conflict: _conflict("conflict"),
     OwnershipLost: _conflict("ownership_lost"),
+    RevisionConflict: _conflict("conflict"),  # (a lost compare-and-set that reached a client: try again)
     SessionOwned: _conflict("session_owned_elsewhere", retry_after=True),
     PayloadTooLarge: HttpError(413, "request_too_large", "invalid_request_error", "request_too_large"),
     CapacityExceeded: HttpError(429, "rate_limit_error", "rate_limit_error", "rate_limit_error", retry_after=True),

@@ -90,7 +90,7 @@ async def test_leases_during_an_outage_are_log_unavailable_not_owned_or_lost(pri
     mine = KvLeases(js, CFG, edge_id="a", timeout=1.0)
     handle = await mine.create(SESSION)
     other = KvLeases(js, CFG, edge_id="b", timeout=1.0)
-    await other._bucket()  # bound before the outage, as a running edge's is
+    await other._store.bind()  # bound before the outage, as a running edge's is
     await (private.stop() if outage == "server stopped" else private.nc.close())
     with pytest.raises(LogUnavailable):
         await mine.read(SESSION)

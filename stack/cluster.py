@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import json
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
 
 from schemas.errors import LogUnavailable, RollbusError
 from schemas.log import LogConfig
@@ -91,15 +92,12 @@ def urls(nodes: Sequence[Node]) -> str:
 
 
 def _get(node: Node, path: str, timeout_s: float) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection(HOST, node.monitor_port, timeout=timeout_s)
+    """The node's monitoring answer to ``path`` (status 0: none)."""
     try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read()
-    except OSError:
+        response = httpx.get(f"http://{HOST}:{node.monitor_port}{path}", timeout=timeout_s)
+    except httpx.HTTPError:
         return 0, b""
-    finally:
-        conn.close()
+    return response.status_code, response.content
 
 
 def healthy(node: Node, timeout_s: float = 1.0) -> bool:

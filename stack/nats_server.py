@@ -103,7 +103,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import http.client
 import itertools
 import json
 import logging
@@ -120,6 +119,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Literal, Self
 from urllib.parse import urlsplit
+
+import httpx
+import psutil
 
 from schemas.errors import RollbusError
 
@@ -140,48 +142,39 @@ Fsync = Literal["default", "always"]
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie holds no store: it is dead, only not yet reaped)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # gone (or not ours to see)
         return False
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def _terminate(pid: int, timeout_s: float) -> None:
     """SIGTERM a process that is not our child, then SIGKILL once ``timeout_s`` passed."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + timeout_s
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(_POLL_S)
+    try:
+        process = psutil.Process(pid)
+        process.terminate()
+        _, alive = psutil.wait_procs([process], timeout=timeout_s)
+        if alive:
+            process.kill()
+            psutil.wait_procs([process], timeout=timeout_s)
+    except psutil.NoSuchProcess:
+        return
     if _alive(pid):
         raise EmbeddedNatsError(f"nats-server pid {pid} is still running after SIGKILL")
 
 
 def _servers_on(store_dir: Path) -> list[int]:
-    """The pids of the nats-server processes running on ``store_dir``, from ``/proc`` (none without it)."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
+    """The pids of the nats-server processes running on ``store_dir``."""
     found = []
-    for entry in filter(str.isdigit, entries):
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:  # gone meanwhile
-            continue
-        if argv[0].endswith(_BINARY_NAME.encode()) and _store_argument(argv) == str(store_dir).encode():
-            found.append(int(entry))
+    for process in psutil.process_iter(["cmdline"]):
+        argv = process.info["cmdline"] or []
+        if argv and argv[0].endswith(_BINARY_NAME) and _store_argument(argv) == str(store_dir):
+            found.append(process.pid)
     return found
 
 
-def _store_argument(argv: list[bytes]) -> bytes | None:
+def _store_argument(argv: list[str]) -> str | None:
     for flag, value in itertools.pairwise(argv):
-        if flag in (b"-sd", b"--store_dir"):
+        if flag in ("-sd", "--store_dir"):
             return value
     return None
 
@@ -374,15 +367,10 @@ class EmbeddedNats:
     def jetstream_config(self, timeout_s: float = 2.0) -> dict[str, object]:
         """The running server's JetStream settings, from ``/varz`` (``store_dir``, ``max_storage``,
         ``sync_interval`` in ns, ``sync_always``, ...)."""
-        parts = urlsplit(self.monitoring_url)
-        conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=timeout_s)
         try:
-            conn.request("GET", "/varz")
-            varz = json.loads(conn.getresponse().read())
-        except (OSError, ValueError) as exc:
+            varz = httpx.get(self.monitoring_url + "/varz", timeout=timeout_s).json()
+        except (httpx.HTTPError, ValueError) as exc:
             raise EmbeddedNatsError(f"nats-server's /varz did not answer: {exc}") from exc
-        finally:
-            conn.close()
         config = varz.get("jetstream", {}).get("config", {}) if isinstance(varz, dict) else {}
         return dict(config) if isinstance(config, dict) else {}
 
@@ -439,15 +427,10 @@ class EmbeddedNats:
         self.monitoring_url = ports["monitoring"][0]
 
     def _healthy(self) -> bool:
-        parts = urlsplit(self.monitoring_url)
-        conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=1.0)
         try:
-            conn.request("GET", "/healthz?js-enabled-only=true")
-            return conn.getresponse().status == 200
-        except OSError:
+            return httpx.get(self.monitoring_url + "/healthz?js-enabled-only=true", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
             return False
-        finally:
-            conn.close()
 
     def store_failure(self) -> str | None:
         """Why the server last failed to create a stream's store, as it logged it since it started (its clients

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent_framework.config import ConfigError
+from rollbus.progress import Progress
 
 if TYPE_CHECKING:
     from agent_framework.config import AgentFrameworkConfig
@@ -183,18 +184,20 @@ def _rollout(args: argparse.Namespace, settings: AgentFrameworkConfig, rows: lis
               f"edges {' '.join(adapter.edge_urls)}; records in {Path(settings.data_dir).resolve() / 'trajectories'}",
               file=sys.stderr, flush=True)
         results = []
-        with _Progress(total=len(rows) * (settings.val.n if args.validate else settings.train.n)) as progress:
+        with _progress(len(rows) * (settings.val.n if args.validate else settings.train.n)) as progress:
             for chunk in _batches(rows, args.batch_size):
                 batch = to_batch(chunk, global_steps=args.global_steps, validate=args.validate)
                 partition = "val" if args.validate else "train"
                 _tag_pending([r["uid"] for r in chunk], partition, args.global_steps)
                 future = adapter.submit(batch)
                 while not future.done():
-                    progress.update(adapter.metrics["sessions_ended"], adapter.metrics["sessions_failed"])
+                    progress.update(adapter.metrics["sessions_ended"],
+                                    detail=f"{adapter.metrics['sessions_failed']} failed")
                     time.sleep(0.2)
                 results.append(future.result(args.timeout))
                 adapter.wait_records(batch, args.timeout)
-                progress.update(adapter.metrics["sessions_ended"], adapter.metrics["sessions_failed"])
+                progress.update(adapter.metrics["sessions_ended"],
+                                detail=f"{adapter.metrics['sessions_failed']} failed")
     finally:
         adapter.close()
     _summary(results, rows, Path(settings.data_dir).resolve() / "trajectories", time.monotonic() - started)
@@ -221,35 +224,12 @@ def _tag_pending(uids: list[str], partition: str, global_steps: int) -> None:
                     tags=[{"is_prompt": True, "status": "pending", "global_steps": global_steps} for _ in uids])
 
 
-class _Progress:
-    """A tqdm bar on a terminal; otherwise a plain line every few seconds."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self._bar: Any = None
-        self._last = 0.0
-        self._shown = -1
-
-    def __enter__(self) -> _Progress:
-        if sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=self.total, unit="session", desc="rollouts", file=sys.stderr)
-        return self
-
-    def update(self, done: int, failed: int) -> None:
-        if self._bar is not None:
-            self._bar.update(done - self._bar.n)
-            self._bar.set_postfix(failed=failed, refresh=False)
-            return
-        now = time.monotonic()
-        if done != self._shown and (now - self._last >= 5 or done == self.total):
-            print(f"rollouts: {done}/{self.total} sessions ended ({failed} failed)", file=sys.stderr, flush=True)
-            self._last, self._shown = now, done
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.close()
+def _progress(total: int) -> Progress:
+    """Sessions ended so far (its detail: how many failed): a bar on a terminal, otherwise a plain line every
+    few seconds and at the end."""
+    shown = Progress("rollouts", unit="sessions", total=total,
+                     line=lambda: f"rollouts: {shown.done}/{total} sessions ended ({shown.detail or '0 failed'})")
+    return shown
 
 
 def _summary(results: list[Any], rows: list[dict[str, Any]], records: Path, seconds: float) -> None:

@@ -29,7 +29,7 @@ from materializer.ledger import PromptLedger
 from materializer.prompts import TERMINAL, PromptProgress
 from materializer.records import RecordOptions
 from materializer.service import MaterializerOptions
-from schemas.errors import RollbusError
+from schemas.errors import RollbusError, SinkUnavailable
 from schemas.log import LogConfig
 from stack.nats_server import EmbeddedNats
 from stack.provision import connect, provision
@@ -135,7 +135,7 @@ class FrameworkStack:
         """Before any session of a (re-)dispatched prompt opens: its new attempt in the materializer's
         ledger, so a late session of an earlier attempt stays out of TransferQueue; then the prompt key
         ``{uid}`` tagged ``running`` (verl tagged it ``pending``)."""
-        import transfer_queue as tq
+        from materializer.transfer_queue import TransferQueueSink  # (loads Ray and TransferQueue)
 
         try:
             if self._ledger is None:
@@ -146,9 +146,10 @@ class FrameworkStack:
         except RollbusError as exc:  # the materializer still starts the attempt at its first session
             log.error("prompt %s: recording attempt %d failed: %s", prompt.uid, attempt, exc)
         try:
-            await tq.async_kv_put(key=prompt.uid, partition_id=prompt.partition, tag={"status": "running"})
-        except Exception as exc:  # TransferQueue's own errors: the materializer tags it running again
-            log.error("prompt %s: tagging it running failed: %r", prompt.uid, exc)
+            await TransferQueueSink(prompt.partition).put_prompt_statuses(
+                {prompt.uid: ("running", prompt.global_steps)})
+        except SinkUnavailable as exc:  # the materializer tags it running again
+            log.error("prompt %s: tagging it running failed: %s", prompt.uid, exc)
 
     async def wait_terminal(self, prompts: list[Prompt], *, poll: float = 0.2) -> None:
         """Until every prompt's key has a terminal status, or is gone after it was seen (a trainer took it)."""

@@ -131,13 +131,16 @@ class TransferQueueSink:
                                                    tags=tags), "put")
 
     async def put_prompt_statuses(self, statuses: dict[str, tuple[str, int]], partition: str | None = None) -> None:
-        """``uid -> (status, global_steps)``: the prompt keys' tags, in one put (tags merge into existing ones)."""
+        """``uid -> (status, global_steps)``: the prompt keys' tags, in one put (tags merge into existing ones).
+        The one writer of prompt statuses: the materializer's, the adapter's ``running``, the CLI's ``pending``
+        (:func:`tag_prompts`)."""
         if not statuses:
             return
         uids = list(statuses)
         tags = [prompt_tag(*statuses[uid]) for uid in uids]
         await self._call(tq.async_kv_batch_put(keys=uids, partition_id=partition or self.partition, tags=tags),
                          "prompt status put")
+
 
     async def listing(self, partition: str | None = None) -> dict[str, dict[str, Any]]:
         """Every key of the partition and its tags."""
@@ -153,3 +156,14 @@ class TransferQueueSink:
     async def get(self, keys: list[str], fields: list[str] | None = None, partition: str | None = None) -> TensorDict:
         return await self._call(tq.async_kv_batch_get(keys=keys, partition_id=partition or self.partition,
                                                       select_fields=fields), "get")
+
+
+def tag_prompts(statuses: dict[str, tuple[str, int]], partition: str) -> None:
+    """:meth:`TransferQueueSink.put_prompt_statuses` for a caller without an event loop, through TransferQueue's
+    synchronous API (``rollbus rollout`` tags its prompts ``pending``, as verl's trainer does before
+    ``generate_sequences``)."""
+    uids = list(statuses)
+    try:
+        tq.kv_batch_put(keys=uids, partition_id=partition, tags=[prompt_tag(*statuses[uid]) for uid in uids])
+    except _FAILURES as exc:
+        raise SinkUnavailable(f"TransferQueue prompt status put failed: {exc!r}") from exc

@@ -218,10 +218,9 @@ def _join_ray(address: str | None) -> None:
 
 def _tag_pending(uids: list[str], partition: str, global_steps: int) -> None:
     """What verl's trainer does before generate_sequences."""
-    import transfer_queue as tq
+    from materializer.transfer_queue import tag_prompts
 
-    tq.kv_batch_put(keys=uids, partition_id=partition,
-                    tags=[{"is_prompt": True, "status": "pending", "global_steps": global_steps} for _ in uids])
+    tag_prompts({uid: ("pending", global_steps) for uid in uids}, partition)
 
 
 def _progress(total: int) -> Progress:

@@ -28,18 +28,18 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
-
-from nats.js.client import JetStreamContext
 
 from schemas.errors import RollbusError
 from schemas.log import LogConfig
-from stack.nats_server import EmbeddedNats
-from stack.provision import connect
 from stack.user_error import UserError, check_writable_dir, one_line
 
+if TYPE_CHECKING:  # (the CLI's parser is built without NATS: `--help` answers at once)
+    from nats.js.client import JetStreamContext
+
 # A tool's body: (JetStream, log names, parsed args) -> exit code.
-ToolMain = Callable[[JetStreamContext, LogConfig, argparse.Namespace], Awaitable[int]]
+ToolMain = Callable[["JetStreamContext", LogConfig, argparse.Namespace], Awaitable[int]]
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
 
@@ -147,6 +147,8 @@ async def opened_log(place: str | Path, *, name: str) -> AsyncIterator[str]:
     if isinstance(place, str):
         yield place
         return
+    from stack.nats_server import EmbeddedNats
+
     embedded = await asyncio.to_thread(EmbeddedNats(place, name=name).start)
     try:
         yield embedded.url
@@ -223,6 +225,8 @@ async def check_nats(url: str, *, where: str = "") -> None:
 async def run_tool(args: argparse.Namespace, main: ToolMain, *, cfg: LogConfig = LogConfig()) -> int:
     """Find the log (:func:`find_log`), connect, run ``main``, close; errors become one line on stderr and exit
     code 2. ``args.log_url`` is the URL it ran against."""
+    from stack.provision import connect
+
     try:
         place = await find_log(args)
         async with opened_log(place, name=f"rollbus-{args.command}") as url:

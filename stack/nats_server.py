@@ -120,9 +120,6 @@ from types import TracebackType
 from typing import IO, Literal, Self
 from urllib.parse import urlsplit
 
-import httpx
-import psutil
-
 from schemas.errors import RollbusError
 
 log = logging.getLogger(__name__)
@@ -141,6 +138,8 @@ Fsync = Literal["default", "always"]
 
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie holds no store: it is dead, only not yet reaped)."""
+    import psutil  # (imported where used: the CLI reads FSYNC_MODES from here while it builds its parser)
+
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:  # gone (or not ours to see)
@@ -149,6 +148,8 @@ def _alive(pid: int) -> bool:
 
 def _terminate(pid: int, timeout_s: float) -> None:
     """SIGTERM a process that is not our child, then SIGKILL once ``timeout_s`` passed."""
+    import psutil
+
     try:
         process = psutil.Process(pid)
         process.terminate()
@@ -164,6 +165,8 @@ def _terminate(pid: int, timeout_s: float) -> None:
 
 def _servers_on(store_dir: Path) -> list[int]:
     """The pids of the nats-server processes running on ``store_dir``."""
+    import psutil
+
     found = []
     for process in psutil.process_iter(["cmdline"]):
         argv = process.info["cmdline"] or []
@@ -367,6 +370,8 @@ class EmbeddedNats:
     def jetstream_config(self, timeout_s: float = 2.0) -> dict[str, object]:
         """The running server's JetStream settings, from ``/varz`` (``store_dir``, ``max_storage``,
         ``sync_interval`` in ns, ``sync_always``, ...)."""
+        import httpx
+
         try:
             varz = httpx.get(self.monitoring_url + "/varz", timeout=timeout_s).json()
         except (httpx.HTTPError, ValueError) as exc:
@@ -427,6 +432,8 @@ class EmbeddedNats:
         self.monitoring_url = ports["monitoring"][0]
 
     def _healthy(self) -> bool:
+        import httpx
+
         try:
             return httpx.get(self.monitoring_url + "/healthz?js-enabled-only=true", timeout=1.0).status_code == 200
         except httpx.HTTPError:

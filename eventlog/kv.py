@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -34,6 +34,23 @@ from schemas.errors import LogUnavailable, RevisionConflict
 T = TypeVar("T")
 
 _KV_OPERATION = "KV-Operation"  # the header of a delete or purge marker in a bucket's stream
+
+
+class Kv(Protocol):
+    """A KV bucket as its users see it: :class:`KvStore` on JetStream, ``rollbus.testing.memory_kv.InMemoryKv``
+    in memory; ``tests/contract/kv_contract.py`` holds both to one contract."""
+
+    bucket: str
+
+    async def entry(self, key: str) -> KvEntry: ...
+    async def get(self, key: str) -> tuple[bytes, int] | None: ...
+    async def create(self, key: str, value: bytes) -> int: ...
+    async def update(self, key: str, value: bytes, revision: int) -> int: ...
+    async def write(self, key: str, value: bytes, revision: int) -> int: ...
+    async def put(self, key: str, value: bytes) -> int: ...
+    async def delete(self, key: str, revision: int | None = None) -> None: ...
+    async def keys(self) -> list[str]: ...
+    def items(self) -> AsyncIterator[tuple[str, bytes]]: ...
 
 
 class KvEntry(NamedTuple):

@@ -42,13 +42,13 @@ from eventlog.lag import Watched, consumer_lag
 from eventlog.publisher import Appended, EventLog
 from schemas.errors import RollbusError
 from schemas.events import Event
+from schemas.log import COMPONENTS
 
 log = logging.getLogger(__name__)
 
 G = TypeVar("G")
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-COMPONENTS = ("edge", "projector", "materializer")
 LAG_INTERVAL_S = 5.0  # how often watch_lag samples the consumers
 
 # rollbus_turns_total's status label

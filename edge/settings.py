@@ -13,6 +13,9 @@ Clock = Callable[[], float]
 """Where the edge reads the time (``time.time``; a test's own clock in tests)."""
 
 
+SEND_TIMEOUT_S = 60.0  # a connection whose client takes none of its reply for this long is closed (TCP_USER_TIMEOUT)
+
+
 class EdgeSettings(msgspec.Struct, frozen=True, kw_only=True):
     public_url: str = "http://127.0.0.1:8000"  # where agents reach this edge (session URLs)
     admin_token: str = ""

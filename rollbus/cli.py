@@ -23,40 +23,51 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import os
 import secrets
 import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 import msgspec
 
-from edge.codec.fidelity import load_codec
-from edge.settings import EdgeSettings
-from materializer.service import MaterializerOptions
-from rollbus.commands import demo, export, materialize, replay, rollout, sessions, view
+from edge.settings import SEND_TIMEOUT_S, EdgeSettings
 from rollbus.tools import EXIT_ERROR, LOG_LEVEL_HELP, check_nats, duration, number, size
 from schemas.errors import RollbusError
-from schemas.log import MAX_PAYLOAD, LogConfig
-from stack.heap import settle_heap
+from schemas.log import COMPONENTS, MAX_PAYLOAD, LogConfig
 from stack.nats_server import FSYNC_MODES
-from stack.provision import Retention, bytes_text
-from stack.runtime import (
-    COMPONENTS,
-    SEND_TIMEOUT_S,
-    Stack,
-    StackOptions,
-    check_options,
-    engine_summary,
-    model_defaults,
-)
 from stack.user_error import UserError, one_line
 
-# Commands beyond the stack itself: each module has ``register(subparsers)`` and sets
-# ``run(args) -> int`` as the parser default.
-TOOL_COMMANDS = [demo, replay, sessions, materialize, rollout, view, export]
+if TYPE_CHECKING:  # the rest is imported where it is used: `rollbus --help` answers without loading the stack
+    from materializer.service import MaterializerOptions
+    from stack.provision import Retention
+    from stack.runtime import Stack, StackOptions
+
+class Command(NamedTuple):
+    """A command beyond the stack itself: the module whose ``register(parsers)`` gives its flags and sets
+    ``run(args) -> int`` as its parser's default, imported only when the command is the one asked for."""
+
+    module: str
+    help: str
+
+
+TOOLS: dict[str, Command] = {
+    "demo": Command("rollbus.commands.demo", "run sample agent sessions and summarize the records"),
+    "replay": Command("rollbus.commands.replay", "rebuild a session from the log; --verify checks materialized "
+                                                  "records"),
+    "sessions": Command("rollbus.commands.sessions", "list sessions with status, model turns, chains and reward"),
+    "materialize": Command("rollbus.commands.materialize", "rebuild training records from the log into a new "
+                                                            "dataset"),
+    "rollout": Command("rollbus.commands.rollout", "run agent rollouts over a prompts dataset (no trainer)"),
+    "view": Command("rollbus.commands.view", "the trajectory viewer: a web page of sessions and their tokens"),
+    "export": Command("rollbus.commands.export", "write sessions' raw log (envelopes, pieces, markers) to a file"),
+    "import": Command("rollbus.commands.export", "load an export into a log (idempotent)"),
+}
+STACK_HELP = {"up": "run the whole stack in the foreground", "edge": "run the HTTP edge alone",
+              "projector": "run the session projector alone", "materializer": "run the materializer alone"}
 
 STATE_FILE = "edge.json"  # <data-dir>/edge.json: where a running `rollbus up` can be reached
 
@@ -138,6 +149,9 @@ def _rate(text: str) -> int:
 
 
 def _materializer_flags(parser: argparse.ArgumentParser) -> None:
+    from materializer.service import MaterializerOptions
+    from rollbus.commands import materialize
+
     group = parser.add_argument_group("materializer")
     group.add_argument("--transfer-queue", action="store_true",
                        help="also write records to TransferQueue (verl's data plane), beside Parquet")
@@ -156,6 +170,9 @@ def _materializer_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _materializer_options(args: argparse.Namespace) -> MaterializerOptions:
+    from materializer.service import MaterializerOptions
+    from rollbus.commands import materialize
+
     return MaterializerOptions(
         records=materialize.record_options(args), rollout_n=args.rollout_n, padding=materialize.padding(args),
         transfer_queue=args.transfer_queue, ray_address=args.ray_address, tq_partition=args.tq_partition,
@@ -178,6 +195,8 @@ def _log_flags(parser: argparse.ArgumentParser) -> None:
 
 def _retention(args: argparse.Namespace) -> Retention | None:
     """The log's limits from ``rollbus up``'s flags (other commands leave them as they are)."""
+    from stack.provision import Retention
+
     if not hasattr(args, "retention_max_age"):
         return None
     window = LogConfig().duplicate_window_s
@@ -211,27 +230,44 @@ def _metrics_flags(parser: argparse.ArgumentParser, default: int) -> None:
                        help="address /metrics listens on [127.0.0.1]")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``command``, only that command's flags are added (its module alone is imported), so
+    that ``rollbus --help`` and ``rollbus <command> --help`` answer at once; ``""``: no command's flags."""
     parser = Parser(prog="rollbus", description="Event-sourced trajectory gateway for agentic RL.")
     sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="run the whole stack in the foreground")
-    _common(up, edge=True, nats_required=False)
-    _log_flags(up)
-    _materializer_flags(up)
-    _common(sub.add_parser("edge", help="run the HTTP edge alone"), edge=True, nats_required=True)
-    projector = sub.add_parser("projector", help="run the session projector alone")
-    _common(projector, edge=False, nats_required=True)
-    _metrics_flags(projector, PROJECTOR_METRICS_PORT)
-    alone = sub.add_parser("materializer", help="run the materializer alone")
-    _common(alone, edge=False, nats_required=True)
-    _metrics_flags(alone, MATERIALIZER_METRICS_PORT)
-    _materializer_flags(alone)
-    for command in TOOL_COMMANDS:
-        command.register(sub)
+    parsers = {name: sub.add_parser(name, help=text) for name, text in
+               [*STACK_HELP.items(), *((name, tool.help) for name, tool in TOOLS.items())]}
+    wanted = set(parsers) if command is None else {command}
+    if "up" in wanted:
+        _common(parsers["up"], edge=True, nats_required=False)
+        _log_flags(parsers["up"])
+        _materializer_flags(parsers["up"])
+    if "edge" in wanted:
+        _common(parsers["edge"], edge=True, nats_required=True)
+    if "projector" in wanted:
+        _common(parsers["projector"], edge=False, nats_required=True)
+        _metrics_flags(parsers["projector"], PROJECTOR_METRICS_PORT)
+    if "materializer" in wanted:
+        _common(parsers["materializer"], edge=False, nats_required=True)
+        _metrics_flags(parsers["materializer"], MATERIALIZER_METRICS_PORT)
+        _materializer_flags(parsers["materializer"])
+    modules = dict.fromkeys(TOOLS[name].module for name in TOOLS if name in wanted)
+    for module in modules:  # (a module registers every command it runs: export and import)
+        importlib.import_module(module).register({name: parsers[name] for name in TOOLS
+                                                  if TOOLS[name].module == module})
     return parser
 
 
+def _command_of(argv: list[str]) -> str:
+    """The command ``argv`` names (its first word), or ``""`` when it names none the parser knows."""
+    first = argv[0] if argv else ""
+    return first if first in STACK_HELP or first in TOOLS else ""
+
+
 def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOptions:
+    from materializer.service import MaterializerOptions
+    from stack.runtime import StackOptions, model_defaults
+
     edge = "edge" in components
     tokenizer, tool_format = (model_defaults(args.engine, args.model, args.tokenizer, args.tool_format) if edge
                               else ("builtin:qwen2.5", "hermes"))
@@ -266,6 +302,9 @@ def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOpti
 
 
 def _announce(stack: Stack) -> None:
+    from stack.provision import Retention
+    from stack.runtime import engine_summary
+
     options = stack.options
     print(f"rollbus {' + '.join(options.components)} running", flush=True)
     nats_kind = "external" if options.nats_url else f"embedded, store {options.data_dir / 'nats'}"
@@ -290,6 +329,8 @@ def _announce(stack: Stack) -> None:
 
 
 def _store_limit(stack: Stack) -> str:
+    from stack.provision import bytes_text
+
     if stack.nats is None:
         return ""
     try:
@@ -318,6 +359,9 @@ def _write_state(stack: Stack) -> Path | None:
 
 
 async def _serve(options: StackOptions) -> int:
+    from stack.heap import settle_heap
+    from stack.runtime import Stack
+
     if options.nats_url:  # refuse at once a --nats nothing listens on (connect() would wait 10 s)
         await check_nats(options.nats_url)
     stack = Stack(options)
@@ -353,7 +397,8 @@ def _log_level(name: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(_command_of(argv)).parse_args(argv)
     try:
         return _run(args)
     except UserError as exc:
@@ -364,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from edge.codec.fidelity import load_codec
+    from stack.runtime import check_options
+
     logging.basicConfig(level=_log_level(args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command not in ("up", *COMPONENTS):
         return int(args.run(args))

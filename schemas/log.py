@@ -137,6 +137,10 @@ def fit_envelopes(events: Sequence[Event], limit: int, payload: bytes | None = N
     return [Envelope([event], payload, pieces)]
 
 
+# The parts of a stack: the log's writer (the edge) and its two consumers; each runs alone too.
+COMPONENTS = ("edge", "projector", "materializer")
+
+
 class ReadySignal(msgspec.Struct, frozen=True, kw_only=True):
     """On the ready stream: a session ended (finalized or aborted) and is ready to materialize. The projector
     publishes it, the materializer consumes it."""

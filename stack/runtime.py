@@ -43,7 +43,7 @@ from edge.metrics import LAG_INTERVAL_S, Metrics, MetricsServer, TimedEngine, Ti
 from edge.ownership import KvLeases
 from edge.service import EdgeService
 from edge.session_index import KvSessionIndex
-from edge.settings import EdgeSettings
+from edge.settings import SEND_TIMEOUT_S, EdgeSettings
 from edge.turns import Clock, TurnRunner
 from eventlog.lag import Watched
 from eventlog.publisher import JetStreamLog
@@ -51,7 +51,7 @@ from eventlog.reader import last_stream_seq, load_state, read_session
 from materializer.parquet import ParquetSink
 from materializer.service import Materializer, MaterializerOptions
 from reward.scorer import RewardScorer, load_scorer
-from schemas.log import LogConfig
+from schemas.log import COMPONENTS, LogConfig
 from session_projector.projections import current_summary, iter_projections
 from session_projector.service import Projector
 from stack.heap import HeapKeeper
@@ -64,8 +64,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-COMPONENTS = ("edge", "projector", "materializer")
-SEND_TIMEOUT_S = 60.0  # a connection whose client takes none of its reply for this long is closed (TCP_USER_TIMEOUT)
 DATA_SUBDIRS = ("nats", "trajectories", ".trajectories-staging")  # what the stack writes under --data-dir
 LOCK_FILE = "rollbus.lock"  # <data-dir>/rollbus.lock: held by the stack that runs the embedded nats-server
 

@@ -242,14 +242,14 @@ async def _counted(job: Awaitable[dict[str, Any]], progress: Progress) -> dict[s
     return result
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    demo = sub.add_parser(
-        "demo", help="run sample agent sessions and summarize the records",
-        description="Run calculator-agent sessions (OpenAI SDK, one tool) through a stack, post their rewards, "
-                    "finalize them and print one line per materialized trajectory. The stack is the edge of --url, "
-                    "else the running `rollbus up` of --data-dir, else an embedded one started in --data-dir.",
-        epilog="exit status: 0 when every session was materialized; 1 when some were not in time; 2 for a mistake "
-               "(no edge at --url, a refused admin token, a --model that does not exist, an unusable --data-dir)")
+def register(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """Flags and defaults of the commands this module runs, on the parsers the CLI made for them."""
+    demo = parsers["demo"]
+    demo.description = ("Run calculator-agent sessions (OpenAI SDK, one tool) through a stack, post their rewards, "
+                        "finalize them and print one line per materialized trajectory. The stack is the edge of --url, "
+                        "else the running `rollbus up` of --data-dir, else an embedded one started in --data-dir.")
+    demo.epilog = ("exit status: 0 when every session was materialized; 1 when some were not in time; 2 for a mistake "
+                   "(no edge at --url, a refused admin token, a --model that does not exist, an unusable --data-dir)")
     demo.add_argument("--url", metavar="URL",
                       help="a running edge, e.g. http://127.0.0.1:8000 [the one in <data-dir>/edge.json, "
                            "else an embedded stack]")

@@ -76,10 +76,11 @@ def since(text: str) -> dt.datetime:
     return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    export = sub.add_parser("export", help="write sessions' raw log (envelopes, pieces, markers) to a file",
-                            description="Write the raw event log of one session, or of every session, as JSON "
-                                        "lines or Parquet, for long-term audit; `rollbus import` loads it back.")
+def register(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """Flags and defaults of the commands this module runs, on the parsers the CLI made for them."""
+    export = parsers["export"]
+    export.description = ("Write the raw event log of one session, or of every session, as JSON "
+                          "lines or Parquet, for long-term audit; `rollbus import` loads it back.")
     export.add_argument("session_id", nargs="?", help="the session to export")
     export.add_argument("--all", action="store_true", help="every session of the log")
     export.add_argument("--since", type=since, metavar="DURATION|ISO",
@@ -90,12 +91,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="the file to write (new)")
     add_connection_args(export)
     export.set_defaults(run=run_export)
-    load = sub.add_parser("import", help="load an export into a log (idempotent)",
-                          description="Republish an export's sessions into a log: --nats URL, else the running "
-                                      "`rollbus up` of --data-dir, else an embedded nats-server on "
-                                      "<data-dir>/nats (created when missing).",
-                          epilog="exit status: 0 when every session is in the log; 2 when one was refused (the "
-                                 "log holds a different event for it), or for a mistake")
+    load = parsers["import"]
+    load.description = ("Republish an export's sessions into a log: --nats URL, else the running "
+                        "`rollbus up` of --data-dir, else an embedded nats-server on "
+                        "<data-dir>/nats (created when missing).")
+    load.epilog = ("exit status: 0 when every session is in the log; 2 when one was refused (the "
+                   "log holds a different event for it), or for a mistake")
     load.add_argument("file", type=Path, help="a file written by `rollbus export`")
     add_connection_args(load)
     load.set_defaults(run=run_import)

@@ -76,12 +76,13 @@ def padding(args: argparse.Namespace) -> Padding | None:
                    pad_token_id=args.pad_token_id, overflow=args.overflow)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    cmd = sub.add_parser("materialize", help="rebuild training records from the log into a new dataset",
-                         description="Rebuild the records of every finalized session from the log into a new "
-                                     "dataset; the log is --nats URL, else the running `rollbus up` of "
-                                     "--data-dir, else an embedded nats-server on <data-dir>/nats.",
-                         epilog=EXIT_STATUS)
+def register(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """Flags and defaults of the commands this module runs, on the parsers the CLI made for them."""
+    cmd = parsers["materialize"]
+    cmd.description = ("Rebuild the records of every finalized session from the log into a new "
+                       "dataset; the log is --nats URL, else the running `rollbus up` of "
+                       "--data-dir, else an embedded nats-server on <data-dir>/nats.")
+    cmd.epilog = EXIT_STATUS
     cmd.add_argument("--from-log", action="store_true", required=True, help="read every session from the log")
     cmd.add_argument("--out", type=Path, required=True, help="directory of the new dataset (must hold none)")
     cmd.add_argument("--diff", type=Path, metavar="DIR",

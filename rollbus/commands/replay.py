@@ -38,8 +38,9 @@ from session.views import ChainView, chain_tokens, chain_views
 from session_projector.replay import Replayed, ReplayStats, replay_all, replay_one
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("replay", help="rebuild a session from the log; --verify checks materialized records")
+def register(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """Flags and defaults of the commands this module runs, on the parsers the CLI made for them."""
+    parser = parsers["replay"]
     parser.add_argument("session_id", nargs="?", help="the session to replay or verify")
     parser.add_argument("--verify", action="store_true", help="compare re-derived records with the markers")
     parser.add_argument("--all", action="store_true", help="with --verify: every session in the log")

@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 DEFAULT_CONFIG = "builtin"
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("rollout", help="run agent rollouts over a prompts dataset (no trainer)")
+def register(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """Flags and defaults of the commands this module runs, on the parsers the CLI made for them."""
+    parser = parsers["rollout"]
     parser.add_argument("--config", default=DEFAULT_CONFIG,
                         help="verl-style YAML (actor_rollout_ref.rollout.custom.agent_framework ...) [built-in: "
                              "run_task on the local engine]")

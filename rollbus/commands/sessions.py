@@ -31,23 +31,26 @@ import argparse
 import asyncio
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import msgspec
-from nats.js.client import JetStreamContext
 
 from rollbus.tools import EXIT_OK, add_connection_args, run_tool
 from schemas.log import LogConfig
 from session.summary import ChainSummary, SessionSummary, summarize
-from session_projector.projections import iter_projections
+
+if TYPE_CHECKING:  # (NATS and the projections are imported when the command runs: its --help answers at once)
+    from nats.js.client import JetStreamContext
 
 STATUSES = ("open", "finalized", "aborted", "quarantined")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("sessions", help="list sessions with status, model turns, chains and reward",
-                            description="List the sessions the projector knows (the projections, no replay): "
-                                        "status, uid, model_turns (the model's replies), chains, trajectories, "
-                                        "reward.")
+def register(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """Flags and defaults of the commands this module runs, on the parsers the CLI made for them."""
+    parser = parsers["sessions"]
+    parser.description = ("List the sessions the projector knows (the projections, no replay): "
+                          "status, uid, model_turns (the model's replies), chains, trajectories, "
+                          "reward.")
     parser.add_argument("--status", choices=STATUSES, help="only sessions with this status")
     parser.add_argument("--uid", help="only sessions of this prompt uid")
     parser.add_argument("--limit", type=int, default=50, help="show the latest N, newest first [50]")
@@ -60,6 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 async def sessions_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Namespace) -> int:
+    from session_projector.projections import iter_projections
+
     summaries = [summarize(p.state) async for p in iter_projections(js, cfg)]
     counts = Counter(shown_status(s) for s in summaries)
     chosen = sorted((s for s in summaries if _wanted(s, args)), key=lambda s: (-s.opened_at, s.session_id))

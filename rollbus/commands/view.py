@@ -27,11 +27,12 @@ from stack.user_error import UserError
 from viewer.server import Viewer
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("view", help="the trajectory viewer: a web page of sessions and their tokens",
-                            description="Serve the trajectory viewer: the session list (from the projections) "
-                                        "and each session's chains, tokens, turns, reward and audit trail "
-                                        "(replayed from the log).")
+def register(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """Flags and defaults of the commands this module runs, on the parsers the CLI made for them."""
+    parser = parsers["view"]
+    parser.description = ("Serve the trajectory viewer: the session list (from the projections) "
+                          "and each session's chains, tokens, turns, reward and audit trail "
+                          "(replayed from the log).")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
     parser.add_argument("--port", type=number(int, at_least=0, at_most=65535), default=8090,
                         help="port to listen on; 0: any free port [8090]")

@@ -13,7 +13,8 @@ from openai import OpenAI
 from rollbus.cli import _options, build_parser
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, ScriptedServer
 from rollbus.testing.scripted_vllm import ScriptedVLLMServer
-from stack.runtime import COMPONENTS, StackOptions, build_engine
+from schemas.log import COMPONENTS
+from stack.runtime import StackOptions, build_engine
 from tests.e2e.test_cli import Up
 
 HEADERS = {"Authorization": "Bearer tok"}

@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from edge.metrics import COMPONENTS, Metrics
+from edge.metrics import Metrics
+from schemas.log import COMPONENTS
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "ops" / "grafana" / "rollbus.json"
 METRIC = re.compile(r"\brollbus_[a-z0-9_]+\b")

@@ -13,6 +13,7 @@ rest of :mod:`edge.codec.parsers`.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -20,6 +21,8 @@ import msgspec
 
 from edge.codec.conversation import ToolSpec
 from schemas.events import ToolCall
+
+log = logging.getLogger(__name__)
 
 _json = msgspec.json.Decoder()
 
@@ -45,6 +48,36 @@ class ToolParser(Protocol):
     def parse(self, text: str, call_id: CallId, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
         """``tools``: the request's tools (parsers that convert values by their schema use them)."""
         ...
+
+
+class ToolStream(Protocol):
+    """A reply's text in pieces: :meth:`feed` gives the content that can be shown now,
+    :meth:`finish` the content not shown yet and the parse of the whole text."""
+
+    def feed(self, text: str) -> str: ...
+
+    def finish(self) -> tuple[str, ParsedOutput]: ...
+
+
+class StreamingToolParser(ToolParser, Protocol):
+    """A parser that streams in its own way (SGLang's ``parse_stream_chunk``), not by ``start_markers``."""
+
+    def stream(self, call_id: CallId, tools: Sequence[ToolSpec] = ()) -> ToolStream: ...
+
+
+def settle(shown: str, parsed: ParsedOutput, parser: str) -> tuple[str, ParsedOutput]:
+    """The end of a streamed reply: the content of ``parsed`` (the whole text's) not ``shown`` yet, and
+    the record. Content already shown is recorded as shown (the client saw it): where the whole parse
+    begins with it but for whitespace around it (SGLang's whole parse strips the text before a call, its
+    stream does not), the rest follows it; where it does not, with a warning."""
+    if parsed.content.startswith(shown):
+        return parsed.content[len(shown):], parsed
+    content, text = parsed.content.strip(), shown.strip()
+    if content.startswith(text):
+        rest = content[len(text):]
+        return rest, msgspec.structs.replace(parsed, content=shown + rest)
+    log.warning("tool parser %s changed content already streamed; recording what was shown", parser)
+    return "", msgspec.structs.replace(parsed, content=shown)
 
 
 def json_call(body: str | dict[str, object], call_id: str) -> ToolCall | str:

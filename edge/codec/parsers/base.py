@@ -67,15 +67,10 @@ class StreamingToolParser(ToolParser, Protocol):
 
 def settle(shown: str, parsed: ParsedOutput, parser: str) -> tuple[str, ParsedOutput]:
     """The end of a streamed reply: the content of ``parsed`` (the whole text's) not ``shown`` yet, and
-    the record. Content already shown is recorded as shown (the client saw it): where the whole parse
-    begins with it but for whitespace around it (SGLang's whole parse strips the text before a call, its
-    stream does not), the rest follows it; where it does not, with a warning."""
+    the record. Content already shown that the whole parse does not begin with is kept as shown (the
+    client saw it), with a warning."""
     if parsed.content.startswith(shown):
         return parsed.content[len(shown):], parsed
-    content, text = parsed.content.strip(), shown.strip()
-    if content.startswith(text):
-        rest = content[len(text):]
-        return rest, msgspec.structs.replace(parsed, content=shown + rest)
     log.warning("tool parser %s changed content already streamed; recording what was shown", parser)
     return "", msgspec.structs.replace(parsed, content=shown)
 

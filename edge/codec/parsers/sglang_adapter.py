@@ -109,7 +109,7 @@ class SGLangParser:
             if not isinstance(item.name, str) or not isinstance(item.parameters, str):
                 return ParsedOutput(content=text, parse_error=f"sglang {self.detector} returned an incomplete call")
             calls.append(ToolCall(id=call_id(index), name=item.name, arguments=item.parameters))
-        return ParsedOutput(content=normal.rstrip() if calls else normal, tool_calls=tuple(calls))
+        return ParsedOutput(content=_text_before(text, normal) if calls else normal, tool_calls=tuple(calls))
 
     def stream(self, call_id: CallId, tools: Sequence[ToolSpec] = ()) -> SGLangToolStream:
         return SGLangToolStream(self, call_id, tools)
@@ -222,6 +222,17 @@ def _pieces(reasoning: str | None, normal: str | None) -> list[Piece]:
     if normal:
         out.append(("content", normal))
     return out
+
+
+def _text_before(text: str, normal: str) -> str:
+    """The content of a reply with calls, by the :class:`~edge.codec.parsers.ToolParser` protocol: the
+    text as written, trailing whitespace aside. SGLang's detectors strip it; its leading whitespace
+    (the newlines after ``</think>``) is given back when the text begins with what they kept."""
+    content = normal.rstrip()
+    body = text.lstrip()
+    if content and body.startswith(content.lstrip()):
+        return text[:len(text) - len(body)] + content.lstrip()
+    return content
 
 
 def _start_markers(detector_class: Any) -> tuple[str, ...]:

@@ -152,7 +152,7 @@ MARKERS = re.compile("|".join(map(re.escape, [
     "[TOOL_CALLS]", *map(_ds, ["tool▁calls▁begin", "tool▁call▁begin", "tool▁sep", "tool▁call▁end", "tool▁calls▁end"]),
     "<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
     "<|tool_call_end|>", "<|tool_calls_section_end|>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
-    "<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|constrain|>", "<|call|>"])))
+    "<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|constrain|>", "<|call|>", "<think>", "</think>"])))
 
 
 def tokens(text: str) -> list[str]:
@@ -286,3 +286,26 @@ def test_sglang_stream_divergences_are_as_documented() -> None:
     assert calls == two[:1] and '"get_weather"' in normal
     for name in ("hermes", "mistral"):  # the whole parses and the edge's streams are right
         assert read(sglang(name).parse(FORMATS[name][0]("", two), call_ids(1), TOOLS).tool_calls) == two
+
+
+REASONING_FORMATS = ("qwen3", "deepseek-r1", "glm45", "kimi_k2", "minimax")  # <think> ... </think> ahead of the reply
+
+
+@pytest.mark.parametrize("fmt", REASONING_FORMATS)
+@SETTINGS
+@given(reasoning=TEXT.map(str.strip).filter(bool), content=TEXT.map(str.strip).filter(bool), data=st.data())
+def test_sglang_reasoning_streamed_equals_whole_and_reads_what_ours_reads(fmt: str, reasoning: str, content: str,
+                                                                          data: st.DataObject) -> None:
+    """Reasoning and content: SGLang's keep the newlines around the reasoning and ahead of the
+    content, which ours strips; otherwise the same, streamed or whole. (Whitespace-only content
+    aside: SGLang's streams drop what its whole parse keeps.)"""
+    output = f"<think>\n{reasoning}\n</think>\n\n{content}"
+    sglang_reasoning = make_reasoning(f"sglang:{fmt}")
+    whole = sglang_reasoning.split(output)
+    stream = sglang_reasoning.stream()
+    pieces = [p for chunk in data.draw(chunked(output)) for p in stream.feed(chunk)]
+    pieces += stream.finish()
+    streamed = ("".join(t for k, t in pieces if k == "reasoning") or None, "".join(t for k, t in pieces
+                                                                              if k == "content"))
+    assert streamed == whole == (f"\n{reasoning}\n", f"\n\n{content}")
+    assert make_reasoning("think").split(output) == (reasoning or None, content)

@@ -6,15 +6,18 @@
 ``kimi_k2``, ...): the code an SGLang server runs for ``--tool-call-parser NAME`` and
 ``--reasoning-parser NAME``. ``sglang`` comes with the ``sglang`` extra (README, Install).
 
-Whole replies go through ``parse_non_stream``; streamed ones through ``parse_stream_chunk``,
+Whole replies go through ``parse_non_stream``, the text before the calls given back its
+leading whitespace (:func:`_text_before`); streamed ones through ``parse_stream_chunk``,
 one parser per reply (SGLang's parsers keep streaming state):
 
 - tool calls (:class:`SGLangToolStream`): the normal text the detector releases is shown as
   it comes, holding back trailing whitespace and stopping at the first call; at the end the
   whole text is parsed, which the record and the calls come from, and the rest of its
-  content is shown (so a streamed reply ends with the same record as a whole one; where
-  SGLang's streaming showed text its whole parse does not have, what was shown is kept, as
-  for every parser: :func:`edge.codec.parsers.base.settle`);
+  content is shown. So a streamed reply ends with the same record as a whole one (tested for
+  nine formats however the text is cut, ``tests/unit/test_parser_differential.py``), though
+  SGLang's own streams lose calls when a piece spans two; where SGLang's stream showed text
+  its whole parse does not have, what was shown is kept, as for every parser
+  (:func:`edge.codec.parsers.base.settle`);
 - reasoning (:class:`SGLangReasoningStream`): what the detector calls reasoning and normal
   text goes out as it comes.
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -94,6 +94,7 @@ class SGLangParser:
         self.detector = detector
         self.name = PREFIX + detector
         self.start_markers = _start_markers(detectors[detector])
+        _built(lambda: self.new(()), f"--tool-format {self.name}")
 
     def new(self, tools: Sequence[ToolSpec]) -> Any:
         """A fresh ``FunctionCallParser`` for one reply to a request with ``tools``."""
@@ -172,6 +173,7 @@ class SGLangReasoning:
         self.detector = detector
         self.name = PREFIX + detector
         self._force = True if starts_open else None  # None: the detector's own default
+        _built(self.new, f"--reasoning-format {self.name}")
 
     def new(self) -> Any:
         """A fresh ``ReasoningParser`` for one reply."""
@@ -216,6 +218,15 @@ class SGLangReasoningStream:
         except Exception as exc:
             log.warning("sglang %s streaming reasoning parser failed at the end: %r", self._detector, exc)
             return []
+
+
+def _built(build: Callable[[], object], what: str) -> None:
+    """Refuse, naming why, a parser SGLang cannot build from a name alone (``response_template``
+    wants the model's template)."""
+    try:
+        build()
+    except Exception as exc:
+        raise ValueError(f"{what}: sglang cannot build it here ({' '.join(str(exc).split())})") from exc
 
 
 def _pieces(reasoning: str | None, normal: str | None) -> list[Piece]:

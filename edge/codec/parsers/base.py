@@ -40,7 +40,8 @@ class ToolParser(Protocol):
     """``start_markers``: the strings that can begin a tool call (``<tool_call>``). A
     streamed reply shows content up to the first one and parses the rest at the end, so
     ``parse(text).content`` must begin with the text before the first marker, trailing
-    whitespace aside."""
+    whitespace aside. A parser may also have ``stream(call_id, tools) -> ToolStream``: its own
+    way to stream (SGLang's ``parse_stream_chunk``), used instead of the one by markers."""
 
     name: str
     start_markers: tuple[str, ...]
@@ -57,12 +58,6 @@ class ToolStream(Protocol):
     def feed(self, text: str) -> str: ...
 
     def finish(self) -> tuple[str, ParsedOutput]: ...
-
-
-class StreamingToolParser(ToolParser, Protocol):
-    """A parser that streams in its own way (SGLang's ``parse_stream_chunk``), not by ``start_markers``."""
-
-    def stream(self, call_id: CallId, tools: Sequence[ToolSpec] = ()) -> ToolStream: ...
 
 
 def settle(shown: str, parsed: ParsedOutput, parser: str) -> tuple[str, ParsedOutput]:

@@ -21,6 +21,7 @@ class EdgeSettings(msgspec.Struct, frozen=True, kw_only=True):
     admin_token: str = ""
     tokenizer: str = "builtin:qwen2.5"
     tool_format: str = "hermes"  # multi_turn.format: must match the chat template
+    reasoning_format: str = "think"  # how reasoning is read out of replies: think or sglang:NAME
     max_trajectory_length: int = 32768  # prompt + response tokens of one chain
     default_max_tokens: int = 4096  # per turn, when neither request nor session says
     max_request_bytes: int = 16 * 1024 * 1024

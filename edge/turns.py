@@ -22,6 +22,7 @@ from edge.codec.constraint import MARKERS, derive_constraint
 from edge.codec.conversation import Conversation, Message, TurnOutcome
 from edge.codec.digest import extend, prefix_digests, tools_digest
 from edge.codec.incremental import NoRoom, TemplateCodec, TemplateNotIncremental
+from edge.codec.parsers import make_reasoning
 from edge.codec.parsers.base import ParsedOutput, ToolParser
 from edge.codec.reasoning import opens_reasoning
 from edge.codec.reply import ReplyParser, call_ids
@@ -195,7 +196,9 @@ class TurnRunner:
         self._engine = engine
         self._log = log
         self._clock = clock
-        self.replies = ReplyParser(parser, starts_in_reasoning=opens_reasoning(codec.generation_prompt))
+        opened = opens_reasoning(codec.generation_prompt)
+        self.replies = ReplyParser(parser, starts_in_reasoning=opened,
+                                   reasoning=make_reasoning(settings.reasoning_format, starts_open=opened))
         self._token_markers = frozenset(m for m in MARKERS if codec.tokenizer.is_added_token(m))
         self._offloaded = asyncio.Semaphore(OFFLOADED)
         self.metrics = metrics if metrics is not None else Metrics()

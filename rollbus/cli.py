@@ -121,6 +121,9 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
     parser.add_argument("--tool-format", default=None,
                         help="tool-call parser: hermes, qwen3_coder, llama3, smollm2, none or sglang:NAME; must "
                              "match the chat template (checked at startup) [the model's, else hermes]")
+    parser.add_argument("--reasoning-format", default="think",
+                        help="reasoning parser: think (<think> ... </think>) or sglang:NAME (SGLang's reasoning "
+                             "parser NAME: qwen3, deepseek-r1, kimi_k2, gpt-oss, ...) [think]")
     parser.add_argument("--max-trajectory-length", type=number(int, at_least=2), default=32768, metavar="TOKENS",
                         help="prompt + response tokens per chain; past it the chain is closed [32768]")
     parser.add_argument("--admin-token", default=os.environ.get("ROLLBUS_ADMIN_TOKEN", ""),
@@ -284,6 +287,7 @@ def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOpti
         health_interval=args.health_interval if edge else 5.0,
         tokenizer=tokenizer,
         tool_format=tool_format,
+        reasoning_format=args.reasoning_format if edge else "think",
         admin_token=(args.admin_token or secrets.token_urlsafe(18)) if edge else "",
         max_trajectory_length=args.max_trajectory_length if edge else 32768,
         components=components,
@@ -316,7 +320,8 @@ def _announce(stack: Stack) -> None:
         print(f"  admin token:  {options.admin_token}")
         print(f"  metrics:      {stack.url}/metrics")
         print(f"  engine:       {engine_summary(options)}")
-        print(f"  tokenizer:    {options.tokenizer} (tool format {options.tool_format})")
+        reasoning = "" if options.reasoning_format == "think" else f", reasoning format {options.reasoning_format}"
+        print(f"  tokenizer:    {options.tokenizer} (tool format {options.tool_format}{reasoning})")
     if "materializer" in options.components:
         print(f"  trajectories: {options.data_dir / 'trajectories'}/")
         mo = options.materializer
@@ -410,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from edge.codec.fidelity import load_codec
+    from edge.codec.parsers import make_reasoning
     from stack.runtime import check_options
 
     logging.basicConfig(level=_log_level(args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -419,8 +425,9 @@ def _run(args: argparse.Namespace) -> int:
     options = _options(args, components)
     check_options(options)  # a missing --model, --engine sglang without --engine-url, ...
     if "edge" in components:
-        try:  # refuse a bad --tokenizer / --tool-format before starting anything
+        try:  # refuse a bad --tokenizer / --tool-format / --reasoning-format before starting anything
             load_codec(options.tokenizer, options.tool_format)
+            make_reasoning(options.reasoning_format)
         except ValueError as exc:
             print(f"rollbus: cannot start the edge: {exc}", file=sys.stderr)
             return 2

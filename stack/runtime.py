@@ -130,6 +130,7 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     health_interval: float = 5.0  # HTTP engines: seconds between /health probes of each server
     tokenizer: str = "builtin:qwen2.5"
     tool_format: str = "hermes"
+    reasoning_format: str = "think"
     admin_token: str = ""
     max_trajectory_length: int = 32768
     components: tuple[str, ...] = COMPONENTS
@@ -474,7 +475,8 @@ class Stack:
         host, port = sock.getsockname()[:2]
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         settings = EdgeSettings(public_url=self.url, admin_token=options.admin_token, tokenizer=options.tokenizer,
-                                tool_format=options.tool_format, max_trajectory_length=options.max_trajectory_length,
+                                tool_format=options.tool_format, reasoning_format=options.reasoning_format,
+                                max_trajectory_length=options.max_trajectory_length,
                                 log=options.log, edge_id=options.edge_id or default_edge_id(port),
                                 lease_ttl_s=options.lease_ttl, idle_timeout_s=options.idle_timeout,
                                 disconnect_grace_s=options.disconnect_grace, body_min_rate=options.body_min_rate,

@@ -21,13 +21,46 @@ Only what the client is shown is decided here: the sampled tokens stay as they a
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Protocol
 
 OPEN = "<think>"
 CLOSE = "</think>"
 
 Kind = Literal["reasoning", "content"]
 Piece = tuple[Kind, str]
+
+
+class PieceStream(Protocol):
+    """A reply's text in pieces in, the ``(kind, text)`` pieces that are certain out."""
+
+    def feed(self, text: str) -> list[Piece]: ...
+
+    def finish(self) -> list[Piece]: ...
+
+
+class ReasoningFormat(Protocol):
+    """How reasoning is read out of a reply (``--reasoning-format``): whole, or streamed."""
+
+    name: str
+
+    def split(self, text: str) -> tuple[str | None, str]: ...
+
+    def stream(self) -> PieceStream: ...
+
+
+class ThinkReasoning:
+    """The built-in format (``--reasoning-format think``): ``<think> … </think>`` by the rules above."""
+
+    name = "think"
+
+    def __init__(self, *, starts_open: bool = False) -> None:
+        self.starts_open = starts_open
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        return split_reasoning(text, starts_open=self.starts_open)
+
+    def stream(self) -> ReasoningStream:
+        return ReasoningStream(starts_open=self.starts_open)
 
 
 def opens_reasoning(generation_prompt: str, open_marker: str = OPEN, close_marker: str = CLOSE) -> bool:

@@ -16,17 +16,14 @@ does the same for text that arrives in pieces, and ends with the very same
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 import msgspec
 
 from edge.codec.conversation import ToolSpec
 from edge.codec.deltas import ContentDelta, Delta, ReasoningDelta, ToolCallReady
-from edge.codec.parsers.base import CallId, ParsedOutput, PlainParser, ToolParser
-from edge.codec.reasoning import ReasoningStream, marker_prefix_len, split_reasoning
-
-log = logging.getLogger(__name__)
+from edge.codec.parsers.base import CallId, ParsedOutput, PlainParser, ToolParser, ToolStream, settle
+from edge.codec.reasoning import PieceStream, ReasoningFormat, ThinkReasoning, marker_prefix_len
 
 _PLAIN = PlainParser()
 
@@ -37,20 +34,27 @@ def call_ids(request_no: int) -> CallId:
 
 
 class ReplyParser:
-    def __init__(self, tools: ToolParser, *, starts_in_reasoning: bool = False) -> None:
+    """``reasoning``: the ``--reasoning-format`` (the built-in ``<think>`` one when None)."""
+
+    def __init__(self, tools: ToolParser, *, starts_in_reasoning: bool = False,
+                 reasoning: ReasoningFormat | None = None) -> None:
         self.tools = tools
         self.starts_in_reasoning = starts_in_reasoning
+        self.reasoning = reasoning if reasoning is not None else ThinkReasoning(starts_open=starts_in_reasoning)
 
     def parse(self, text: str, call_id: CallId, *, use_tools: bool = True,
               tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
         """``tools``: the request's tool specs (parsers that type arguments by schema use them)."""
-        reasoning, content = split_reasoning(text, starts_open=self.starts_in_reasoning)
+        reasoning, content = self.reasoning.split(text)
         parsed = (self.tools if use_tools else _PLAIN).parse(content, call_id, tools)
         return msgspec.structs.replace(parsed, reasoning=reasoning) if reasoning is not None else parsed
 
     def stream(self, call_id: CallId, *, use_tools: bool = True, tools: Sequence[ToolSpec] = ()) -> ReplyStream:
-        return ReplyStream(ReasoningStream(starts_open=self.starts_in_reasoning),
-                           ToolCallStream(self.tools if use_tools else _PLAIN, call_id, tools))
+        """A parser with a ``stream`` of its own (SGLang's) streams its way; the others by ``start_markers``."""
+        parser = self.tools if use_tools else _PLAIN
+        own = getattr(parser, "stream", None)
+        tool_stream: ToolStream = own(call_id, tools) if callable(own) else ToolCallStream(parser, call_id, tools)
+        return ReplyStream(self.reasoning.stream(), tool_stream)
 
 
 class ToolCallStream:
@@ -93,16 +97,13 @@ class ToolCallStream:
         shown = "".join(self._shown)
         held = "".join(self._held) if self._held is not None else ""
         parsed = self._parser.parse(shown + self._pending + held, self._call_id, self._tools)
-        if parsed.content.startswith(shown):
-            return parsed.content[len(shown):], parsed
-        log.warning("tool parser %s changed content already streamed; recording what was shown", self._parser.name)
-        return "", msgspec.structs.replace(parsed, content=shown)
+        return settle(shown, parsed, self._parser.name)
 
 
 class ReplyStream:
     """Text pieces in, :class:`Delta` s out; :meth:`finish` gives the last deltas and the parse."""
 
-    def __init__(self, reasoning: ReasoningStream, tools: ToolCallStream) -> None:
+    def __init__(self, reasoning: PieceStream, tools: ToolStream) -> None:
         self._reasoning = reasoning
         self._tools = tools
         self._reasoning_text: list[str] = []

@@ -11,9 +11,12 @@ work disturbs far less than the wall clock.
 
 Modes: ``openai`` (plain, the baseline), ``openai-stream``, ``anthropic``,
 ``anthropic-stream``, ``responses``, ``responses-stream`` (the OpenAI Responses API, its
-history sent back item by item, as Codex does); each session is a 3-turn tool conversation.
+history sent back item by item, as Codex does); ``sglang`` and ``sglang-stream``: ``openai`` and
+``openai-stream`` with SGLang's hermes parser (``--tool-format sglang:hermes``) in place of the
+built-in one. Each session is a 3-turn tool conversation.
 Ratios are against ``openai`` measured in the same run (a streamed mode's also against its plain
-mode). The Responses API's budget: a turn at most 1.2x a chat turn's CPU, a streamed turn at
+mode, an ``sglang`` mode's also against the same mode with the built-in parser). The Responses
+API's budget: a turn at most 1.2x a chat turn's CPU, a streamed turn at
 most 1.5x a plain one.
 ``--baseline-tree PATH`` also runs ``openai`` with the code at PATH (e.g. main's checkout)
 in a subprocess, and prints this tree's ratio to it. The modes (each with an edge of its own)
@@ -52,7 +55,9 @@ TOOLS = [{"type": "function", "function": {"name": "calculator", "description": 
 REPLIES = ['Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>',
            '<tool_call>\n{"name": "calculator", "arguments": {"expression": "42+0"}}\n</tool_call>',
            "The answer is 42. " * 8]
-MODES = ("openai", "openai-stream", "anthropic", "anthropic-stream", "responses", "responses-stream")
+MODES = ("openai", "openai-stream", "anthropic", "anthropic-stream", "responses", "responses-stream", "sglang",
+         "sglang-stream")
+SGLANG = {"sglang": "openai", "sglang-stream": "openai-stream"}  # the mode with the built-in parser
 
 
 class ReplayEngine:
@@ -87,10 +92,10 @@ class ReplayEngine:
         return None
 
 
-def _build() -> tuple[EdgeService, Any]:
+def _build(tool_format: str) -> tuple[EdgeService, Any]:
     tokenizer = load_tokenizer("builtin:qwen2.5")
     replies = [[*tokenizer.encode(text), tokenizer.eos_token_id] for text in REPLIES]
-    service = in_memory_service(ReplayEngine(replies), codec=(TemplateCodec(tokenizer), make_parser("hermes")))
+    service = in_memory_service(ReplayEngine(replies), codec=(TemplateCodec(tokenizer), make_parser(tool_format)))
     return service, create_app(service)
 
 
@@ -187,6 +192,7 @@ def _accumulate_responses(body: bytes) -> list[dict[str, Any]]:
 
 
 async def _drive(mode: str, client: httpx.AsyncClient, session: OpenedSession) -> None:
+    mode = SGLANG.get(mode, mode)
     drive = {"openai": _openai_session, "anthropic": _anthropic_session,
              "responses": _responses_session}[mode.removesuffix("-stream")]
     await drive(client, f"/sessions/{session.session_id}", session.api_key, mode.endswith("stream"))
@@ -199,7 +205,7 @@ async def measure(modes: Sequence[str], sessions: int, rounds: int) -> dict[str,
     async with contextlib.AsyncExitStack() as stack:
         edges = []
         for mode in modes:
-            service, app = _build()
+            service, app = _build("sglang:hermes" if mode in SGLANG else "hermes")
             client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://edge")
             edges.append((mode, service, await stack.enter_async_context(client)))
         spent: dict[str, list[float]] = {mode: [] for mode in modes}
@@ -247,6 +253,8 @@ def main() -> None:
         plain = mode.removesuffix("-stream")
         if mode != plain and plain != "openai" and plain in best:
             ratio += f"  x{seconds / best[plain]:.2f} vs {plain}"
+        if SGLANG.get(mode, "openai") != "openai" and SGLANG[mode] in best:
+            ratio += f"  x{seconds / best[SGLANG[mode]]:.2f} vs {SGLANG[mode]} (built-in hermes)"
         print(f"  {mode:18s} {seconds * 1e6:8.0f} us{ratio}")
     if baseline and base:
         other = min(baseline)

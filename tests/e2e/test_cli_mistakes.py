@@ -28,8 +28,10 @@ EXIT_ERROR = 2
 RUNNING_AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
-def rollbus(*args: str | Path, prefix: Sequence[str] = (), timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ROLLBUS_NATS": "", "ROLLBUS_ADMIN_TOKEN": ""}  # the test's own flags only
+def rollbus(*args: str | Path, prefix: Sequence[str] = (), timeout: float = 120,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``env``: variables set on top of this process's."""
+    env = {**os.environ, "ROLLBUS_NATS": "", "ROLLBUS_ADMIN_TOKEN": "", **(env or {})}  # the test's own flags only
     return subprocess.run([*prefix, *ROLLBUS, *map(str, args)], capture_output=True, text=True, timeout=timeout,
                           env=env)
 
@@ -337,3 +339,32 @@ def test_a_nonsensical_setting_is_refused_before_anything_starts(tmp_path: Path,
     refused(rollbus("up", flag, value, "--data-dir", data_dir, "--port", "0") if flag != "--port"
             else rollbus("up", flag, value, "--data-dir", data_dir), flag, says)
     assert not data_dir.exists()  # nothing was started, not even the log's store
+
+
+# 8. a parser that is not there, or an sglang that does not import
+
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    ("--tool-format", "sglang:nope", "sglang has no tool-call parser 'nope'; it has ["),
+    ("--tool-format", "kimi_k2", "unknown tool format 'kimi_k2'; expected one of"),
+    ("--reasoning-format", "sglang:nope", "sglang has no reasoning parser 'nope'; it has ["),
+    ("--reasoning-format", "qwen3", "unknown reasoning format 'qwen3'; expected one of ['think'] or sglang:NAME"),
+])
+def test_a_parser_that_is_not_there(tmp_path: Path, flag: str, value: str, says: str):
+    data_dir = tmp_path / "data"
+    refused(rollbus("up", flag, value, "--data-dir", data_dir, "--port", "0"), "cannot start the edge", says)
+    assert not data_dir.exists()
+
+
+@pytest.mark.parametrize("flag", ["--tool-format", "--reasoning-format"])
+def test_an_sglang_that_does_not_import_is_named(tmp_path: Path, flag: str):
+    """Not an ImportError: a CUDA build of torchvision makes ``import sglang`` raise a RuntimeError."""
+    shadow = tmp_path / "shadow" / "sglang"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise RuntimeError("operator torchvision::nms does not exist")\n')
+    path = os.pathsep.join(p for p in (str(shadow.parent), os.environ.get("PYTHONPATH", "")) if p)
+    data_dir = tmp_path / "data"
+    result = rollbus("up", flag, "sglang:qwen3" if flag == "--reasoning-format" else "sglang:hermes",
+                     "--data-dir", data_dir, "--port", "0", env={"PYTHONPATH": path})
+    refused(result, f"{flag} sglang:", "sglang does not import (RuntimeError: operator torchvision::nms does not "
+            "exist); install the sglang extra")
+    assert not data_dir.exists()

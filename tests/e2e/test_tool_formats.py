@@ -1,5 +1,6 @@
 """End to end with the other builtin templates: Qwen3-Coder XML tool calls reach the OpenAI SDK
-with schema-typed arguments, and a thinking model's reasoning tokens stay in the record as sampled."""
+with schema-typed arguments, a thinking model's reasoning tokens stay in the record as sampled, and
+SGLang's parsers (``sglang:NAME``) serve streamed and plain turns alike."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ TOOLS = [{"type": "function", "function": {
         "city": {"type": "string"}, "days": {"type": "integer"}, "hourly": {"type": "boolean"},
         "fields": {"type": "array", "items": {"type": "string"}}}}}}]
 
-StackFactory = Callable[[str, str], StackThread]
+StackFactory = Callable[..., StackThread]
 
 
 @pytest.fixture
@@ -35,10 +36,11 @@ def make_stack(nats_server: EmbeddedNats, log_config: LogConfig, engine: Scripte
                tmp_path) -> Iterator[StackFactory]:
     started: list[StackThread] = []
 
-    def make(tokenizer: str, tool_format: str) -> StackThread:
+    def make(tokenizer: str, tool_format: str, reasoning_format: str = "think") -> StackThread:
         options = StackOptions(port=0, data_dir=tmp_path / "data", nats_url=nats_server.url, engine="sglang",
                                engine_urls=(engine.url,), admin_token="tok", log=log_config, tokenizer=tokenizer,
-                               tool_format=tool_format, max_trajectory_length=4096)
+                               tool_format=tool_format, reasoning_format=reasoning_format,
+                               max_trajectory_length=4096)
         started.append(StackThread(options).start())
         return started[-1]
 
@@ -103,3 +105,52 @@ def test_thinking_tokens_stay_in_the_record_as_sampled(make_stack: StackFactory,
     prompt = load_tokenizer("builtin:qwen3").decode(row["prompts"])
     assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
+
+
+def _streamed(client: OpenAI, messages: list[dict]) -> dict:
+    """The assistant message of a streamed reply, put together from its chunks."""
+    content, reasoning, calls, finish = [], [], {}, None
+    for chunk in client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True):
+        for choice in chunk.choices:
+            delta = choice.delta
+            content.append(delta.content or "")
+            reasoning.append((delta.model_extra or {}).get("reasoning_content") or "")
+            for call in delta.tool_calls or ():
+                entry = calls.setdefault(call.index, {"id": call.id, "type": "function",
+                                                      "function": {"name": "", "arguments": ""}})
+                entry["function"]["name"] += call.function.name or ""
+                entry["function"]["arguments"] += call.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return {"content": "".join(content), "reasoning_content": "".join(reasoning),
+            "tool_calls": [calls[i] for i in sorted(calls)], "finish_reason": finish}
+
+
+def test_sglang_parsers_serve_streamed_and_plain_turns_alike(make_stack: StackFactory,
+                                                             engine: ScriptedEngineServer) -> None:
+    stack = make_stack("builtin:qwen3", "sglang:hermes", "sglang:qwen3")
+    text = ('<think>\nLook it up.\n</think>\n\nChecking.\n<tool_call>\n{"name": "forecast", "arguments": '
+            '{"city": "Oslo", "days": 2}}\n</tool_call>')
+    reply = scripted("builtin:qwen3", text)
+    messages: list[dict] = [{"role": "user", "content": "Weather in Oslo?"}]
+    engine.push(reply, reply)
+    plain_session, streamed_session = open_session(stack), open_session(stack)
+    plain = OpenAI(base_url=plain_session["base_url"], api_key=plain_session["api_key"], max_retries=0)
+    first = plain.chat.completions.create(model="m", messages=messages, tools=TOOLS).choices[0]
+    streamed = _streamed(OpenAI(base_url=streamed_session["base_url"], api_key=streamed_session["api_key"],
+                                max_retries=0), messages)
+    assert first.finish_reason == streamed["finish_reason"] == "tool_calls"
+    assert (first.message.model_extra or {}).get("reasoning_content") == streamed["reasoning_content"]
+    assert streamed["reasoning_content"].strip() == "Look it up."  # SGLang's qwen3 keeps the newlines
+    assert first.message.content == streamed["content"] == "\n\nChecking."  # the newlines after </think>
+    (call,) = first.message.tool_calls
+    assert [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in streamed["tool_calls"]] \
+        == [(call.id, "forecast", {"city": "Oslo", "days": 2})] and json.loads(call.function.arguments) == {
+            "city": "Oslo", "days": 2}
+
+    engine.push(scripted("builtin:qwen3", "<think>\nDone.\n</think>\n\nSunny."))
+    messages += [first.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "sun"}]
+    second = plain.chat.completions.create(model="m", messages=messages, tools=TOOLS).choices[0]
+    assert second.message.content.strip() == "Sunny."
+    row = finalize_and_read(stack, plain_session)  # one chain: the history matched what was recorded
+    assert row["responses"][:len(reply.token_ids)] == reply.token_ids  # the sampled tokens, as sampled

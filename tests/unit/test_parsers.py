@@ -8,10 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import edge.codec.parsers.sglang_adapter as sglang_adapter
 from edge.codec.conversation import Message, ToolSpec
 from edge.codec.incremental import TemplateCodec
-from edge.codec.parsers import BUILTIN, Llama3JsonParser, Qwen3CoderParser, SGLangParser, make_parser
+from edge.codec.parsers import BUILTIN, Llama3JsonParser, Qwen3CoderParser, make_parser
 from edge.codec.parsers.base import PlainParser
 from edge.codec.parsers.hermes import HermesParser
 from edge.codec.parsers.schema_values import convert, schema_types
@@ -197,90 +196,3 @@ def test_registry_names() -> None:
     assert make_parser("qwen3_coder").start_markers == ("<tool_call>",)
     assert make_parser("llama3").start_markers == ("<|python_tag|>", "{")
     assert make_parser("none").start_markers == ()
-
-
-@pytest.fixture
-def without_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sglang_adapter, "_modules", lambda: None)
-
-
-def test_without_sglang_its_names_are_refused_clearly(without_sglang: None) -> None:
-    with pytest.raises(ValueError, match=r"sglang:kimi_k2: sglang is not installed"):
-        make_parser("sglang:kimi_k2")
-    with pytest.raises(ValueError, match=r"unknown tool format 'kimi_k2'; expected one of .* \(sglang is not"):
-        make_parser("kimi_k2")
-
-
-class _Item:
-    def __init__(self, name: str | None, parameters: str) -> None:
-        self.name, self.parameters = name, parameters
-
-
-class _FakeFunctionCallParser:
-    """Stands in for SGLang's class: the same constructor and ``parse_non_stream`` contract."""
-
-    ToolCallParserEnum: dict[str, type] = {"kimi_k2": type("KimiK2Detector", (), {"bot_token": "<|calls|>"}),
-                                           "hermes": object}
-
-    def __init__(self, tools: list[object], tool_call_parser: str) -> None:
-        self.tools, self.name = tools, tool_call_parser
-
-    def parse_non_stream(self, text: str) -> tuple[str, list[_Item]]:
-        if "boom" in text:
-            raise RuntimeError("detector failed")
-        if "<|calls|>" not in text:
-            return text, []
-        normal, _, call = text.partition("<|calls|>")
-        name = next(t.function.name for t in self.tools) if call == "first" else None
-        return normal, [_Item(name, '{"a": 1}')]
-
-
-@pytest.fixture
-def fake_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Function:
-        def __init__(self, name: str, description: str | None, parameters: object) -> None:
-            self.name, self.description, self.parameters = name, description, parameters
-
-    class Tool:
-        def __init__(self, type: str, function: Function) -> None:  # SGLang's field names
-            self.type, self.function = type, function
-
-    parser_module = type("M", (), {"FunctionCallParser": _FakeFunctionCallParser})
-    protocol = type("P", (), {"Tool": Tool, "Function": Function})
-    monkeypatch.setattr(sglang_adapter, "_modules", lambda: (parser_module, protocol))
-
-
-def test_sglang_names_are_selected_when_it_is_importable(fake_sglang: None) -> None:
-    assert isinstance(make_parser("kimi_k2"), SGLangParser)
-    assert isinstance(make_parser("hermes"), HermesParser)  # built-in names stay built-in
-    parser = make_parser("sglang:hermes")
-    assert isinstance(parser, SGLangParser) and parser.name == "sglang:hermes" and parser.start_markers == ()
-    assert make_parser("sglang:kimi_k2").start_markers == ("<|calls|>",)
-    with pytest.raises(ValueError, match=r"sglang has no tool-call parser 'nope'; it has \['hermes', 'kimi_k2'\]"):
-        make_parser("sglang:nope")
-
-
-def test_sglang_adapter_maps_calls_and_failures(fake_sglang: None) -> None:
-    parser = make_parser("kimi_k2")
-    tools = (ToolSpec(name="f", description="d", parameters={"type": "object"}),)
-    out = parser.parse("Hi \n<|calls|>first", ids, tools)
-    assert out.content == "Hi"
-    assert [(c.id, c.name, c.arguments) for c in out.tool_calls] == [("call_3_0", "f", '{"a": 1}')]
-    assert parser.parse("plain ", ids, tools).content == "plain "
-    for text, reason in [("boom", "sglang kimi_k2 parser failed: RuntimeError('detector failed')"),
-                         ("<|calls|>nameless", "sglang kimi_k2 returned an incomplete call")]:
-        out = parser.parse(text, ids, tools)
-        assert (out.content, out.tool_calls, out.parse_error) == (text, (), reason)
-
-
-@pytest.mark.skipif(sglang_adapter._modules() is None, reason="sglang is not installed")
-@pytest.mark.parametrize(("name", "text"), [
-    ("qwen25", 'Hi\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'),
-    ("qwen3_coder", "Hi\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n"
-                    "</tool_call>"),
-    ("llama3", 'Hi<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}'),
-])
-def test_real_sglang_parsers(name: str, text: str) -> None:
-    out = make_parser(f"sglang:{name}").parse(text, ids, (WEATHER,))
-    assert out.content == "Hi" and out.parse_error is None
-    assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [("get_weather", {"city": "Oslo"})]

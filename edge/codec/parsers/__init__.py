@@ -12,13 +12,17 @@ name                                   reads                                    
 ``smollm2``                            ``<tool_call>[{"name", "arguments"}, ...]``   ``builtin:smollm2``
                                        ``</tool_call>`` (a JSON list)
 ``none``                               nothing: all text is content                any
-``sglang:NAME``                        SGLang's detector ``NAME`` (needs sglang)   the model's own
+``sglang:NAME``                        SGLang's detector ``NAME`` (44 of them:     the model's own
+                                       ``kimi_k2``, ``deepseekv3``, ``glm45``, ...)
 =====================================  ==========================================  ===================
 
-A name that no built-in parser claims is looked up among SGLang's parsers when
-``sglang`` is importable, so ``--tool-format kimi_k2`` works on a machine with SGLang.
-Built-in names always mean the built-in parser (the same behaviour with or without
-SGLang); ``sglang:NAME`` asks for SGLang's even then.
+Reasoning formats (``--reasoning-format``, :func:`make_reasoning`): ``think``, the built-in
+``<think> … </think>`` (:mod:`edge.codec.reasoning`), and ``sglang:NAME``, SGLang's reasoning
+parser ``NAME`` (``qwen3``, ``deepseek-r1``, ``kimi_k2``, ``gpt-oss``, ...).
+
+``sglang:`` names need the ``sglang`` extra (README, Install); a built-in name always means
+the built-in parser. Which built-ins are kept beside SGLang's, and why: README, Tokenizer, chat
+template and tool format.
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ from edge.codec.parsers.hermes import HermesParser
 from edge.codec.parsers.llama3 import Llama3JsonParser
 from edge.codec.parsers.qwen3_coder import Qwen3CoderParser
 from edge.codec.parsers.sglang_adapter import PREFIX as SGLANG_PREFIX
-from edge.codec.parsers.sglang_adapter import SGLangParser, sglang_parser_names
+from edge.codec.parsers.sglang_adapter import SGLangParser, SGLangReasoning, reasoning_parser_names, tool_parser_names
 from edge.codec.parsers.smollm2 import SmolLM2Parser
+from edge.codec.reasoning import ReasoningFormat, ThinkReasoning
 
 BUILTIN: dict[str, Callable[[], ToolParser]] = {
     "hermes": HermesParser,
@@ -45,17 +50,27 @@ BUILTIN: dict[str, Callable[[], ToolParser]] = {
     "none": PlainParser,
 }
 
-__all__ = ["BUILTIN", "Llama3JsonParser", "Qwen3CoderParser", "SGLangParser", "SmolLM2Parser", "make_parser",
-           "sglang_parser_names"]
+REASONING_BUILTIN: dict[str, Callable[..., ReasoningFormat]] = {"think": ThinkReasoning}
+
+__all__ = ["BUILTIN", "REASONING_BUILTIN", "Llama3JsonParser", "Qwen3CoderParser", "SGLangParser", "SGLangReasoning",
+           "SmolLM2Parser", "make_parser", "make_reasoning", "reasoning_parser_names", "tool_parser_names"]
 
 
 def make_parser(name: str) -> ToolParser:
-    """The parser for ``name``; :class:`ValueError` naming the choices when there is none."""
+    """The parser for ``name``; :class:`ValueError` naming the choices (or why sglang does not import)."""
     if name in BUILTIN:
         return BUILTIN[name]()
     if name.startswith(SGLANG_PREFIX):
         return SGLangParser(name.removeprefix(SGLANG_PREFIX))
-    if name in sglang_parser_names():
-        return SGLangParser(name)
-    sglang = "sglang's parsers as sglang:NAME" if sglang_parser_names() else "sglang is not installed"
-    raise ValueError(f"unknown tool format {name!r}; expected one of {sorted(BUILTIN)} ({sglang})")
+    raise ValueError(f"unknown tool format {name!r}; expected one of {sorted(BUILTIN)} or sglang:NAME "
+                     "(SGLang's tool-call parser NAME)")
+
+
+def make_reasoning(name: str, *, starts_open: bool = False) -> ReasoningFormat:
+    """The reasoning format for ``name``; ``starts_open``: the generation prompt opened the reasoning."""
+    if name in REASONING_BUILTIN:
+        return REASONING_BUILTIN[name](starts_open=starts_open)
+    if name.startswith(SGLANG_PREFIX):
+        return SGLangReasoning(name.removeprefix(SGLANG_PREFIX), starts_open=starts_open)
+    raise ValueError(f"unknown reasoning format {name!r}; expected one of {sorted(REASONING_BUILTIN)} or "
+                     "sglang:NAME (SGLang's reasoning parser NAME)")

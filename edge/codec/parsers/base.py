@@ -13,6 +13,7 @@ rest of :mod:`edge.codec.parsers`.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -20,6 +21,8 @@ import msgspec
 
 from edge.codec.conversation import ToolSpec
 from schemas.events import ToolCall
+
+log = logging.getLogger(__name__)
 
 _json = msgspec.json.Decoder()
 
@@ -37,7 +40,8 @@ class ToolParser(Protocol):
     """``start_markers``: the strings that can begin a tool call (``<tool_call>``). A
     streamed reply shows content up to the first one and parses the rest at the end, so
     ``parse(text).content`` must begin with the text before the first marker, trailing
-    whitespace aside."""
+    whitespace aside. A parser may also have ``stream(call_id, tools) -> ToolStream``: its own
+    way to stream (SGLang's ``parse_stream_chunk``), used instead of the one by markers."""
 
     name: str
     start_markers: tuple[str, ...]
@@ -45,6 +49,25 @@ class ToolParser(Protocol):
     def parse(self, text: str, call_id: CallId, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
         """``tools``: the request's tools (parsers that convert values by their schema use them)."""
         ...
+
+
+class ToolStream(Protocol):
+    """A reply's text in pieces: :meth:`feed` gives the content that can be shown now,
+    :meth:`finish` the content not shown yet and the parse of the whole text."""
+
+    def feed(self, text: str) -> str: ...
+
+    def finish(self) -> tuple[str, ParsedOutput]: ...
+
+
+def settle(shown: str, parsed: ParsedOutput, parser: str) -> tuple[str, ParsedOutput]:
+    """The end of a streamed reply: the content of ``parsed`` (the whole text's) not ``shown`` yet, and
+    the record. Content already shown that the whole parse does not begin with is kept as shown (the
+    client saw it), with a warning."""
+    if parsed.content.startswith(shown):
+        return parsed.content[len(shown):], parsed
+    log.warning("tool parser %s changed content already streamed; recording what was shown", parser)
+    return "", msgspec.structs.replace(parsed, content=shown)
 
 
 def json_call(body: str | dict[str, object], call_id: str) -> ToolCall | str:

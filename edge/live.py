@@ -19,7 +19,7 @@ rebuilds the session from the log. A retry of the request then finds its turn th
 was stored (:mod:`edge.idempotency`), or runs again if it was not. A turn answered 503 but
 stored (a stalled server resumed) is kept as completed, not marked: the edge cannot tell
 whether an answer reached its agent (a 200 can be lost too), and the SDKs' retry of the 503
-is answered with that very turn (README, *Such a turn is kept in the records*).
+is answered with that very turn (docs/crashes.md, *Such a turn is kept in the records*).
 
 The :class:`Registry` finds a session in memory or takes it over: it rebuilds it from the
 log (the same fold) and acquires its lease, so a restarted edge, or another one, picks

@@ -14,7 +14,7 @@ Security: a model or reward route takes the session's key (``Authorization: Bear
 ``x-api-key``, both read by :func:`edge.routes.wire.bearer`); an admin route the admin token the
 same way (none when the edge runs without one); ``HEAD /sessions/{id}``, ``/healthz``,
 ``/metrics`` and this document take nothing. The document is built once per app, on its first
-request, and holds no secret: only the shapes of the wires, which the README documents too.
+request, and holds no secret: only the shapes of the wires, which docs/wires.md documents too.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ JetStream hands each ready signal to one of them, and one nobody acknowledged wi
 partition count, no second copy of the signals in a work queue). A session two processes hold at
 once is still written once: its marker is created at revision 0 and the loser drops its copy
 (:mod:`materializer.batch`); each process stages Parquet in a directory of its own, and adopts a
-dead one's (:mod:`materializer.parquet`). See ``ops/README.md``.
+dead one's (:mod:`materializer.parquet`). See ``docs/operations.md``.
 
 Failures, by kind (:meth:`Materializer.write`):
 

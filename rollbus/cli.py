@@ -95,7 +95,7 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
     parser.add_argument("--log-level", default="INFO", metavar="LEVEL", help=LOG_LEVEL_HELP)
     parser.add_argument("--replicas", type=number(int, at_least=1, at_most=5), default=None, metavar="N",
                         help="cluster nodes that keep the log's streams and buckets (3 on a three-node NATS "
-                             "cluster, see ops/README.md); applied to existing ones too [new: 1; existing: as is]")
+                             "cluster, see docs/operations.md); applied to existing ones too [new: 1; existing: as is]")
     if not edge:
         return
     parser.add_argument("--host", default="127.0.0.1", help="address the edge listens on [127.0.0.1]")

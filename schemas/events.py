@@ -8,7 +8,7 @@ MessagePack, grouped into *envelopes* (see :mod:`schemas.envelope`).
 Token ids travel as packed little-endian ``uint32`` bytes and log probs as packed
 ``float32`` bytes (:mod:`schemas.tokens`), never as lists of Python numbers.
 
-See ``schemas/EVENTS.md`` for the catalog with subjects.
+See ``docs/events.md`` for the catalog with subjects.
 """
 
 from __future__ import annotations

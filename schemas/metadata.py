@@ -3,7 +3,7 @@
 A session's ``metadata`` (``POST /sessions {"metadata": {...}}``) is the opener's and is
 logged as given, a free-form map: the task's own fields (``data_source``, ``raw_prompt``,
 ...) travel with the records. Some keys are settings the materializer decides with (see
-``schemas/EVENTS.md``, *session_opened metadata*): :class:`SessionSettings` types those, each
+``docs/events.md``, *session_opened metadata*): :class:`SessionSettings` types those, each
 optional (``UNSET``: absent, the reader's default applies). The log's bytes are the map, never
 the struct: a struct encodes as the same map, so :meth:`SessionSettings.to_metadata` is how an
 opener puts them in.

@@ -29,7 +29,7 @@ retention policy are never changed (the server refuses the first, and the second
 delete the log), so a mismatch there raises :class:`ProvisionError`.
 
 On a NATS cluster, ``replicas=3`` (``--replicas 3``) keeps every stream and bucket on three
-nodes (``ops/nats/``, ``ops/README.md``); a component given it scales existing ones up too.
+nodes (``ops/nats/``, ``docs/operations.md``); a component given it scales existing ones up too.
 
 Every awaited NATS call is bounded by ``asyncio.wait_for``: a nats-py future can
 otherwise wait forever on a connection that is reconnecting.

@@ -7,7 +7,7 @@ every HTTP server of ``--servers`` (``granian``: the edge's, as ``rollbus edge``
 ``uvicorn``: uvicorn's httptools protocol). The first prompt is ~560 tokens with three
 tools; each later turn sends back the assistant message and a ~50-token tool result.
 Servers are pinned to CPU 0, the load generator to CPU 1. Every session is a new one (its
-first prompt is the same: the edge's first-prompt cache serves all but the first; see README).
+first prompt is the same: the edge's first-prompt cache serves all but the first; see docs/performance.md).
 
 All servers run side by side and their runs alternate (the order of the HTTP servers
 rotated and floor/edge swapped every round), so each round is a floor run and an edge run

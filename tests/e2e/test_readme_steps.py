@@ -104,9 +104,9 @@ def test_finalizing_before_the_anthropic_turn_is_refused(stack, engine, tokenize
         run_snippets(reordered[: anthropic_turn + 2], stack, engine, tokenizer, check_output=False)
 
 
-def _shown_table(header: str) -> list[str]:
-    """The lines of the README's output block whose table header starts with the words ``header`` does."""
-    lines = README.read_text().splitlines()
+def _shown_table(header: str, page: Path = README) -> list[str]:
+    """The lines of ``page``'s output block whose table header starts with the words ``header`` does."""
+    lines = page.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.split()[:2] == header.split()[:2])
     end = next(i for i in range(start, len(lines)) if lines[i].startswith("```"))
     return lines[start:end]
@@ -120,8 +120,8 @@ def test_the_demo_table_in_the_readme_is_what_the_demo_prints(capsys):
     assert shown[0] == header and shown[1] == "-" * len(header)
 
 
-def test_the_sessions_table_in_the_readme_is_what_sessions_prints():
+def test_the_sessions_table_in_the_docs_is_what_sessions_prints():
     header = table([], now=0.0).splitlines()[0]
     assert "model_turns" in header.split() and "turns" not in header.split()
-    shown = _shown_table(header)
+    shown = _shown_table(header, README.parent / "docs" / "sessions.md")
     assert shown[0] == header and shown[1] == "-" * len(header)

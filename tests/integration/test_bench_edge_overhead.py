@@ -2,7 +2,7 @@
 every turn (a turn that fails stops the benchmark), and the report names them all.
 
 This checks that the benchmark works, not its numbers: speed is read from its output by a person,
-on a quiet machine (see the README's Benchmarks section)."""
+on a quiet machine (see docs/performance.md)."""
 
 from __future__ import annotations
 

@@ -192,9 +192,9 @@ async def test_an_acknowledgement_that_does_not_decode_is_a_503_at_the_edge(priv
 async def test_a_turn_answered_503_while_the_log_stalls_is_kept_and_its_retry_is_answered_from_it(
         private: Private) -> None:
     """nats-server paused (SIGSTOP) while a turn is appended: the edge gives up (503, with Retry-After), the
-    server, resumed, stores the envelope all the same. The turn is kept (README, *Log outages*): the retry the
-    SDKs make after a 503 (x-stainless-retry-count) is answered with it, from the log, sampling nothing again,
-    so the agent sees what the record holds; the log holds it once."""
+    server, resumed, stores the envelope all the same. The turn is kept (docs/crashes.md, *Such a turn is kept*):
+    the retry the SDKs make after a 503 (x-stainless-retry-count) is answered with it, from the log, sampling
+    nothing again, so the agent sees what the record holds; the log holds it once."""
     tokenizer = load_tokenizer("builtin:qwen2.5")
     with ScriptedEngineServer(responder=responder(tokenizer)) as engine:
         edge = make_edge(private.nc, CFG, engine.url, edge_id="stalled", clock=time.time)

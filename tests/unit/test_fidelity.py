@@ -184,11 +184,11 @@ def test_rollbus_up_refuses_a_mismatched_pair_before_starting_anything(tmp_path:
 
 def test_the_readme_s_mismatched_pair_example_prints_what_it_shows(tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    """The README's ``rollbus up --tokenizer builtin:qwen3-coder --tool-format hermes`` example, run as written (it
-    printed the local model's refusal instead, for it named no remote engine)."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    found = re.search(r"^\$ rollbus (up .*--tokenizer builtin:qwen3-coder --tool-format hermes)\n(.*)$", readme, re.M)
-    assert found is not None, "the README lost its mismatched-pair example"
+    """The configuration page's ``rollbus up --tokenizer builtin:qwen3-coder --tool-format hermes`` example, run as
+    written (it printed the local model's refusal instead, for it named no remote engine)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    found = re.search(r"^\$ rollbus (up .*--tokenizer builtin:qwen3-coder --tool-format hermes)\n(.*)$", page, re.M)
+    assert found is not None, "docs/configuration.md lost its mismatched-pair example"
     assert main([*shlex.split(found[1]), "--data-dir", str(tmp_path / "data")]) == 2
     assert capsys.readouterr().err.splitlines()[0] == found[2]  # "rollbus: cannot start the edge: tokenizer ..."
     assert not (tmp_path / "data").exists()

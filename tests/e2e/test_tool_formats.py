@@ -18,6 +18,7 @@ from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply
 from schemas.log import LogConfig
 from stack.nats_server import EmbeddedNats
 from stack.runtime import StackOptions
+from tests.e2e.scenario import openai_accumulate
 from tests.e2e.test_openai_session import open_session, wait_for_parquet
 from tests.stack import StackThread
 
@@ -108,21 +109,11 @@ def test_thinking_tokens_stay_in_the_record_as_sampled(make_stack: StackFactory,
 
 
 def _streamed(client: OpenAI, messages: list[dict]) -> dict:
-    """The assistant message of a streamed reply, put together from its chunks."""
-    content, reasoning, calls, finish = [], [], {}, None
-    for chunk in client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True):
-        for choice in chunk.choices:
-            delta = choice.delta
-            content.append(delta.content or "")
-            reasoning.append((delta.model_extra or {}).get("reasoning_content") or "")
-            for call in delta.tool_calls or ():
-                entry = calls.setdefault(call.index, {"id": call.id, "type": "function",
-                                                      "function": {"name": "", "arguments": ""}})
-                entry["function"]["name"] += call.function.name or ""
-                entry["function"]["arguments"] += call.function.arguments or ""
-            finish = choice.finish_reason or finish
-    return {"content": "".join(content), "reasoning_content": "".join(reasoning),
-            "tool_calls": [calls[i] for i in sorted(calls)], "finish_reason": finish}
+    """The assistant message of a streamed reply, put together from its chunks, with its finish reason."""
+    chunks = list(client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True))
+    message, finish, _ = openai_accumulate(chunks)
+    return {"content": message["content"] or "", "reasoning_content": message.get("reasoning_content", ""),
+            "tool_calls": message.get("tool_calls", []), "finish_reason": finish}
 
 
 def test_sglang_parsers_serve_streamed_and_plain_turns_alike(make_stack: StackFactory,

@@ -519,6 +519,8 @@ def _normalized(row: dict[str, Any]) -> dict[str, Any]:
     row = {k: v for k, v in row.items() if k not in IGNORED}
     row["uid"] = row["uid"].split("-", 1)[-1]
     row["key"] = row["key"].split("-", 1)[-1]
+    if row.get("parent_key"):  # a forked chain's parent names its uid, the phase's prefix with it
+        row["parent_key"] = row["parent_key"].split("-", 1)[-1]
     metadata = msgspec.json.decode(row["metadata"]) if isinstance(row.get("metadata"), str) else row.get("metadata")
     row["metadata"] = {k: v for k, v in (metadata or {}).items() if k != "attempt"}
     return row

@@ -35,11 +35,12 @@ def _row(phase: str, uid: int, index: int, trajectory: int = 0, **fields: object
 
 
 def test_the_comparison_with_the_fault_free_run_finds_what_differs():
-    base = [_row("base", 0, i) for i in range(4)] + [_row("base", 0, 0, 1)]
-    same = [_row("chaos", 0, 0), _row("chaos", 0, 0, 1, metadata='{"rollout_n": 4, "attempt": 2}')]
+    base = [_row("base", 0, i) for i in range(4)] + [_row("base", 0, 0, 1, parent_key="base-0_0_0")]
+    same = [_row("chaos", 0, 0),
+            _row("chaos", 0, 0, 1, metadata='{"rollout_n": 4, "attempt": 2}', parent_key="chaos-0_0_0")]
     clean = compare_records(base + same, {0: "finalized", 3: "aborted"})
     assert (clean.records, clean.missing, clean.different, clean.aborted_with_records, clean.duplicated) == \
-        (2, [], [], [], 0)  # the session id and a re-sent open's attempt are not differences
+        (2, [], [], [], 0)  # the session id, a re-sent open's attempt, the phase in a fork's parent: no differences
     changed = _row("chaos", 0, 1, responses=[1, 2, 4])
     found = compare_records([*base, _row("chaos", 0, 0), changed, changed, _row("chaos", 0, 3)],
                             {0: "finalized", 1: "finalized", 2: "finalized", 3: "aborted"})

@@ -418,7 +418,9 @@ def _run(args: argparse.Namespace) -> int:
     from edge.codec.parsers import make_reasoning
     from stack.runtime import check_options
 
-    logging.basicConfig(level=_log_level(args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = _log_level(args.log_level)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(max(level, logging.WARNING))  # (a line per request, at INFO: noise)
     if args.command not in ("up", *COMPONENTS):
         return int(args.run(args))
     components = COMPONENTS if args.command == "up" else (args.command,)

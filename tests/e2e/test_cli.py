@@ -19,7 +19,10 @@ class Up(CliProcess):
         if engine_url is not None:
             cmd += ["--engine", engine, "--engine-url", engine_url]
         super().__init__(cmd)
-        self.url, _ = self.started(r"edge:\s+(http://\S+)", r"Ctrl-C")
+        # A stack hosting Ray and TransferQueue took over 180 s to start beside the whole suite and two
+        # `yes` processes on the 2-core VM (issue 26's loaded runs)
+        timeout = 360.0 if "--transfer-queue" in args else 180.0
+        self.url, _ = self.started(r"edge:\s+(http://\S+)", r"Ctrl-C", timeout=timeout)
 
 
 def test_up_restart_keeps_the_log(tmp_path: Path):

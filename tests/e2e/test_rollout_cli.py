@@ -59,6 +59,7 @@ def records(tmp_path: Path) -> list[dict]:
                                                                     ).to_pylist()
 
 
+@pytest.mark.timeout(600)  # a rollout starts Ray and TransferQueue: over 300 s on a loaded 2-core VM
 def test_the_builtin_tasks_roll_out_on_the_local_engine(tmp_path):
     rows = [example_rows("arithmetic")[0], example_rows("python_function")[0]]
     data = write_parquet(rows, tmp_path / "prompts.parquet")
@@ -90,6 +91,7 @@ def engine() -> Iterator[ScriptedEngineServer]:
         yield server
 
 
+@pytest.mark.timeout(600)  # a rollout starts Ray and TransferQueue: over 300 s on a loaded 2-core VM
 def test_the_rewards_are_the_scripted_engines_answers(tmp_path, engine):
     config = config_file(tmp_path, engine="sglang", urls=[engine.url], n=2)
     done = rollout(tmp_path, "--config", str(config), "--data", "builtin:arithmetic", "--limit", "4",

@@ -7,11 +7,15 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import transfer_queue as tq
 
 from tests.scale.test_burst import SESSIONS, killed_step
 
 
+# About 2 minutes alone; it took over 300 s twice this stop: beside two yes processes, and after all of
+# tests/unit in one session (see the closing note of issue 26: not explained yet).
+@pytest.mark.timeout(600)
 def test_a_step_of_1024_sessions_reaches_transfer_queue_exactly_once_across_a_kill(tmp_path: Path, tq_cluster,
                                                                                    partition):
     step = killed_step(tmp_path / "data", ["--transfer-queue", "--ray-address", tq_cluster, "--tq-partition",

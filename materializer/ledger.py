@@ -78,7 +78,4 @@ class PromptLedger(KvStore):
 
     async def save(self, progress: PromptProgress, revision: int) -> int:
         """Create (``revision == 0``) or compare-and-set; returns the new revision."""
-        value = msgspec.json.encode(progress)
-        if revision == 0:
-            return await self.create(prompt_key(progress.uid), value)
-        return await self.update(prompt_key(progress.uid), value, revision)
+        return await self.write(prompt_key(progress.uid), msgspec.json.encode(progress), revision)

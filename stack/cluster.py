@@ -31,6 +31,7 @@ import httpx
 
 from schemas.errors import LogUnavailable, RollbusError
 from schemas.log import LogConfig
+from stack.nats_server import monitor_client
 from stack.provision import connect, provision
 
 CLUSTER_NAME = "rollbus"
@@ -94,7 +95,7 @@ def urls(nodes: Sequence[Node]) -> str:
 def _get(node: Node, path: str, timeout_s: float) -> tuple[int, bytes]:
     """The node's monitoring answer to ``path`` (status 0: none)."""
     try:
-        response = httpx.get(f"http://{HOST}:{node.monitor_port}{path}", timeout=timeout_s)
+        response = monitor_client().get(f"http://{HOST}:{node.monitor_port}{path}", timeout=timeout_s)
     except httpx.HTTPError:
         return 0, b""
     return response.status_code, response.content

@@ -117,10 +117,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Literal, Self
+from typing import IO, TYPE_CHECKING, Literal, Self
 from urllib.parse import urlsplit
 
 from schemas.errors import RollbusError
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +183,16 @@ def _store_argument(argv: list[str]) -> str | None:
         if flag in ("-sd", "--store_dir"):
             return value
     return None
+
+
+@functools.cache
+def monitor_client() -> httpx.Client:
+    """The one HTTP client for nats-servers' monitoring ports (``/healthz``, ``/varz``): its transport and TLS
+    context are made once, not for every probe (one runs every 10 ms while a server starts). It keeps no
+    connection alive: a restarted server on the same port must not meet a stale one."""
+    import httpx  # (imported where used: the CLI reads FSYNC_MODES from here while it builds its parser)
+
+    return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
 
 
 @functools.cache
@@ -373,7 +386,7 @@ class EmbeddedNats:
         import httpx
 
         try:
-            varz = httpx.get(self.monitoring_url + "/varz", timeout=timeout_s).json()
+            varz = monitor_client().get(self.monitoring_url + "/varz", timeout=timeout_s).json()
         except (httpx.HTTPError, ValueError) as exc:
             raise EmbeddedNatsError(f"nats-server's /varz did not answer: {exc}") from exc
         config = varz.get("jetstream", {}).get("config", {}) if isinstance(varz, dict) else {}
@@ -435,7 +448,8 @@ class EmbeddedNats:
         import httpx
 
         try:
-            return httpx.get(self.monitoring_url + "/healthz?js-enabled-only=true", timeout=1.0).status_code == 200
+            health = monitor_client().get(self.monitoring_url + "/healthz?js-enabled-only=true", timeout=1.0)
+            return health.status_code == 200
         except httpx.HTTPError:
             return False
 

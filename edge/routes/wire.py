@@ -96,7 +96,8 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 async def receive_body(receive: Callable[[], Awaitable[Message]], headers: Mapping[str, str],
                        limits: BodyLimits) -> bytes:
-    """An ASGI request's body, decoded from its ``Content-Encoding`` (:mod:`edge.routes.encoding`): 413 past
+    """An ASGI request's body, decoded from its ``Content-Encoding`` (:mod:`edge.routes.encoding`) and
+    checked to be UTF-8 (:func:`check_utf8`): 413 past
     ``limits.max_bytes`` (declared, as it arrives, or as it is decoded); 400 when the client leaves before
     it is whole, sends nothing for ``limits.silence_s`` seconds, or has not sent it all within
     ``limits.time_allowed`` (the HTTP server bounds only the time to the headers; a body that stalls or
@@ -127,7 +128,20 @@ async def receive_body(receive: Callable[[], Awaitable[Message]], headers: Mappi
         chunks.append(chunk)
         if not message.get("more_body", False):
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            return await decoded(body, headers.get("content-encoding"), limits.max_bytes)
+            return check_utf8(await decoded(body, headers.get("content-encoding"), limits.max_bytes))
+
+
+def check_utf8(body: bytes) -> bytes:
+    """``body``, refused (400) unless it is UTF-8 (RFC 8259 §8.1). The JSON decoder checks the strings
+    it decodes but not those it skips (an unknown field's name or value) nor those it keeps as raw
+    bytes to echo back (the tools a response repeats): one stray byte there would reach an answer and
+    the log. ASCII, the usual body, is checked without a copy."""
+    if not body.isascii():
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MalformedRequest(f"request body is not valid UTF-8: {exc.reason} at byte {exc.start}") from None
+    return body
 
 
 def check_declared_size(headers: Mapping[str, str], limit: int) -> int | None:

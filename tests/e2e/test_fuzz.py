@@ -314,8 +314,10 @@ def test_fuzzed_model_requests_never_get_a_5xx_and_the_stack_still_works(stack: 
         fuzz_wire(stack, client, wire, data, fuzzed)
 
     fuzz()
-    # The fuzzing went as far as the engine, plain and streamed, often enough to mean something.
-    assert fuzzed.tally["200"] >= WIRE_EXAMPLES // 25 and fuzzed.tally["200 stream"] >= WIRE_EXAMPLES // 100, \
+    # The fuzzing went as far as the engine, plain and streamed, often enough to mean something. (The
+    # draws are new every run: on the Anthropic wire, the one with the fewest, 800 cases gave 28 to 60
+    # plain 200s and 20 to 59 streamed; a bar at about a third of the mean does not flake.)
+    assert fuzzed.tally["200"] >= WIRE_EXAMPLES // 50 and fuzzed.tally["200 stream"] >= WIRE_EXAMPLES // 100, \
         fuzzed.tally
     still_works_and_replays(stack, fuzzed.ids)
 

@@ -418,9 +418,14 @@ def test_what_the_fuzzer_found_is_answered_not_a_500(stack, engine, tokenizer):
         answer = httpx.post(s.openai, content=json.dumps(body).encode(), timeout=30,
                             headers={**s.auth, "x-stainless-retry-count": count.encode("latin-1")})
         assert answer.status_code == 200, answer.text
-    # Tools whose JSON holds invalid UTF-8 (kept raw at first, and decoded later).
+    # Invalid UTF-8 in tools (kept raw at first, and decoded later), or in a field's name the decoder
+    # skips, in tools a Responses answer echoes (a stray byte reached the answer): the body is refused.
     raw = json.dumps(openai_body(tools=[{"type": "function", "function": {"name": "f"}}])).encode()
-    openai_error(_post(s.openai, raw.replace(b'"f"', b'"f\xff"'), s.auth), param="tools")
+    error = openai_error(_post(s.openai, raw.replace(b'"f"', b'"f\xff"'), s.auth))
+    assert error["message"].startswith("request body is not valid UTF-8"), error
+    raw = json.dumps({"model": "m", "input": "0", "tools": [{"type": "web_search", "access": False}]}).encode()
+    error = openai_error(_post(s.responses, raw.replace(b'"access"', b'"\xffaccess"'), s.auth))
+    assert error["message"].startswith("request body is not valid UTF-8"), error
     # Tool-call arguments with a lone surrogate escape: json.loads took it, the template could not render it.
     engine.push(hello(tokenizer, "Done."))
     calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}]

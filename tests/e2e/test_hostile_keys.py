@@ -26,7 +26,7 @@ def test_a_non_ascii_key_is_refused_as_unauthorized_on_every_route(stack):
     assert admin.status_code == 401 and admin.json()["error"]["type"] == "authentication_error"
 
 
-def test_invalid_utf8_inside_an_openai_message_is_a_400_naming_the_message(stack):
+def test_invalid_utf8_inside_an_openai_message_is_a_400_naming_the_byte(stack):
     session = _opened(stack)
     raw = b'{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "ok"}, ' \
           b'{"role": "user", "content": "\xff\xfe bad"}]}'
@@ -34,4 +34,6 @@ def test_invalid_utf8_inside_an_openai_message_is_a_400_naming_the_message(stack
                         headers={"Authorization": f"Bearer {session['api_key']}", "Content-Type": "application/json"})
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
-    assert error["type"] == "invalid_request_error" and error["param"] == "messages[1]"
+    assert error["type"] == "invalid_request_error", error
+    where = raw.index(b"\xff")
+    assert error["message"] == f"request body is not valid UTF-8: invalid start byte at byte {where}", error

@@ -15,7 +15,7 @@ import pytest
 import zstandard
 
 from edge.routes.encoding import decode_body
-from edge.routes.wire import Message, receive_body
+from edge.routes.wire import Message, check_utf8, receive_body
 from edge.settings import BodyLimits
 from schemas.errors import MalformedRequest, PayloadTooLarge
 
@@ -159,3 +159,23 @@ async def test_a_chunked_body_is_bounded_by_the_largest_body_at_the_rate() -> No
     limits = BodyLimits(max_bytes=20, silence_s=30, base_s=0.1, min_rate=100)  # 0.3 s for any chunked body
     with pytest.raises(MalformedRequest, match="too slowly"):
         await receive_body(trickle(b"x" * 20, 0.05), {}, limits)
+
+
+async def test_a_body_that_is_not_utf8_is_400_even_where_the_json_decoder_would_skip_it() -> None:
+    # msgspec skips an unknown field's name unchecked and keeps the tools as raw bytes to echo back: a
+    # stray byte there reached a Responses answer (found by the fuzz test)
+    raw = b'{"tools": [{"type": "web_search", "\xffexternal_web_access": false}]}'
+    limits = BodyLimits(max_bytes=1000, silence_s=30, base_s=1.0, min_rate=1000)
+    with pytest.raises(MalformedRequest, match="not valid UTF-8: invalid start byte at byte 35"):
+        await receive_body(trickle(raw, 0), {}, limits)
+    packed = gzip.compress(raw)  # checked after the coding is undone
+    with pytest.raises(MalformedRequest, match="not valid UTF-8"):
+        await receive_body(trickle(packed, 0), {"content-encoding": "gzip"}, limits)
+
+
+def test_utf8_bodies_pass_whole_and_truncated_or_surrogate_sequences_do_not() -> None:
+    for good in (b"{}", rb'{"a": "caf\u00e9 \ud83d\ude00"}', '{"a": "café ☃ 😀"}'.encode()):
+        assert check_utf8(good) is good
+    for bad in ('{"a": "😀"}'.encode()[:-3], b'{"a": "\xed\xa0\x80"}', b"\xc0\xaf"):
+        with pytest.raises(MalformedRequest, match="not valid UTF-8"):
+            check_utf8(bad)

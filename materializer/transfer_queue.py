@@ -50,6 +50,13 @@ T = TypeVar("T")
 # the workers' output is not forwarded (log_to_driver=False); errors still show.
 RAY_QUIET: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
 
+# For a Ray instance rollbus starts itself: its workers (TransferQueue's controller and storage units,
+# verl's tasks) at the priority of the process that starts them. Ray's default niceness for workers is
+# 15, so on a busy machine they get a few percent of a core: beside two busy processes on 2 cores a
+# TransferQueue put waited minutes and tests starting Ray ran out their 300 s (each passes in about
+# 60 s at niceness 0, the same load beside it).
+RAY_HOSTED: dict[str, Any] = {"_system_config": {"worker_niceness": 0}}
+
 # transfer_queue registers its controller under this name (see ``transfer_queue.interface.init``).
 CONTROLLER_ACTOR = ("TransferQueueController", "transfer_queue")
 _FAILURES = (ValueError, RuntimeError, KeyError, OSError, RayError, zmq.ZMQError)
@@ -83,7 +90,7 @@ class TransferQueueConnection:
             return
         cpus = max(self.storage_units + 1, os.cpu_count() or 1)
         ray.init(num_cpus=cpus, include_dashboard=False, namespace="rollbus", _node_ip_address="127.0.0.1",
-                 **RAY_QUIET)
+                 **RAY_QUIET, **RAY_HOSTED)
         self._owns_ray = True
 
     def close(self) -> None:

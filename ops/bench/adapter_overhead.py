@@ -68,7 +68,7 @@ import msgspec
 
 from agent_framework.session import SessionHandle
 from materializer.prompts import TERMINAL
-from materializer.transfer_queue import ray, tq  # Ray imported with the environment the sink sets
+from materializer.transfer_queue import RAY_HOSTED, ray, tq  # Ray imported with the environment the sink sets
 from ops.bench.adapter_runner import SYSTEM, close_clients, eight_turns
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -312,7 +312,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Run]], 
         children.append(engine := launch_engine(args.turns, tmp))  # starts while Ray does
         # TransferQueue's storage units each hold a CPU: with fewer, tq.init() waits forever.
         ray.init(num_cpus=STORAGE_UNITS + 2, include_dashboard=False, log_to_driver=False,
-                 namespace="rollbus-bench", _node_ip_address="127.0.0.1")
+                 namespace="rollbus-bench", _node_ip_address="127.0.0.1", **RAY_HOSTED)
         tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": STORAGE_UNITS}}})
         timings["ray + transferqueue"] = time.perf_counter() - started
         url = served_url(engine)

@@ -88,8 +88,10 @@ def _host_transfer_queue() -> str:
     import ray
     import transfer_queue as tq
 
+    from materializer.transfer_queue import RAY_HOSTED
+
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="rollbus-bench",
-             _node_ip_address="127.0.0.1")
+             _node_ip_address="127.0.0.1", **RAY_HOSTED)
     tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 2}}})
     return str(ray.get_runtime_context().gcs_address)
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-import materializer.transfer_queue  # noqa: F401 - imports Ray the way the sink does (on loopback)
+from materializer.transfer_queue import RAY_HOSTED  # imports Ray the way the sink does (on loopback)
 
 STORAGE_UNITS = 2
 
@@ -25,7 +25,7 @@ def tq_cluster() -> Iterator[str]:
 
     # TransferQueue's storage units each hold a CPU: with fewer, tq.init() waits forever.
     ray.init(num_cpus=STORAGE_UNITS + 2, include_dashboard=False, log_to_driver=False, namespace="rollbus-test",
-             _node_ip_address="127.0.0.1")
+             _node_ip_address="127.0.0.1", **RAY_HOSTED)
     try:
         tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": STORAGE_UNITS}}})
         yield ray.get_runtime_context().gcs_address

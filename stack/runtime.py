@@ -45,6 +45,7 @@ from edge.service import EdgeService
 from edge.session_index import KvSessionIndex
 from edge.settings import SEND_TIMEOUT_S, EdgeSettings
 from edge.turns import Clock, TurnRunner
+from eventlog.jetstream import JetStreamPort
 from eventlog.lag import Watched
 from eventlog.publisher import JetStreamLog
 from eventlog.reader import last_stream_seq, load_state, read_session
@@ -434,7 +435,7 @@ class Stack:
         watched: list[Watched] = []
         if "projector" in options.components:
             self.metrics.declare("projector")
-            projector = Projector(self.nc, options.log, metrics=self.metrics)
+            projector = Projector(JetStreamPort(self.nc, options.log), metrics=self.metrics)
             watched.append(projector.watched)
             self._spawn(projector.run(self.stop_event), "projector")
         if "materializer" in options.components:
@@ -462,7 +463,8 @@ class Stack:
             tq = TransferQueueSink(mo.tq_partition)
         scorer = self._given_scorer or (load_scorer(mo.reward_scorer) if mo.reward_scorer else None)
         self.metrics.declare("materializer")
-        return Materializer(nc, self.options.log, sink, options=mo, tq=tq, scorer=scorer, metrics=self.metrics)
+        return Materializer(JetStreamPort(nc, self.options.log), sink, options=mo, tq=tq, scorer=scorer,
+                            metrics=self.metrics)
 
     async def _start_edge(self, nc: Client, js: JetStreamContext) -> None:
         options = self.options

@@ -43,14 +43,12 @@ from collections.abc import AsyncIterator, Sequence
 
 import msgspec
 
-from edge.codec.fidelity import load_codec
+from edge.assemble import build_edge
 from edge.codec.incremental import TemplateCodec
 from edge.codec.parsers.base import ToolParser
 from edge.engines.base import Engine
-from edge.live import Registry
 from edge.service import EdgeService
 from edge.settings import Clock, EdgeSettings
-from edge.turns import TurnRunner
 from eventlog.acks import Ack
 from eventlog.port import Delivery
 from eventlog.publisher import Appended
@@ -301,16 +299,13 @@ class InMemoryLog:
 
 def in_memory_service(engine: Engine, *, log: InMemoryLog | None = None, settings: EdgeSettings | None = None,
                       codec: tuple[TemplateCodec, ToolParser] | None = None, clock: Clock = time.time) -> EdgeService:
-    """An :class:`EdgeService` on an in-memory log, built as :func:`stack.runtime.build_edge_service` builds
-    one on JetStream, less what needs NATS: no leases (the log's sequence check alone keeps one writer per
-    session), no session index, no projections (a summary is a replay).
+    """An :class:`EdgeService` on an in-memory log, wired by :func:`edge.assemble.build_edge` as
+    :func:`stack.runtime.build_edge_service` wires one on JetStream, less what needs NATS: no leases (the log's
+    sequence check alone keeps one writer per session), no session index, no projections (a summary is a
+    replay), no metrics.
 
     ``log``: a log shared with other services (an edge restarted, or another one); ``codec``: the codec and
     parser for ``settings.tokenizer`` / ``tool_format`` when already loaded (else :func:`load_codec`)."""
     settings = settings if settings is not None else EdgeSettings()
     log = log if log is not None else InMemoryLog(settings.log)
-    template, parser = codec if codec is not None else load_codec(settings.tokenizer, settings.tool_format)
-    registry = Registry(log.load_state, position=log.last_stream_seq, clock=clock)
-    turns = TurnRunner(settings=settings, codec=template, engine=engine, log=log, parser=parser, clock=clock)
-    return EdgeService(settings=settings, registry=registry, log=log, turns=turns, clock=clock,
-                       reader=log.read_session)
+    return build_edge(settings, log, engine, codec=codec, clock=clock)

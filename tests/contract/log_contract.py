@@ -36,6 +36,7 @@ from schemas.log import (
     HDR_SCHEMA,
     HDR_SEQ,
     LogConfig,
+    append_headers,
     msg_id,
 )
 from session.fold import SessionState, fold
@@ -374,6 +375,26 @@ class PortContract:
         assert await backend.log.last_message(cfg.session_filter("c" * 32)) is None
         assert [item async for item in backend.log.envelopes(A)] == list(zip(seqs, groups, strict=True))
         assert await backend.log.last_stream_seq(A) == seqs[-1]
+
+    async def test_an_envelope_published_as_it_is_follows_the_appends_rules(self, backend: Backend) -> None:
+        """What an import does: the stored message, its headers kept, under the expected-last check and the
+        duplicate window."""
+        cfg = backend.cfg
+        groups = envelopes(session().events)
+
+        def message(i: int, after: int) -> tuple[str, bytes, dict[str, str]]:
+            group = groups[i]
+            return (cfg.subject(A, envelope.kind_of(group)), envelope.encode(group),
+                    append_headers(cfg, A, group[0].seq, group[-1].seq, after, schema=SCHEMA_VERSION))
+
+        first = await backend.log.publish(*message(0, 0))
+        assert (first.seq, first.duplicate) == (1, False)
+        with pytest.raises(OwnershipLost):  # the session's last is 1 now
+            await backend.log.publish(*message(1, 0))
+        again = await backend.log.publish(*message(0, 1))
+        assert (again.seq, again.duplicate) == (1, True)
+        assert (await backend.log.publish(*message(1, 1))).seq == 2
+        assert (await backend.read(A)).events == events_of(groups[:2])
 
     async def test_its_kv_buckets_are_the_logs(self, backend: Backend) -> None:
         bucket = backend.log.kv(backend.cfg.markers_bucket)

@@ -22,6 +22,7 @@ from rollbus.testing.memory_consumer import DurableConsumer
 from rollbus.testing.memory_kv import InMemoryKv
 from rollbus.testing.memory_log import InMemoryLog
 from schemas.errors import LogUnavailable
+from schemas.events import SessionQuarantined
 from schemas.log import HDR_MSG_ID
 from schemas.records import MaterializedMarker
 from session.fold import fold
@@ -161,3 +162,27 @@ async def test_a_signal_whose_write_fails_is_not_acknowledged_and_is_written_whe
     assert set(markers(log)) == {script.session_id}
     assert Counter(sink.read().column("key").to_pylist()) == expected_keys([script])  # the failed batch left no rows
     assert sink.staged() == []
+
+
+async def test_a_session_the_sinks_cannot_hold_is_quarantined_once_on_its_log(tmp_path: Path) -> None:
+    """The quarantine goes through the port too: the session's last message read back, its event appended
+    after it (once, though its signal comes twice), its marker written, no rows."""
+    log = InMemoryLog(max_wait=0.005)
+    bad = SessionScript(session_id="f" * 32, uid="q2", metadata={"rollout_n": 1, "x": msgspec.msgpack.Ext(5, b"?")})
+    bad.turn(0, [1, 2], [3, 4], new_chain=True)
+    bad.finalize()
+    good = ended("1" * 32)
+    sink = ParquetSink(tmp_path / "t")
+    await log.subscribe(log.cfg.ready_stream, log.cfg.ready_subjects, DURABLE, ack_wait=0.2, max_ack_pending=256)
+    consumer(log).lose_acks = 1  # the first batch's signal comes again
+    async with running(log, sink) as materializer:
+        await append(log, bad)
+        await until(lambda: settled(log))
+        await append(log, good)
+        await until(lambda: len(log.ready) == 2 and settled(log))
+    events = (await log.read_session(bad.session_id)).events
+    assert [type(e) for e in events[len(bad.events) :]] == [SessionQuarantined]
+    assert events[-1].seq == bad.events[-1].seq + 1 and events[-1].stage == "invalid"  # type: ignore[attr-defined]
+    assert markers(log)[bad.session_id].status == "quarantined"
+    assert (await materializer.writer()).quarantined == Counter(invalid=1)
+    assert Counter(sink.read().column("key").to_pylist()) == expected_keys([good])

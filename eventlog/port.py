@@ -31,6 +31,20 @@ from schemas.log import LogConfig
 from session.fold import SessionState
 
 
+class StreamPosition(Protocol):
+    @property
+    def stream(self) -> int: ...
+
+
+class DeliveryMetadata(Protocol):
+    """What a consumer reads of ``nats.aio.msg.Msg.metadata``."""
+
+    @property
+    def sequence(self) -> StreamPosition: ...  # ``.stream``: where the message sits in its stream
+    @property
+    def num_delivered(self) -> int: ...  # 1 on its first delivery
+
+
 class Delivery(Protocol):
     """A message a durable consumer delivered (a ``nats.aio.msg.Msg`` on JetStream)."""
 
@@ -41,7 +55,7 @@ class Delivery(Protocol):
     @property
     def headers(self) -> dict[str, str] | None: ...
     @property
-    def metadata(self) -> Any: ...  # ``.sequence.stream``: where it sits in its stream
+    def metadata(self) -> DeliveryMetadata: ...
 
     async def ack(self) -> None: ...
     async def nak(self, delay: float | None = None) -> None: ...
@@ -51,7 +65,7 @@ class Delivery(Protocol):
 class Subscription(Protocol):
     """A bound durable consumer: ``fetch`` raises ``TimeoutError`` when nothing came within ``timeout``."""
 
-    async def fetch(self, batch: int = 1, timeout: float | None = 5) -> list[Any]: ...
+    async def fetch(self, batch: int = 1, timeout: float | None = 5) -> list[Any]: ...  # Delivery (list[Msg])
     async def unsubscribe(self) -> None: ...
 
 

@@ -24,6 +24,7 @@ from agent_framework.actors import RunnerWorker, StackActor
 from agent_framework.config import AgentFrameworkConfig, ConfigError
 from agent_framework.export import write_session
 from agent_framework.samples import Prompt
+from eventlog.kv import KvStore
 from eventlog.reader import read_session
 from materializer.ledger import PromptLedger
 from materializer.prompts import TERMINAL, PromptProgress
@@ -139,7 +140,8 @@ class FrameworkStack:
 
         try:
             if self._ledger is None:
-                self._ledger = await PromptLedger(self._nc.jetstream(), self.log.prompts_bucket, timeout=10.0).bind()
+                prompts = KvStore(self._nc.jetstream(), self.log.prompts_bucket, timeout=10.0)
+                self._ledger = await PromptLedger(prompts).bind()
             await self._ledger.start_attempt(PromptProgress(
                 uid=prompt.uid, expected=n, global_steps=prompt.global_steps, attempt=attempt,
                 rule=self.config.prompt_status_rule, partition=prompt.partition))

@@ -17,19 +17,19 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
-from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, ServiceUnavailableError
 
+from eventlog.port import Delivery, Subscriber, Subscription
 from schemas.errors import RollbusError
 
-log = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 # Handles a batch; returns the messages that failed (nak'ed and redelivered), the rest are acked.
-BatchHandler = Callable[[list[Msg]], Awaitable[list[Msg]]]
+BatchHandler = Callable[[list[Delivery]], Awaitable[list[Delivery]]]
 # A fetch answered "no JetStream now": on a cluster, the consumer's leader is being elected (its node
 # died); the fetch is tried again after RETRY_FETCH_S, as after a timeout.
 _NO_LEADER = (ServiceUnavailableError, NoRespondersError)
@@ -47,19 +47,30 @@ def backoff(failures: int, first: float, most: float) -> float:
     return min(first * 2.0 ** max(failures - 1, 0), most)
 
 
-async def _subscribe_when_answered(js: JetStreamContext, stream: str, subject: str, config: ConsumerConfig,
-                                  stop: asyncio.Event) -> JetStreamContext.PullSubscription | None:
+class JetStreamConsumers:
+    """Durable pull consumers on JetStream (a :class:`eventlog.port.Subscriber`)."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self._js = js
+
+    async def subscribe(self, stream: str, subject: str, durable: str, *, ack_wait: float,
+                        max_ack_pending: int) -> Subscription:
+        return await _subscribe(self._js, stream, subject, _config(durable, subject, ack_wait, max_ack_pending))
+
+
+async def _subscribe_when_answered(log: Subscriber, stream: str, subject: str, durable: str, *, ack_wait: float,
+                                  max_ack_pending: int, stop: asyncio.Event) -> Subscription | None:
     """:func:`_subscribe`, tried again (1 s, 2 s, ... 10 s apart) while the server does not answer, as a
     stalled or restarting nats-server does not, until it does or ``stop`` is set (None)."""
     failures = 0
     while not stop.is_set():
         try:
-            return await _subscribe(js, stream, subject, config)
+            return await log.subscribe(stream, subject, durable, ack_wait=ack_wait, max_ack_pending=max_ack_pending)
         except (TimeoutError, NatsTimeoutError, *_NO_LEADER) as exc:
             failures += 1
             delay = backoff(failures, 1.0, SUBSCRIBE_RETRY_MAX_S)
-            log.warning("consumer %s on %s: the server did not answer (%r); trying again in %.0fs",
-                        config.durable_name, stream, exc, delay)
+            _log.warning("consumer %s on %s: the server did not answer (%r); trying again in %.0fs",
+                         durable, stream, exc, delay)
             with contextlib.suppress(TimeoutError):  # a stop cuts the wait short
                 await asyncio.wait_for(stop.wait(), delay)
     return None
@@ -76,16 +87,16 @@ async def _subscribe(js: JetStreamContext, stream: str, subject: str, config: Co
     try:
         await asyncio.wait_for(js.add_consumer(stream, config), 10)
     except APIError as exc:
-        log.warning("consumer %s on %s keeps its configuration (%s)", config.durable_name, stream, exc.description)
+        _log.warning("consumer %s on %s keeps its configuration (%s)", config.durable_name, stream, exc.description)
     return await asyncio.wait_for(js.pull_subscribe(subject, durable=config.durable_name, stream=stream,
                                                     config=config), 10)
 
 
-async def pull_batches(js: JetStreamContext, *, stream: str, durable: str, subject: str, stop: asyncio.Event,
-                       batch: int = 64, ack_wait: float = 30.0) -> AsyncIterator[list[Msg]]:
-    """Batches of up to ``batch`` messages from a durable pull consumer, until ``stop`` is set."""
-    config = _config(durable, subject, ack_wait, max(batch * 4, 256))
-    sub = await _subscribe_when_answered(js, stream, subject, config, stop)
+async def pull_batches(log: Subscriber, *, stream: str, durable: str, subject: str, stop: asyncio.Event,
+                       batch: int = 64, ack_wait: float = 30.0) -> AsyncIterator[list[Delivery]]:
+    """Batches of up to ``batch`` messages from a durable pull consumer of ``log``, until ``stop`` is set."""
+    sub = await _subscribe_when_answered(log, stream, subject, durable, ack_wait=ack_wait,
+                                         max_ack_pending=max(batch * 4, 256), stop=stop)
     if sub is None:
         return
     try:
@@ -102,14 +113,14 @@ async def pull_batches(js: JetStreamContext, *, stream: str, durable: str, subje
         await sub.unsubscribe()
 
 
-async def settle(msgs: Sequence[Msg], work: Awaitable[None], retry_delay: float = 1.0) -> bool:
+async def settle(msgs: Sequence[Delivery], work: Awaitable[None], retry_delay: float = 1.0) -> bool:
     """Await ``work`` for these messages, then ack them all, or nak them all if it raised."""
     try:
         await work
     except RollbusError as exc:
-        log.warning("%s: %s; will retry", msgs[0].subject, exc)
+        _log.warning("%s: %s; will retry", msgs[0].subject, exc)
     except Exception:
-        log.exception("%s: handler failed; will retry", msgs[0].subject)
+        _log.exception("%s: handler failed; will retry", msgs[0].subject)
     else:
         for msg in msgs:
             await msg.ack()
@@ -119,11 +130,12 @@ async def settle(msgs: Sequence[Msg], work: Awaitable[None], retry_delay: float 
     return False
 
 
-async def consume_batches(js: JetStreamContext, *, stream: str, durable: str, subject: str, handler: BatchHandler,
+async def consume_batches(log: Subscriber, *, stream: str, durable: str, subject: str, handler: BatchHandler,
                           stop: asyncio.Event, max_batch: int = 256, max_delay: float = 0.5, ack_wait: float = 30.0,
                           retry_delay: float = 1.0) -> None:
-    config = _config(durable, subject, ack_wait, max(max_batch * 4, 256))
-    sub = await _subscribe_when_answered(js, stream, subject, config, stop)
+    """Batches from a durable pull consumer of ``log`` through ``handler``, acked or nak'ed, until ``stop``."""
+    sub = await _subscribe_when_answered(log, stream, subject, durable, ack_wait=ack_wait,
+                                         max_ack_pending=max(max_batch * 4, 256), stop=stop)
     if sub is None:
         return
     try:
@@ -135,9 +147,9 @@ async def consume_batches(js: JetStreamContext, *, stream: str, durable: str, su
         await sub.unsubscribe()
 
 
-async def _gather(sub: JetStreamContext.PullSubscription, max_batch: int, max_delay: float) -> list[Msg]:
+async def _gather(sub: Subscription, max_batch: int, max_delay: float) -> list[Delivery]:
     """Up to ``max_batch`` messages: the first one (waiting up to 0.5 s), then whatever arrives within ``max_delay``."""
-    msgs: list[Msg] = []
+    msgs: list[Delivery] = []
     deadline: float | None = None
     loop = asyncio.get_running_loop()
     while len(msgs) < max_batch:
@@ -158,15 +170,15 @@ async def _gather(sub: JetStreamContext.PullSubscription, max_batch: int, max_de
     return msgs
 
 
-async def _handle_batch(msgs: list[Msg], handler: BatchHandler, retry_delay: float, ack_wait: float) -> None:
+async def _handle_batch(msgs: list[Delivery], handler: BatchHandler, retry_delay: float, ack_wait: float) -> None:
     keepalive = asyncio.ensure_future(_keep_in_progress(msgs, ack_wait / 3))
     try:
         failed = await handler(msgs)
     except RollbusError as exc:
-        log.warning("batch of %d: %s; will retry", len(msgs), exc)
+        _log.warning("batch of %d: %s; will retry", len(msgs), exc)
         failed = msgs
     except Exception:
-        log.exception("batch of %d: handler failed; will retry", len(msgs))
+        _log.exception("batch of %d: handler failed; will retry", len(msgs))
         failed = msgs
     finally:
         keepalive.cancel()
@@ -178,7 +190,7 @@ async def _handle_batch(msgs: list[Msg], handler: BatchHandler, retry_delay: flo
             await msg.ack()
 
 
-async def _keep_in_progress(msgs: list[Msg], every: float) -> None:
+async def _keep_in_progress(msgs: list[Delivery], every: float) -> None:
     """Tell JetStream the batch is still being worked on, so a slow batch is not redelivered meanwhile."""
     while True:
         await asyncio.sleep(every)

@@ -8,7 +8,8 @@
   may not): a :class:`PromptProgress` per prompt, updated with the revision it was read
   at (compare-and-set), so concurrent writers cannot lose each other's sessions.
 
-Both are :class:`eventlog.kv.KvStore` buckets: every call bounded, NATS errors mapped there, once.
+Both wrap a :class:`eventlog.kv.Kv`: a :class:`eventlog.kv.KvStore` on JetStream (every call bounded, NATS
+errors mapped there, once), or ``rollbus.testing.memory_kv.InMemoryKv`` in unit tests.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from eventlog.kv import KvStore
+from eventlog.kv import Kv
 from materializer.prompts import PromptProgress
 from schemas.errors import RevisionConflict
 from schemas.records import MaterializedMarker
@@ -28,10 +29,17 @@ _marker = msgspec.json.Decoder(MaterializedMarker)
 _progress = msgspec.json.Decoder(PromptProgress)
 
 
-class Markers(KvStore):
+class Markers:
+    def __init__(self, kv: Kv) -> None:
+        self.kv = kv
+
+    async def bind(self) -> Markers:
+        await self.kv.bind()
+        return self
+
     async def get_many(self, session_ids: Iterable[str]) -> dict[str, MaterializedMarker]:
         ids = list(dict.fromkeys(session_ids))
-        found = await asyncio.gather(*(self.get(sid) for sid in ids))
+        found = await asyncio.gather(*(self.kv.get(sid) for sid in ids))
         return {sid: _marker.decode(hit[0]) for sid, hit in zip(ids, found, strict=True) if hit is not None}
 
     async def create_marker(self, marker: MaterializedMarker) -> MaterializedMarker | None:
@@ -40,9 +48,9 @@ class Markers(KvStore):
         records in another Parquet file (two materializers raced on the session): the caller must then keep
         its copy of the session out of the dataset. Different records are a conflict."""
         try:
-            await self.create(marker.session_id, msgspec.json.encode(marker))
+            await self.kv.create(marker.session_id, msgspec.json.encode(marker))
         except RevisionConflict:
-            existing = await self.get(marker.session_id)
+            existing = await self.kv.get(marker.session_id)
             if existing is None or (winner := _marker.decode(existing[0])).digests != marker.digests:
                 raise
             return winner if winner.parquet_file != marker.parquet_file else None
@@ -53,11 +61,18 @@ def prompt_key(uid: str) -> str:
     return "p" + hashlib.sha256(uid.encode()).hexdigest()[:40]
 
 
-class PromptLedger(KvStore):
+class PromptLedger:
+    def __init__(self, kv: Kv) -> None:
+        self.kv = kv
+
+    async def bind(self) -> PromptLedger:
+        await self.kv.bind()
+        return self
+
     async def load(self, uids: Iterable[str]) -> dict[str, tuple[PromptProgress, int]]:
         """Progress and revision of each known prompt (unknown prompts are absent)."""
         wanted = list(dict.fromkeys(uids))
-        found = await asyncio.gather(*(self.get(prompt_key(uid)) for uid in wanted))
+        found = await asyncio.gather(*(self.kv.get(prompt_key(uid)) for uid in wanted))
         return {uid: (_progress.decode(hit[0]), hit[1]) for uid, hit in zip(wanted, found, strict=True) if hit}
 
     async def start_attempt(self, fresh: PromptProgress, *, tries: int = 5) -> bool:
@@ -78,4 +93,4 @@ class PromptLedger(KvStore):
 
     async def save(self, progress: PromptProgress, revision: int) -> int:
         """Create (``revision == 0``) or compare-and-set; returns the new revision."""
-        return await self.write(prompt_key(progress.uid), msgspec.json.encode(progress), revision)
+        return await self.kv.write(prompt_key(progress.uid), msgspec.json.encode(progress), revision)

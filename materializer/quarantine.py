@@ -32,7 +32,6 @@ quarantined or not: that is the explicit retry, into a new dataset.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Callable
@@ -40,22 +39,14 @@ from typing import Literal, Protocol
 
 import msgspec
 from nats.errors import Error as NatsError
-from nats.js.api import RawStreamMsg
-from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
 
-from eventlog.publisher import JetStreamLog
-from eventlog.reader import iter_envelopes, last_stream_seq
+from eventlog.port import LogPort
+from eventlog.reader import LogMessage
 from reward.scorer import ScorerError
 from schemas import envelope
 from schemas.errors import Conflict, FoldError, LogUnavailable, OwnershipLost, SinkUnavailable
 from schemas.events import SCHEMA_VERSION, SUBJECT_KINDS, SessionQuarantined
-from schemas.log import (
-    HDR_BLOBS,
-    HDR_SCHEMA,
-    HDR_SEQ,
-    LogConfig,
-)
+from schemas.log import HDR_BLOBS, HDR_SCHEMA, HDR_SEQ
 from session.fold import SessionState, fold
 
 STAGES = ("unreadable", "underivable", "invalid", "parquet", "write")
@@ -83,24 +74,19 @@ class Counters(Protocol):
 class QuarantineLog:
     """The session's log, for quarantine: what it says of an unreadable session, and the event."""
 
-    def __init__(self, js: JetStreamContext, cfg: LogConfig, writer: JetStreamLog, *,
-                 clock: Callable[[], float] = time.time, timeout: float = 5.0, attempts: int = 5) -> None:
-        """``writer``: the log's one writer (:class:`eventlog.publisher.JetStreamLog`), which appends the event."""
-        self._js = js
-        self._writer = writer
-        self._cfg = cfg
+    def __init__(self, log: LogPort, *, clock: Callable[[], float] = time.time, attempts: int = 5) -> None:
+        """``log``: the log it reads, and appends the event through."""
+        self._log = log
+        self._cfg = log.cfg
         self._clock = clock
-        self._timeout = timeout
         self._attempts = attempts
 
     async def opening(self, session_id: str) -> SessionState | None:
         """The session as far as its log folds (None: not even its opening), for its prompt's bookkeeping."""
-        subject_filter = self._cfg.session_filter(session_id)
         state = None
         with contextlib.suppress(FoldError):
-            last = await last_stream_seq(self._js, self._cfg, subject_filter, self._timeout)
-            envelopes = iter_envelopes(self._js, self._cfg, subject_filter, last, self._timeout)
-            async with contextlib.aclosing(envelopes):
+            envelopes = self._log.envelopes(session_id)
+            async with contextlib.aclosing(envelopes):  # type: ignore[type-var]
                 async for _, events in envelopes:
                     for event in events:
                         state = fold([event], state)
@@ -113,7 +99,7 @@ class QuarantineLog:
             if await self._last(self._cfg.subject(session_id, KIND)) is not None:
                 return "found"
             last = await self._last(self._cfg.session_filter(session_id))
-            if last is None or last.seq is None:
+            if last is None:
                 return "no log"
             event = SessionQuarantined(session_id=session_id, seq=_last_seq(last) + 1, time=self._clock(),
                                        stage=quarantine.stage, reason=quarantine.reason)
@@ -121,24 +107,19 @@ class QuarantineLog:
                 return "appended"
         raise Conflict(f"session {session_id}: its log kept growing while it was being quarantined")
 
-    async def _last(self, subject: str) -> RawStreamMsg | None:
-        try:
-            return await asyncio.wait_for(self._js.get_last_msg(self._cfg.stream, subject), self._timeout)
-        except NotFoundError:
-            return None
-        except (TimeoutError, NatsError) as exc:
-            raise LogUnavailable(f"JetStream did not answer a last-message lookup ({exc!r})") from exc
+    async def _last(self, subject: str) -> LogMessage | None:
+        return await self._log.last_message(subject)
 
     async def _append(self, event: SessionQuarantined, expected_last: int) -> bool:
         """False when the session's log moved past ``expected_last``."""
         try:
-            await self._writer.append(event.session_id, [event], expected_last)
+            await self._log.append(event.session_id, [event], expected_last)
         except OwnershipLost:
             return False
         return True
 
 
-def _last_seq(msg: RawStreamMsg) -> int:
+def _last_seq(msg: LogMessage) -> int:
     """The per-session sequence number of the last event of an envelope (its ``Rollbus-Seq`` header)."""
     headers = msg.headers or {}
     if HDR_SEQ in headers:
@@ -146,4 +127,4 @@ def _last_seq(msg: RawStreamMsg) -> int:
     if HDR_BLOBS in headers:
         raise FoldError("the session's last envelope names no sequence numbers")
     version = int(headers.get(HDR_SCHEMA, SCHEMA_VERSION))
-    return envelope.decode(msg.data or b"", version)[-1].seq
+    return envelope.decode(msg.data, version)[-1].seq

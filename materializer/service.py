@@ -41,13 +41,10 @@ import logging
 from typing import TYPE_CHECKING
 
 import msgspec
-from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 from eventlog.consumer import backoff, consume_batches
 from eventlog.lag import Watched
-from eventlog.publisher import JetStreamLog
-from eventlog.reader import load_state
+from eventlog.port import Delivery, LogPort
 from materializer.batch import BatchWriter
 from materializer.ledger import Markers, PromptLedger
 from materializer.padding import Padding
@@ -56,7 +53,7 @@ from materializer.quarantine import TRANSIENT, Counters, QuarantineLog
 from materializer.records import RecordOptions
 from materializer.validation import bounded
 from reward.scorer import RewardScorer
-from schemas.log import LogConfig, ReadySignal
+from schemas.log import ReadySignal
 
 if TYPE_CHECKING:  # importing it loads torch, Ray and TransferQueue
     from materializer.transfer_queue import TransferQueueSink
@@ -86,14 +83,14 @@ class MaterializerOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Materializer:
-    def __init__(self, nc: Client, cfg: LogConfig, sink: ParquetSink, *,
+    def __init__(self, log: LogPort, sink: ParquetSink, *,
                  options: MaterializerOptions = MaterializerOptions(), tq: TransferQueueSink | None = None,
                  scorer: RewardScorer | None = None, metrics: Counters | None = None) -> None:
-        """``nc``: the NATS connection it reads and (for quarantine) writes the log through; ``metrics``:
-        where quarantined sessions are counted (e.g. the edge's ``/metrics``)."""
-        self._js = nc.jetstream()
-        self._log = JetStreamLog(nc, cfg)
-        self._cfg = cfg
+        """``log``: the log it consumes ready signals from, reads sessions from, appends quarantine events to
+        and keeps its markers and prompt ledger in (:class:`eventlog.jetstream.JetStreamPort`, or the in-memory
+        log); ``metrics``: where quarantined sessions are counted (e.g. the edge's ``/metrics``)."""
+        self._log = log
+        self._cfg = log.cfg
         self._sink = sink
         self._options = options
         self._tq = tq
@@ -110,12 +107,12 @@ class Materializer:
 
     async def writer(self) -> BatchWriter:
         if self._writer is None:
-            markers = await Markers(self._js, self._cfg.markers_bucket, timeout=10.0).bind()
-            ledger = await PromptLedger(self._js, self._cfg.prompts_bucket, timeout=10.0).bind()
-            self._writer = BatchWriter(load=lambda sid: load_state(self._js, self._cfg, sid), markers=markers,
+            markers = await Markers(self._log.kv(self._cfg.markers_bucket, timeout=10.0)).bind()
+            ledger = await PromptLedger(self._log.kv(self._cfg.prompts_bucket, timeout=10.0)).bind()
+            self._writer = BatchWriter(load=lambda sid: self._log.load_state(sid), markers=markers,
                                        ledger=ledger, parquet=self._sink, tq=self._tq,
                                        options=self._options.records, rollout_n=self._options.rollout_n,
-                                       scorer=self._scorer, quarantine=QuarantineLog(self._js, self._cfg, self._log),
+                                       scorer=self._scorer, quarantine=QuarantineLog(self._log),
                                        metrics=self._metrics)
         return self._writer
 
@@ -144,14 +141,14 @@ class Materializer:
                     await asyncio.wait_for(stop.wait(), delay)
         o = self._options
         try:
-            await consume_batches(self._js, stream=self._cfg.ready_stream, durable=o.durable,
+            await consume_batches(self._log, stream=self._cfg.ready_stream, durable=o.durable,
                                   subject=self._cfg.ready_subjects, handler=self._on_batch, stop=stop,
                                   max_batch=o.max_batch, max_delay=o.max_delay, ack_wait=o.ack_wait)
         finally:
             await self._log.close()
 
-    async def _on_batch(self, msgs: list[Msg]) -> list[Msg]:
-        by_session: dict[str, list[Msg]] = {}
+    async def _on_batch(self, msgs: list[Delivery]) -> list[Delivery]:
+        by_session: dict[str, list[Delivery]] = {}
         for msg in msgs:
             try:
                 by_session.setdefault(_ready.decode(msg.data).session_id, []).append(msg)

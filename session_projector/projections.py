@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 import msgspec
 from nats.js.client import JetStreamContext
 
-from eventlog.kv import KvStore, iter_bucket
+from eventlog.kv import Kv, KvStore, iter_bucket
 from eventlog.reader import iter_envelopes, last_stream_seq
 from schemas.errors import Conflict, FoldError, RevisionConflict
 from schemas.log import LogConfig, ProjectionHead, check_session_id
@@ -65,8 +65,9 @@ def decode(data: bytes) -> Projection:
 class ProjectionStore:
     """Projections by session id, compare-and-set on revision, with a small cache of recent ones."""
 
-    def __init__(self, js: JetStreamContext, cfg: LogConfig, *, cache: int = 1024, timeout: float = 5.0) -> None:
-        self._kv = KvStore(js, cfg.projections_bucket, timeout=timeout)
+    def __init__(self, kv: Kv, *, cache: int = 1024) -> None:
+        """``kv``: the projections bucket (``cfg.projections_bucket``)."""
+        self._kv = kv
         self._cache: OrderedDict[str, tuple[Projection, int]] = OrderedDict()
         self._cache_size = cache
 
@@ -105,7 +106,8 @@ class ProjectionStore:
 
 async def read_projection(js: JetStreamContext, cfg: LogConfig, session_id: str,
                           timeout: float = 5.0) -> Projection | None:
-    projection, _ = await ProjectionStore(js, cfg, cache=0, timeout=timeout).get(check_session_id(session_id))
+    store = ProjectionStore(KvStore(js, cfg.projections_bucket, timeout=timeout), cache=0)
+    projection, _ = await store.get(check_session_id(session_id))
     return projection
 
 

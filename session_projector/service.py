@@ -28,13 +28,10 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import msgspec
-from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 from eventlog.consumer import pull_batches, settle
 from eventlog.lag import Watched
-from eventlog.publisher import JetStreamLog
-from eventlog.reader import decode_msg, load_state
+from eventlog.port import Delivery, LogPort
 from schemas.events import AnyEvent, SessionAborted, SessionFinalized
 from schemas.log import HDR_MSG_ID, LogConfig, ReadySignal
 from session.fold import SessionState, fold
@@ -61,17 +58,17 @@ class _Uncounted:
 
 
 class Projector:
-    def __init__(self, nc: Client, cfg: LogConfig, *, durable: str = "rollbus-projections",
+    def __init__(self, log: LogPort, *, durable: str = "rollbus-projections",
                  batch: int = 256, cache: int = 1024, metrics: Counters | None = None) -> None:
-        """``nc``: the NATS connection it reads the log and publishes ready signals through; ``metrics``:
-        where envelopes, rebuilds, ready signals and retried sessions are counted."""
-        js = self._js = nc.jetstream()
-        self._log = JetStreamLog(nc, cfg)
-        self._cfg = cfg
+        """``log``: the log it reads, publishes ready signals to and keeps projections in
+        (:class:`eventlog.jetstream.JetStreamPort`, or the in-memory log); ``metrics``: where envelopes,
+        rebuilds, ready signals and retried sessions are counted."""
+        self._log = log
+        self._cfg = cfg = log.cfg
         self._durable = durable
         self._batch = batch
         self._metrics: Counters = metrics if metrics is not None else _Uncounted()
-        self.store = ProjectionStore(js, cfg, cache=cache)
+        self.store = ProjectionStore(log.kv(cfg.projections_bucket), cache=cache)
         self.rebuilt = 0  # sessions rebuilt from the log to close a gap (observability, tests)
 
     @property
@@ -81,7 +78,7 @@ class Projector:
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
-            async for msgs in pull_batches(self._js, stream=self._cfg.stream, durable=self._durable,
+            async for msgs in pull_batches(self._log, stream=self._cfg.stream, durable=self._durable,
                                            subject=self._cfg.subjects, stop=stop, batch=self._batch):
                 for group in _by_session(self._cfg, msgs):
                     if await settle(group, self._project(group)):
@@ -91,9 +88,9 @@ class Projector:
         finally:
             await self._log.close()
 
-    async def _project(self, msgs: Sequence[Msg]) -> None:
+    async def _project(self, msgs: Sequence[Delivery]) -> None:
         session_id = self._cfg.session_of(msgs[0].subject)
-        envelopes = [(msg.metadata.sequence.stream, await decode_msg(self._js, self._cfg, msg)) for msg in msgs]
+        envelopes = [(msg.metadata.sequence.stream, await self._log.decode(msg)) for msg in msgs]
         projection, revision = await self.store.get(session_id)
         start = projection.state if projection is not None else None
         state, stream_seq = start, projection.stream_seq if projection is not None else 0
@@ -115,7 +112,7 @@ class Projector:
                      session_id, expected - 1, events[0].seq)
             self.rebuilt += 1
             self._metrics.inc(REBUILDS)
-            rebuilt, _ = await load_state(self._js, self._cfg, session_id, until=position)
+            rebuilt, _ = await self._log.load_state(session_id, until=position)
             return rebuilt, position
         return fold(events, state), position
 
@@ -127,9 +124,9 @@ class Projector:
         log.info("session %s ready to materialize", ready.session_id)
 
 
-def _by_session(cfg: LogConfig, msgs: Sequence[Msg]) -> list[list[Msg]]:
+def _by_session(cfg: LogConfig, msgs: Sequence[Delivery]) -> list[list[Delivery]]:
     """The batch's messages grouped by session, each group in stream order."""
-    groups: dict[str, list[Msg]] = {}
+    groups: dict[str, list[Delivery]] = {}
     for msg in msgs:
         groups.setdefault(cfg.session_of(msg.subject), []).append(msg)
     return list(groups.values())

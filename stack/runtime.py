@@ -33,21 +33,20 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from edge.app import create_app
+from edge.assemble import build_edge
 from edge.codec.fidelity import load_codec
 from edge.codec.tokenizer import load_tokenizer
 from edge.engines import LOCAL_MODELS, local_model, make_engine
 from edge.engines.base import Engine
 from edge.keeper import SessionKeeper
-from edge.live import Registry
-from edge.metrics import LAG_INTERVAL_S, Metrics, MetricsServer, TimedEngine, TimedLog, watch_lag
+from edge.metrics import LAG_INTERVAL_S, Metrics, MetricsServer, watch_lag
 from edge.ownership import KvLeases
 from edge.service import EdgeService
 from edge.session_index import KvSessionIndex
 from edge.settings import SEND_TIMEOUT_S, EdgeSettings
-from edge.turns import Clock, TurnRunner
+from edge.turns import Clock
+from eventlog.jetstream import JetStreamPort
 from eventlog.lag import Watched
-from eventlog.publisher import JetStreamLog
-from eventlog.reader import last_stream_seq, load_state, read_session
 from materializer.parquet import ParquetSink
 from materializer.service import Materializer, MaterializerOptions
 from reward.scorer import RewardScorer, load_scorer
@@ -225,19 +224,13 @@ def build_edge_service(settings: EdgeSettings, nc: Client, engine: Engine, *,
     """An :class:`EdgeService` writing to JetStream (through ``nc``) under leases, taking unknown sessions over
     from it; its appends and engine calls timed in ``metrics`` (a registry of its own if None)."""
     cfg = settings.log
-    codec, parser = load_codec(settings.tokenizer, settings.tool_format)  # refuses a mismatched pair
+    codec = load_codec(settings.tokenizer, settings.tool_format)  # refuses a mismatched pair, before NATS
     js = nc.jetstream()
-    metrics = metrics if metrics is not None else Metrics()
-    event_log = TimedLog(JetStreamLog(nc, cfg), metrics)
     leases = KvLeases(js, cfg, edge_id=settings.edge_id, url=settings.public_url, ttl=settings.lease_ttl_s,
                       clock=clock)
-    registry = Registry(lambda session_id: load_state(js, cfg, session_id), leases=leases,
-                        position=lambda session_id: last_stream_seq(js, cfg, cfg.session_filter(session_id)),
-                        summaries=lambda session_id: current_summary(js, cfg, session_id), clock=clock)
-    turns = TurnRunner(settings=settings, codec=codec, engine=TimedEngine(engine, metrics), log=event_log,
-                       parser=parser, clock=clock, metrics=metrics)
-    return EdgeService(settings=settings, registry=registry, log=event_log, turns=turns, leases=leases, clock=clock,
-                       index=KvSessionIndex(js, cfg), reader=lambda session_id: read_session(js, cfg, session_id))
+    return build_edge(settings, JetStreamPort(nc, cfg), engine, codec=codec, clock=clock,
+                      metrics=metrics if metrics is not None else Metrics(), leases=leases,
+                      index=KvSessionIndex(js, cfg), summaries=lambda session_id: current_summary(js, cfg, session_id))
 
 
 def build_keeper(service: EdgeService, js: JetStreamContext, *, clock: Clock = time.time) -> SessionKeeper:
@@ -434,7 +427,7 @@ class Stack:
         watched: list[Watched] = []
         if "projector" in options.components:
             self.metrics.declare("projector")
-            projector = Projector(self.nc, options.log, metrics=self.metrics)
+            projector = Projector(JetStreamPort(self.nc, options.log), metrics=self.metrics)
             watched.append(projector.watched)
             self._spawn(projector.run(self.stop_event), "projector")
         if "materializer" in options.components:
@@ -462,7 +455,8 @@ class Stack:
             tq = TransferQueueSink(mo.tq_partition)
         scorer = self._given_scorer or (load_scorer(mo.reward_scorer) if mo.reward_scorer else None)
         self.metrics.declare("materializer")
-        return Materializer(nc, self.options.log, sink, options=mo, tq=tq, scorer=scorer, metrics=self.metrics)
+        return Materializer(JetStreamPort(nc, self.options.log), sink, options=mo, tq=tq, scorer=scorer,
+                            metrics=self.metrics)
 
     async def _start_edge(self, nc: Client, js: JetStreamContext) -> None:
         options = self.options

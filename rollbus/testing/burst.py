@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from eventlog.kv import KvStore
 from materializer.dataset import read_dataset
 from materializer.ledger import Markers
 from rollbus.testing.scripted import Responder, ScriptedReply
@@ -264,7 +265,7 @@ async def wait_marked(url: str, session_ids: list[str], timeout: float, *, cfg: 
     one or ``timeout`` passed (then some are missing)."""
     client = await connect(url, name="burst-check")
     try:
-        markers = await Markers(client.jetstream(), cfg.markers_bucket, timeout=10.0).bind()
+        markers = await Markers(KvStore(client.jetstream(), cfg.markers_bucket, timeout=10.0)).bind()
         deadline = time.monotonic() + timeout
         found: dict[str, str] = {}
         while len(found) < len(session_ids) and time.monotonic() < deadline:

@@ -26,32 +26,56 @@ credentials) do not happen unless a test asks for one (:meth:`InMemoryLog.fail_n
 
 The read side mirrors :mod:`eventlog.reader`: :meth:`InMemoryLog.read_session`,
 :meth:`InMemoryLog.load_state` (a :data:`edge.live.Loader`) and :meth:`InMemoryLog.last_stream_seq`
-(a :data:`edge.live.Position`). :func:`in_memory_service` builds an edge service on it the way
-:func:`stack.runtime.build_edge_service` builds one on JetStream.
+(a :data:`edge.live.Position`).
+
+It is an :class:`eventlog.port.LogPort`, as :class:`eventlog.jetstream.JetStreamPort` is: besides the
+appends, a second stream for the ready signals (:meth:`InMemoryLog.publish`, deduplicated by
+``Nats-Msg-Id``), durable consumers with JetStream's ack, nak and redelivery rules
+(:mod:`rollbus.testing.memory_consumer`), and KV buckets (:class:`rollbus.testing.memory_kv.InMemoryKv`),
+so that the projector and the materializer run on it unchanged. :func:`in_memory_service` builds an
+edge service on it the way :func:`stack.runtime.build_edge_service` builds one on JetStream.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import msgspec
 
-from edge.codec.fidelity import load_codec
+from edge.assemble import build_edge
 from edge.codec.incremental import TemplateCodec
 from edge.codec.parsers.base import ToolParser
 from edge.engines.base import Engine
-from edge.live import Registry
 from edge.service import EdgeService
 from edge.settings import Clock, EdgeSettings
-from edge.turns import TurnRunner
+from eventlog.acks import Ack
+from eventlog.port import Delivery
 from eventlog.publisher import Appended
-from eventlog.reader import SessionLog, decode_message
+from eventlog.reader import LogMessage, SessionLog, decode_message
+from rollbus.testing.memory_consumer import (
+    DurableConsumer,
+    MemorySubscription,
+    Signal,
+    StoredMessage,
+    subject_matches,
+)
+from rollbus.testing.memory_kv import InMemoryKv
 from schemas import blobs, envelope
-from schemas.errors import FoldError, OwnershipLost, PayloadTooLarge, RollbusError, SessionNotFound
+from schemas.errors import (
+    FoldError,
+    LogUnavailable,
+    OwnershipLost,
+    PayloadTooLarge,
+    RollbusError,
+    SessionNotFound,
+)
 from schemas.events import SCHEMA_VERSION, AnyEvent, Event
 from schemas.log import (
     HDR_BLOBS,
+    HDR_EXPECTED_LAST_SUBJECT_SEQ,
+    HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
+    HDR_MSG_ID,
     HDR_SCHEMA,
     MAX_PAYLOAD,
     Envelope,
@@ -63,14 +87,7 @@ from schemas.log import (
 )
 from session.fold import SessionState, fold
 
-
-class StoredMessage(msgspec.Struct, frozen=True, kw_only=True):
-    """One message of the stream, as JetStream stores it."""
-
-    seq: int  # stream sequence
-    subject: str
-    headers: dict[str, str]
-    data: bytes
+__all__ = ["InMemoryLog", "StoredMessage", "in_memory_service"]
 
 
 class _Ack(msgspec.Struct, frozen=True):
@@ -86,12 +103,24 @@ class _Failure(msgspec.Struct, frozen=True):
 class InMemoryLog:
     """An :class:`eventlog.publisher.EventLog` and its readers, in memory (see the module's docstring)."""
 
-    def __init__(self, cfg: LogConfig | None = None) -> None:
+    def __init__(self, cfg: LogConfig | None = None, *, redelivery_delay: float | None = None,
+                 max_wait: float | None = None) -> None:
+        """``redelivery_delay``: seconds after which a nak'ed message is delivered again, whatever delay the
+        nak asked for (None: the nak's own), so that a test of a redelivery takes milliseconds; ``max_wait``:
+        the longest a fetch waits for a message, whatever timeout it asked for (None: its own), so that a
+        consumer loop notices its stop within milliseconds."""
         self.cfg = cfg if cfg is not None else LogConfig()
         self.messages: list[StoredMessage] = []  # the stream, in order
+        self.ready: list[StoredMessage] = []  # the ready stream, in order
         self.pieces: dict[str, bytes] = {}  # the object store: object name -> value
+        self.buckets: dict[str, InMemoryKv] = {}
+        self.consumers: dict[tuple[str, str], DurableConsumer] = {}  # (stream, durable) -> consumer
         self._sessions: dict[str, list[StoredMessage]] = {}
         self._stored_ids: dict[str, int] = {}  # Nats-Msg-Id -> stream seq (the duplicate window)
+        self._ready_ids: dict[str, int] = {}
+        self._arrived = Signal()
+        self._redelivery_delay = redelivery_delay
+        self._max_wait = max_wait
         self._lose_ack = False
         self._failure: _Failure | None = None
 
@@ -144,7 +173,70 @@ class InMemoryLog:
         self.messages.append(message)
         self._sessions.setdefault(session_id, []).append(message)
         self._stored_ids[message_id] = message.seq
+        self._arrived.notify()
         return _Ack(message.seq, lost)
+
+    async def publish(self, subject: str, payload: bytes, headers: dict[str, str], *,
+                      session_id: str | None = None) -> Ack:
+        """One message as it is, on the ready stream (a ready signal), deduplicated by its ``Nats-Msg-Id``;
+        on the log's stream, an append of one envelope (its headers say the session and expected last)."""
+        if subject_matches(self.cfg.subjects, subject):
+            return self._publish_raw(subject, payload, headers)
+        if not subject_matches(self.cfg.ready_subjects, subject):
+            raise LogUnavailable(f"no stream takes {subject} (the log is not provisioned for it)")
+        message_id = headers.get(HDR_MSG_ID)
+        if message_id is not None and message_id in self._ready_ids:
+            return Ack(stream=self.cfg.ready_stream, seq=self._ready_ids[message_id], duplicate=True)
+        message = StoredMessage(seq=len(self.ready) + 1, subject=subject, headers=dict(headers), data=payload)
+        self.ready.append(message)
+        if message_id is not None:
+            self._ready_ids[message_id] = message.seq
+        self._arrived.notify()
+        return Ack(stream=self.cfg.ready_stream, seq=message.seq)
+
+    def _publish_raw(self, subject: str, payload: bytes, headers: dict[str, str]) -> Ack:
+        """A message on the log's stream under JetStream's rules: expected last subject sequence, then
+        the duplicate window."""
+        session_id = self.cfg.session_of(subject)
+        expected = headers.get(HDR_EXPECTED_LAST_SUBJECT_SEQ)
+        if expected is not None:
+            scope = headers.get(HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT, subject)
+            last = max((m.seq for m in self.messages if subject_matches(scope, m.subject)), default=0)
+            if last != int(expected):
+                raise OwnershipLost(f"session {session_id} was appended to by another writer")
+        message_id = headers.get(HDR_MSG_ID)
+        if message_id is not None and message_id in self._stored_ids:
+            return Ack(stream=self.cfg.stream, seq=self._stored_ids[message_id], duplicate=True)
+        message = StoredMessage(seq=len(self.messages) + 1, subject=subject, headers=dict(headers), data=payload)
+        self.messages.append(message)
+        self._sessions.setdefault(session_id, []).append(message)
+        if message_id is not None:
+            self._stored_ids[message_id] = message.seq
+        self._arrived.notify()
+        return Ack(stream=self.cfg.stream, seq=message.seq)
+
+    # --- consumers and KV -----------------------------------------------------------------
+
+    async def subscribe(self, stream: str, subject: str, durable: str, *, ack_wait: float,
+                        max_ack_pending: int) -> MemorySubscription:
+        """Bind to the durable consumer (created now, or updated: ``ack_wait``, ``max_ack_pending``)."""
+        streams = {self.cfg.stream: self.messages, self.cfg.ready_stream: self.ready}
+        if stream not in streams:
+            raise LogUnavailable(f"no stream {stream}")
+        consumer = self.consumers.get((stream, durable))
+        if consumer is None:
+            consumer = self.consumers[(stream, durable)] = DurableConsumer(
+                streams[stream], subject, ack_wait=ack_wait, max_ack_pending=max_ack_pending,
+                arrived=self._arrived, redelivery_delay=self._redelivery_delay)
+        consumer.ack_wait, consumer.max_ack_pending = ack_wait, max_ack_pending
+        return MemorySubscription(consumer, self._arrived, max_wait=self._max_wait)
+
+    def kv(self, bucket: str, *, timeout: float = 5.0) -> InMemoryKv:
+        """The bucket (made on first use: a provisioned log has them all)."""
+        return self.buckets.setdefault(bucket, InMemoryKv(bucket))
+
+    async def close(self) -> None:
+        return None
 
     # --- the read side ------------------------------------------------------------------
 
@@ -157,7 +249,11 @@ class InMemoryLog:
         """:meth:`last_seq`, as a :data:`edge.live.Position`."""
         return self.last_seq(session_id)
 
-    def decode(self, message: StoredMessage) -> list[AnyEvent]:
+    async def decode(self, msg: Delivery) -> list[AnyEvent]:
+        """A delivered message's events (as ``reader.decode_msg``)."""
+        return self._decode(StoredMessage(seq=0, subject=msg.subject, headers=msg.headers or {}, data=msg.data))
+
+    def _decode(self, message: StoredMessage) -> list[AnyEvent]:
         """A message's events, values kept in the object store put back (as ``reader.decode_msg``)."""
         if HDR_BLOBS not in message.headers:
             return decode_message(message.data, message.headers)
@@ -178,8 +274,18 @@ class InMemoryLog:
         if last == 0:
             raise SessionNotFound(f"no session {session_id!r}", param="session_id")
         events = [event for message in self._sessions.get(session_id, ()) if message.seq <= last
-                  for event in self.decode(message)]
+                  for event in self._decode(message)]
         return SessionLog(events=events, last_stream_seq=last)
+
+    async def last_message(self, subject: str) -> LogMessage | None:
+        """The stream's last message on ``subject`` (a filter); None when there is none."""
+        found = next((m for m in reversed(self.messages) if subject_matches(subject, m.subject)), None)
+        return None if found is None else LogMessage(found.subject, found.seq, 0, found.data, dict(found.headers))
+
+    async def envelopes(self, session_id: str) -> AsyncIterator[tuple[int, list[AnyEvent]]]:
+        """(stream seq, events) of each of the session's envelopes, up to its last one now."""
+        for message in list(self._sessions.get(session_id, ())):
+            yield message.seq, self._decode(message)
 
     async def load_state(self, session_id: str, *, until: int | None = None) -> tuple[SessionState, int]:
         """A session rebuilt from the log alone, and the stream sequence it was read up to (a
@@ -193,16 +299,13 @@ class InMemoryLog:
 
 def in_memory_service(engine: Engine, *, log: InMemoryLog | None = None, settings: EdgeSettings | None = None,
                       codec: tuple[TemplateCodec, ToolParser] | None = None, clock: Clock = time.time) -> EdgeService:
-    """An :class:`EdgeService` on an in-memory log, built as :func:`stack.runtime.build_edge_service` builds
-    one on JetStream, less what needs NATS: no leases (the log's sequence check alone keeps one writer per
-    session), no session index, no projections (a summary is a replay).
+    """An :class:`EdgeService` on an in-memory log, wired by :func:`edge.assemble.build_edge` as
+    :func:`stack.runtime.build_edge_service` wires one on JetStream, less what needs NATS: no leases (the log's
+    sequence check alone keeps one writer per session), no session index, no projections (a summary is a
+    replay), no metrics.
 
     ``log``: a log shared with other services (an edge restarted, or another one); ``codec``: the codec and
     parser for ``settings.tokenizer`` / ``tool_format`` when already loaded (else :func:`load_codec`)."""
     settings = settings if settings is not None else EdgeSettings()
     log = log if log is not None else InMemoryLog(settings.log)
-    template, parser = codec if codec is not None else load_codec(settings.tokenizer, settings.tool_format)
-    registry = Registry(log.load_state, position=log.last_stream_seq, clock=clock)
-    turns = TurnRunner(settings=settings, codec=template, engine=engine, log=log, parser=parser, clock=clock)
-    return EdgeService(settings=settings, registry=registry, log=log, turns=turns, clock=clock,
-                       reader=log.read_session)
+    return build_edge(settings, log, engine, codec=codec, clock=clock)

@@ -13,6 +13,8 @@ import signal
 import time
 from pathlib import Path
 
+from eventlog.jetstream import JetStreamPort
+from eventlog.kv import KvStore
 from eventlog.publisher import JetStreamLog
 from materializer.ledger import Markers
 from materializer.parquet import ParquetSink
@@ -29,9 +31,10 @@ async def test_a_projector_and_a_materializer_started_during_a_stall_wait_for_th
     js, stop = private.nc.jetstream(), asyncio.Event()
     os.kill(private.server.pid, signal.SIGSTOP)
     try:
-        tasks = {"projector": asyncio.ensure_future(Projector(private.nc, CFG).run(stop)),
+        tasks = {"projector": asyncio.ensure_future(Projector(JetStreamPort(private.nc, CFG)).run(stop)),
                  "materializer": asyncio.ensure_future(Materializer(
-                     private.nc, CFG, ParquetSink(tmp_path / "trajectories"), options=MaterializerOptions(max_delay=0.1)
+                     JetStreamPort(private.nc, CFG), ParquetSink(tmp_path / "trajectories"),
+                     options=MaterializerOptions(max_delay=0.1)
                  ).run(stop))}
         await asyncio.sleep(STALL_S)
         failed = {name: repr(task.exception()) for name, task in tasks.items() if task.done()}
@@ -41,7 +44,7 @@ async def test_a_projector_and_a_materializer_started_during_a_stall_wait_for_th
     try:
         script.finalize()
         await JetStreamLog(private.nc, CFG).append(script.session_id, script.events[-1:], 1)
-        markers = await Markers(js, CFG.markers_bucket, timeout=10.0).bind()
+        markers = await Markers(KvStore(js, CFG.markers_bucket, timeout=10.0)).bind()
         deadline = time.monotonic() + 60
         while not await markers.get_many([script.session_id]):
             assert time.monotonic() < deadline, "the session was never materialized after the stall"

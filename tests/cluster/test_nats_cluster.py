@@ -32,6 +32,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from edge.codec.tokenizer import load_tokenizer
+from eventlog.kv import KvStore
 from eventlog.reader import read_session
 from materializer.ledger import Markers
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply
@@ -186,7 +187,7 @@ async def _retrying(call: Any, attempts: int = 20) -> httpx.Response:
 
 async def _wait_materialized(js, cfg: LogConfig, session_ids: list[str], components: list[Component],
                              timeout: float = 90.0) -> dict:
-    markers = await Markers(js, cfg.markers_bucket, timeout=5.0).bind()
+    markers = await Markers(KvStore(js, cfg.markers_bucket, timeout=5.0)).bind()
     deadline = time.monotonic() + timeout
     found: dict = {}
     while True:

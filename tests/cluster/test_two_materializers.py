@@ -21,6 +21,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from eventlog.jetstream import JetStreamPort
+from eventlog.kv import KvStore
 from eventlog.publisher import JetStreamLog
 from eventlog.reader import load_state
 from materializer.batch import BatchWriter
@@ -79,7 +81,7 @@ async def test_two_materializer_processes_write_every_record_once_even_when_one_
         js, cfg = nc.jetstream(), LogConfig()
         await provision(js, cfg)
         log, stop = JetStreamLog(nc, cfg), asyncio.Event()
-        projector = asyncio.ensure_future(Projector(nc, cfg).run(stop))
+        projector = asyncio.ensure_future(Projector(JetStreamPort(nc, cfg)).run(stop))
         a, b = materializer(server.url, data, "a"), materializer(server.url, data, "b")
         try:
             await asyncio.gather(a.ready(), b.ready())
@@ -99,7 +101,7 @@ async def test_two_materializer_processes_write_every_record_once_even_when_one_
                 await asyncio.sleep(0.05)
             await _drained(js, cfg, len(scripts))
             assert b.stop() == 0, b.output.read_text()
-            markers = await Markers(js, cfg.markers_bucket, timeout=5.0).get_many(
+            markers = await Markers(KvStore(js, cfg.markers_bucket, timeout=5.0)).get_many(
                 s.session_id for s in scripts)
         finally:
             a.stop()
@@ -133,8 +135,8 @@ async def test_a_session_two_writers_raced_on_is_in_the_dataset_once(nc, js, log
 
     async def writer() -> BatchWriter:
         return BatchWriter(load=lambda sid: load_state(js, log_config, sid),
-                           markers=await Markers(js, log_config.markers_bucket, timeout=5.0).bind(),
-                           ledger=await PromptLedger(js, log_config.prompts_bucket, timeout=5.0).bind(),
+                           markers=await Markers(KvStore(js, log_config.markers_bucket, timeout=5.0)).bind(),
+                           ledger=await PromptLedger(KvStore(js, log_config.prompts_bucket, timeout=5.0)).bind(),
                            parquet=ParquetSink(directory))
 
     one, two = await writer(), await writer()

@@ -2,9 +2,14 @@
 when it reads back, as one suite run against every log (as eventsourcing runs its recorder tests
 against POPO, SQLite and PostgreSQL).
 
-A module binds the suite to a log by subclassing :class:`LogContract` and giving it a ``backend``
-fixture (a :class:`Backend`): ``tests/unit/test_log_contract_memory.py`` (the in-memory log, no NATS)
-and ``tests/integration/test_log_contract_jetstream.py`` (JetStream, on a real nats-server). Every
+The second half, :class:`PortContract`, holds what the projector and the materializer use beyond the
+append (:class:`eventlog.port.LogPort`): the ready signal's publish, durable consumers (ack, nak,
+``ack_wait``, resume), the reads of a session's last message and envelopes, and KV buckets.
+
+A module binds the suite to a log by subclassing :class:`LogContract` (and :class:`PortContract`) and
+giving it a ``backend`` fixture (a :class:`Backend`): ``tests/unit/test_log_contract_memory.py`` (the
+in-memory log, no NATS) and ``tests/integration/test_log_contract_jetstream.py`` (JetStream, on a real
+nats-server). Every
 backend's log is configured with ``max_event_bytes = LIMIT``, so that large events are cheap to make.
 """
 
@@ -16,7 +21,7 @@ from typing import Protocol
 import msgspec
 import pytest
 
-from eventlog.publisher import EventLog
+from eventlog.port import Delivery, LogPort
 from eventlog.reader import SessionLog
 from rollbus.testing.memory_log import StoredMessage
 from schemas import envelope, tokens
@@ -31,6 +36,7 @@ from schemas.log import (
     HDR_SCHEMA,
     HDR_SEQ,
     LogConfig,
+    append_headers,
     msg_id,
 )
 from session.fold import SessionState, fold
@@ -45,7 +51,7 @@ class Backend(Protocol):
     """One log under test: its writer, its readers, and what it has stored."""
 
     cfg: LogConfig
-    log: EventLog
+    log: LogPort
 
     async def read(self, session_id: str, until: int | None = None) -> SessionLog: ...
 
@@ -262,3 +268,135 @@ class LogContract:
                 await backend.load(unknown)
         assert await backend.position(B) == 0
 
+
+
+async def fetch(log: LogPort, stream: str, subject: str, durable: str, *, n: int = 16, timeout: float = 2.0,
+                ack_wait: float = 30.0) -> list[Delivery]:
+    """What one fetch of the durable consumer (created or bound now) delivers: [] when nothing came."""
+    sub = await log.subscribe(stream, subject, durable, ack_wait=ack_wait, max_ack_pending=256)
+    try:
+        return await sub.fetch(n, timeout=timeout)
+    except TimeoutError:
+        return []
+    finally:
+        await sub.unsubscribe()
+
+
+def ready_signal(cfg: LogConfig, session_id: str, *, message_id: str | None = None
+                 ) -> tuple[str, bytes, dict[str, str]]:
+    return cfg.ready_subject(session_id), session_id.encode(), {HDR_MSG_ID: message_id or f"ready:{session_id}"}
+
+
+class PortContract:
+    """The log's port beyond the append; a subclass provides the ``backend`` fixture."""
+
+    @pytest.fixture
+    def backend(self) -> Backend:
+        raise NotImplementedError("a contract module provides the backend")
+
+    async def test_a_consumer_delivers_in_stream_order_what_its_filter_takes_and_decodes_it(
+            self, backend: Backend) -> None:
+        cfg = backend.cfg
+        groups = envelopes(session().events)
+        seqs = await append_all(backend, A, groups)
+        await backend.log.publish(*ready_signal(cfg, A))  # another stream: not this consumer's
+        got = await fetch(backend.log, cfg.stream, cfg.subjects, "c")
+        assert [d.metadata.sequence.stream for d in got] == seqs
+        assert [d.subject for d in got] == [cfg.subject(A, envelope.kind_of(g)) for g in groups]
+        assert [await backend.log.decode(d) for d in got] == groups
+
+    async def test_an_acknowledged_message_is_not_delivered_again_and_a_consumer_resumes_after_its_acks(
+            self, backend: Backend) -> None:
+        cfg = backend.cfg
+        for sid in (A, B):
+            await backend.log.publish(*ready_signal(cfg, sid))
+        first = await fetch(backend.log, cfg.ready_stream, cfg.ready_subjects, "m", n=1)
+        assert [d.data for d in first] == [A.encode()]
+        await first[0].ack()
+        again = await fetch(backend.log, cfg.ready_stream, cfg.ready_subjects, "m")  # the same durable
+        assert [d.data for d in again] == [B.encode()]
+        await again[0].ack()
+        assert await fetch(backend.log, cfg.ready_stream, cfg.ready_subjects, "m", timeout=0.3) == []
+        other = await fetch(backend.log, cfg.ready_stream, cfg.ready_subjects, "another")  # its own position
+        assert [d.data for d in other] == [A.encode(), B.encode()]
+
+    async def test_a_nak_is_delivered_again_and_an_ack_is_not(self, backend: Backend) -> None:
+        cfg = backend.cfg
+        for sid in (A, B):
+            await backend.log.publish(*ready_signal(cfg, sid))
+        sub = await backend.log.subscribe(cfg.ready_stream, cfg.ready_subjects, "m", ack_wait=30.0,
+                                          max_ack_pending=256)
+        try:
+            first = await sub.fetch(2, timeout=2.0)
+            assert [d.metadata.num_delivered for d in first] == [1, 1]
+            await first[0].nak(delay=0.05)
+            await first[1].ack()
+            again = await sub.fetch(2, timeout=2.0)
+            assert [(d.data, d.metadata.num_delivered) for d in again] == [(A.encode(), 2)]
+            await again[0].ack()
+        finally:
+            await sub.unsubscribe()
+
+    async def test_a_message_neither_acked_nor_nakd_within_ack_wait_is_delivered_again(
+            self, backend: Backend) -> None:
+        cfg = backend.cfg
+        await backend.log.publish(*ready_signal(cfg, A))
+        sub = await backend.log.subscribe(cfg.ready_stream, cfg.ready_subjects, "m", ack_wait=0.5,
+                                          max_ack_pending=256)
+        try:
+            assert len(await sub.fetch(1, timeout=2.0)) == 1  # and never acknowledged: its process died
+            again = await sub.fetch(1, timeout=5.0)
+            assert [(d.data, d.metadata.num_delivered) for d in again] == [(A.encode(), 2)]
+        finally:
+            await sub.unsubscribe()
+
+    async def test_a_ready_signal_is_stored_once_by_its_message_id(self, backend: Backend) -> None:
+        cfg = backend.cfg
+        first = await backend.log.publish(*ready_signal(cfg, A))
+        again = await backend.log.publish(*ready_signal(cfg, A))
+        other = await backend.log.publish(*ready_signal(cfg, A, message_id="another"))
+        assert (first.stream, first.duplicate) == (cfg.ready_stream, False)
+        assert (again.seq, again.duplicate) == (first.seq, True)
+        assert (other.seq, other.duplicate) == (first.seq + 1, False)
+        got = await fetch(backend.log, cfg.ready_stream, cfg.ready_subjects, "m")
+        assert [d.headers[HDR_MSG_ID] for d in got if d.headers] == [f"ready:{A}", "another"]
+
+    async def test_a_sessions_last_message_and_envelopes_are_read_back(self, backend: Backend) -> None:
+        cfg = backend.cfg
+        groups = envelopes(session().events)
+        seqs = await append_all(backend, A, groups[:-1])
+        await append_all(backend, B, envelopes(session(B).events)[:1])
+        seqs += await append_all(backend, A, groups[-1:], after=seqs[-1])
+        last = await backend.log.last_message(cfg.session_filter(A))
+        assert last is not None and (last.seq, last.data) == (seqs[-1], envelope.encode(groups[-1]))
+        assert last.headers is not None and last.headers[HDR_MSG_ID] == msg_id(A, groups[-1][0].seq)
+        opened = await backend.log.last_message(cfg.subject(A, envelope.kind_of(groups[0])))
+        assert opened is not None and opened.seq == seqs[0]
+        assert await backend.log.last_message(cfg.session_filter("c" * 32)) is None
+        assert [item async for item in backend.log.envelopes(A)] == list(zip(seqs, groups, strict=True))
+        assert await backend.log.last_stream_seq(A) == seqs[-1]
+
+    async def test_an_envelope_published_as_it_is_follows_the_appends_rules(self, backend: Backend) -> None:
+        """What an import does: the stored message, its headers kept, under the expected-last check and the
+        duplicate window."""
+        cfg = backend.cfg
+        groups = envelopes(session().events)
+
+        def message(i: int, after: int) -> tuple[str, bytes, dict[str, str]]:
+            group = groups[i]
+            return (cfg.subject(A, envelope.kind_of(group)), envelope.encode(group),
+                    append_headers(cfg, A, group[0].seq, group[-1].seq, after, schema=SCHEMA_VERSION))
+
+        first = await backend.log.publish(*message(0, 0))
+        assert (first.seq, first.duplicate) == (1, False)
+        with pytest.raises(OwnershipLost):  # the session's last is 1 now
+            await backend.log.publish(*message(1, 0))
+        again = await backend.log.publish(*message(0, 1))
+        assert (again.seq, again.duplicate) == (1, True)
+        assert (await backend.log.publish(*message(1, 1))).seq == 2
+        assert (await backend.read(A)).events == events_of(groups[:2])
+
+    async def test_its_kv_buckets_are_the_logs(self, backend: Backend) -> None:
+        bucket = backend.log.kv(backend.cfg.markers_bucket)
+        revision = await bucket.create("k", b"v")
+        assert await backend.log.kv(backend.cfg.markers_bucket).get("k") == (b"v", revision)

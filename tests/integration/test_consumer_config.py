@@ -9,7 +9,7 @@ import time
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from eventlog.consumer import consume_batches
+from eventlog.consumer import JetStreamConsumers, consume_batches
 
 
 async def test_messages_held_by_a_dead_consumer_come_back_by_the_new_ack_wait(js, log_config):
@@ -33,7 +33,7 @@ async def test_messages_held_by_a_dead_consumer_come_back_by_the_new_ack_wait(js
         return []
 
     started = time.monotonic()
-    await asyncio.wait_for(consume_batches(js, stream=log_config.ready_stream, durable="d",
+    await asyncio.wait_for(consume_batches(JetStreamConsumers(js), stream=log_config.ready_stream, durable="d",
                                            subject=log_config.ready_subjects, handler=handler, stop=stop,
                                            max_delay=0.1, ack_wait=1.0), 60)
     assert sorted(got) == [str(i).encode() for i in range(5)]

@@ -10,6 +10,7 @@ import time
 import weakref
 
 from edge.keeper import SessionKeeper
+from eventlog.jetstream import JetStreamPort
 from eventlog.publisher import JetStreamLog
 from eventlog.reader import read_session
 from schemas.events import RewardReported, SessionAborted
@@ -75,7 +76,7 @@ async def test_an_orphan_left_by_a_dead_edge_is_aborted_by_another(nc, js, log_c
         await orphan.turn(dead, "hello")
         clock.advance(61)
         await alive.turn(dead, "still talking")  # its lease was just renewed by its edge
-        async with running(Projector(nc, log_config)):
+        async with running(Projector(JetStreamPort(nc, log_config))):
             await wait_projected(js, log_config, {orphan.session_id: 5, alive.session_id: 5})
         assert await keeper(other, js, log_config, clock, 60).sweep() == 1
         assert await aborted_reason(js, log_config, orphan.session_id) == "idle_timeout"
@@ -102,7 +103,7 @@ async def test_a_sweep_lets_go_of_a_session_that_is_not_idle_after_all(nc, js, l
     async with edges(nc, log_config, engine.url, clock, "dead", "other", idle=60) as (dead, other):
         agent = await Agent.open(dead)
         await agent.turn(dead, "hello")
-        async with running(Projector(nc, log_config)):
+        async with running(Projector(JetStreamPort(nc, log_config))):
             await wait_projected(js, log_config, {agent.session_id: 5})
         clock.advance(61)
         live = await dead.registry.get(agent.session_id)

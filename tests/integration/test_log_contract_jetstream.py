@@ -1,5 +1,5 @@
-"""The log contract (tests/contract/log_contract.py) against JetStream: ``JetStreamLog`` and the readers of
-:mod:`eventlog.reader` on a real nats-server (the test's own stream)."""
+"""The log contract (tests/contract/log_contract.py) against JetStream: ``JetStreamPort`` (``JetStreamLog`` and the
+readers, consumers and KV buckets of :mod:`eventlog`) on a real nats-server (the test's own stream)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from eventlog.acks import Ack, AckedPublisher
-from eventlog.publisher import JetStreamLog
+from eventlog.jetstream import JetStreamPort
 from eventlog.reader import SessionLog, last_stream_seq, load_state, read_session
 from rollbus.testing.memory_log import StoredMessage
 from schemas.log import LogConfig
 from session.fold import SessionState
-from tests.contract.log_contract import LIMIT, LogContract
+from tests.contract.log_contract import LIMIT, LogContract, PortContract
 
 
 class LosesFirstAck:
@@ -36,7 +36,7 @@ class LosesFirstAck:
 class JetStreamBackend:
     def __init__(self, nc: Client, js: JetStreamContext, cfg: LogConfig) -> None:
         self.cfg = cfg
-        self.log = JetStreamLog(nc, cfg)
+        self.log = JetStreamPort(nc, cfg)
         self._js = js
 
     async def read(self, session_id: str, until: int | None = None) -> SessionLog:
@@ -68,7 +68,7 @@ class JetStreamBackend:
         self.log._publisher = LosesFirstAck(self.log._publisher)  # type: ignore[assignment]
 
 
-class TestJetStreamLog(LogContract):
+class TestJetStreamLog(LogContract, PortContract):
     @pytest.fixture
     def backend(self, nc: Client, js: JetStreamContext, log_config: LogConfig) -> JetStreamBackend:
         return JetStreamBackend(nc, js, msgspec.structs.replace(log_config, max_event_bytes=LIMIT))

@@ -11,6 +11,8 @@ from collections import Counter
 import msgspec
 import pytest
 
+from eventlog.jetstream import JetStreamPort
+from eventlog.kv import KvStore
 from eventlog.publisher import JetStreamLog
 from materializer.batch import BatchWriter
 from materializer.ledger import Markers, PromptLedger
@@ -25,7 +27,7 @@ from tests.sessions import append, expected_statuses, workload
 
 
 async def _wait_for_markers(js, cfg, count: int, timeout: float = 60.0) -> Markers:
-    markers = await Markers(js, cfg.markers_bucket, timeout=5.0).bind()
+    markers = await Markers(KvStore(js, cfg.markers_bucket, timeout=5.0)).bind()
     kv = await js.key_value(cfg.markers_bucket)
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
@@ -52,8 +54,9 @@ async def _drained(js, cfg, signals: int, timeout: float = 60.0) -> None:
 async def running(nc, cfg, sink, kind: type[Materializer] = Materializer, **options):
     """A projector and a materializer (of class ``kind``) running until the block ends."""
     stop = asyncio.Event()
-    materializer = kind(nc, cfg, sink, options=MaterializerOptions(**{"max_delay": 0.1, **options}))
-    tasks = [asyncio.ensure_future(Projector(nc, cfg).run(stop)), asyncio.ensure_future(materializer.run(stop))]
+    materializer = kind(JetStreamPort(nc, cfg), sink, options=MaterializerOptions(**{"max_delay": 0.1, **options}))
+    tasks = [asyncio.ensure_future(Projector(JetStreamPort(nc, cfg)).run(stop)),
+             asyncio.ensure_future(materializer.run(stop))]
     try:
         yield materializer
     finally:
@@ -96,7 +99,7 @@ async def test_ended_sessions_land_once_with_their_markers_and_prompt_progress(n
         state = fold(script.events)
         assert marker.status == state.status and marker.uid == state.uid
         assert marker.digests == {k: record_digest(r) for k, r in expected.items() if r.session_id == state.session_id}
-    ledger = await PromptLedger(js, log_config.prompts_bucket, timeout=5.0).bind()
+    ledger = await PromptLedger(KvStore(js, log_config.prompts_bucket, timeout=5.0)).bind()
     progress = await ledger.load(expected_statuses(scripts))
     assert {uid: p.status for uid, (p, _) in progress.items()} == expected_statuses(scripts)
     assert all(p.published == "" for p, _ in progress.values())  # nothing published without TransferQueue
@@ -129,10 +132,10 @@ async def test_a_batch_staged_before_a_crash_is_committed_or_discarded_on_restar
     marker = [MaterializedMarker(session_id=s.session_id, stream_seq=1, uid=s.uid, session_index=s.session_index,
                                  digests={r.key: record_digest(r) for r in derive_records(s)}) for s in states]
     committed = sink.stage(records, marker)  # crash after staging and one marker: committed on restart
-    markers = await Markers(js, log_config.markers_bucket, timeout=5.0).bind()
+    markers = await Markers(KvStore(js, log_config.markers_bucket, timeout=5.0)).bind()
     await markers.create_marker(committed.markers[0])
     orphan = sink.stage(records[:1], [msgspec.structs.replace(marker[0], session_id="f" * 32)])  # no marker: dropped
-    await Materializer(nc, log_config, sink).recover()
+    await Materializer(JetStreamPort(nc, log_config), sink).recover()
     assert [p.name for p in sink.directory.glob("*.parquet")] == [committed.name]
     assert sink.staged() == [] and orphan.name != committed.name
     assert set(await markers.get_many(s.session_id for s in states)) == {s.session_id for s in states}
@@ -149,11 +152,11 @@ async def test_a_batch_that_fails_between_its_markers_is_finished_by_the_next_wr
     log = JetStreamLog(nc, log_config)
     for script in scripts:
         await append(log, script)
-    markers = await Markers(js, log_config.markers_bucket, timeout=5.0).bind()
+    markers = await Markers(KvStore(js, log_config.markers_bucket, timeout=5.0)).bind()
     sink = ParquetSink(tmp_path / "t")
     writer = BatchWriter(
         load=lambda sid: load_state(js, log_config, sid), markers=markers,
-        ledger=await PromptLedger(js, log_config.prompts_bucket, timeout=5.0).bind(), parquet=sink)
+        ledger=await PromptLedger(KvStore(js, log_config.prompts_bucket, timeout=5.0)).bind(), parquet=sink)
     create, calls = markers.create_marker, []
 
     async def flaky(marker):
@@ -197,8 +200,9 @@ async def batch_writer(js, cfg, sink, **kwargs) -> BatchWriter:
     from eventlog.reader import load_state
 
     return BatchWriter(load=lambda sid: load_state(js, cfg, sid),
-                       markers=await Markers(js, cfg.markers_bucket, timeout=5.0).bind(),
-                       ledger=await PromptLedger(js, cfg.prompts_bucket, timeout=5.0).bind(), parquet=sink, **kwargs)
+                       markers=await Markers(KvStore(js, cfg.markers_bucket, timeout=5.0)).bind(),
+                       ledger=await PromptLedger(KvStore(js, cfg.prompts_bucket, timeout=5.0)).bind(), parquet=sink,
+                       **kwargs)
 
 
 async def appended(nc, cfg, *scripts: SessionScript) -> list[str]:
@@ -209,7 +213,7 @@ async def appended(nc, cfg, *scripts: SessionScript) -> list[str]:
 
 
 async def progress_of(js, cfg, uid):
-    ledger = await PromptLedger(js, cfg.prompts_bucket, timeout=5.0).bind()
+    ledger = await PromptLedger(KvStore(js, cfg.prompts_bucket, timeout=5.0)).bind()
     return (await ledger.load([uid]))[uid][0]
 
 

@@ -19,6 +19,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
+from eventlog.kv import KvStore
 from eventlog.publisher import JetStreamLog
 from materializer.ledger import Markers
 from materializer.parquet import ParquetSink
@@ -96,7 +97,7 @@ async def test_a_server_limit_on_consumers_never_acknowledges_an_unwritten_sessi
     sink = ParquetSink(tmp_path / "trajectories")
     async with running(nc, log_config, sink) as materializer:
         await asyncio.gather(*(append(log, s) for s in scripts))
-        markers = await Markers(js, log_config.markers_bucket, timeout=5.0).bind()
+        markers = await Markers(KvStore(js, log_config.markers_bucket, timeout=5.0)).bind()
         found = await _marked(markers, [s.session_id for s in scripts], timeout=90)
     assert materializer.violations == []
     _check_written_once(sink, scripts, found)
@@ -123,7 +124,7 @@ async def test_a_full_disk_is_waited_out_and_quarantines_nothing(nc, js, log_con
     async with running(nc, log_config, sink) as materializer:
         for script in scripts:
             await append(log, script)
-        markers = await Markers(js, log_config.markers_bucket, timeout=5.0).bind()
+        markers = await Markers(KvStore(js, log_config.markers_bucket, timeout=5.0)).bind()
         found = await _marked(markers, [s.session_id for s in scripts], timeout=60)
     assert sink.failures == 0 and materializer.batches > 1
     assert materializer.violations == []

@@ -15,6 +15,8 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from edge.metrics import Metrics
+from eventlog.jetstream import JetStreamPort
+from eventlog.kv import KvStore
 from eventlog.publisher import JetStreamLog
 from eventlog.reader import read_session
 from materializer.ledger import Markers, PromptLedger
@@ -80,7 +82,7 @@ async def _ready_signals(js: JetStreamContext, cfg: LogConfig, count: int, timeo
 async def materializing(nc: Client, cfg: LogConfig, sink: ParquetSink, metrics: Metrics,
                         **options: object) -> AsyncIterator[Materializer]:
     stop = asyncio.Event()
-    materializer = Materializer(nc, cfg, sink, metrics=metrics,
+    materializer = Materializer(JetStreamPort(nc, cfg), sink, metrics=metrics,
                                 options=MaterializerOptions(max_delay=0.3, **options))  # type: ignore[arg-type]
     task = asyncio.ensure_future(materializer.run(stop))
     try:
@@ -93,7 +95,7 @@ async def materializing(nc: Client, cfg: LogConfig, sink: ParquetSink, metrics: 
 @contextlib.asynccontextmanager
 async def projecting(nc: Client, cfg: LogConfig) -> AsyncIterator[None]:
     stop = asyncio.Event()
-    task = asyncio.ensure_future(Projector(nc, cfg).run(stop))
+    task = asyncio.ensure_future(Projector(JetStreamPort(nc, cfg)).run(stop))
     try:
         yield
     finally:
@@ -149,12 +151,12 @@ async def test_poison_sessions_are_quarantined_and_the_rest_of_their_batch_is_wr
     assert reasons[wide_index.session_id][0] == "invalid" and "session_index=2147483648" in \
         reasons[wide_index.session_id][1]
     assert reasons[unfoldable.session_id][0] == "unreadable" and "does not fold" in reasons[unfoldable.session_id][1]
-    markers = await Markers(js, log_config.markers_bucket, timeout=5.0).get_many(
+    markers = await Markers(KvStore(js, log_config.markers_bucket, timeout=5.0)).get_many(
         s.session_id for s in scripts)
     assert {sid: (m.status, m.digests) for sid, m in markers.items() if m.status == "quarantined"} == {
         s.session_id: ("quarantined", {}) for s in poisons}
     # they count as failed sessions: their prompts end
-    ledger = await PromptLedger(js, log_config.prompts_bucket, timeout=5.0).bind()
+    ledger = await PromptLedger(KvStore(js, log_config.prompts_bucket, timeout=5.0)).bind()
     progress = {uid: p for uid, (p, _) in (await ledger.load(["pa", "pb", "pc"])).items()}
     assert {uid: p.status for uid, p in progress.items()} == {"pa": "finished", "pb": "finished", "pc": "failure"}
     assert not progress["pa"].outcomes["1"].succeeded and not progress["pb"].outcomes["1"].succeeded
@@ -189,7 +191,7 @@ async def test_poison_sessions_are_quarantined_and_the_rest_of_their_batch_is_wr
     assert len(list(sink.directory.glob("*.parquet"))) == 1
     for script in poisons:
         assert len(await _quarantine_events(js, log_config, script.session_id)) == 1
-    markers = await Markers(js, log_config.markers_bucket, timeout=5.0).get_many(
+    markers = await Markers(KvStore(js, log_config.markers_bucket, timeout=5.0)).get_many(
         s.session_id for s in poisons)
     assert {m.status for m in markers.values()} == {"quarantined"} and len(markers) == 3
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -224,7 +226,7 @@ async def test_a_batch_that_fails_whole_is_narrowed_down_to_the_one_session(nc, 
         await _ready_signals(js, log_config, len(scripts))
         with caplog.at_level(logging.WARNING, logger="materializer"):
             stop = asyncio.Event()
-            materializer = Materializer(nc, log_config, sink, scorer=scorer, metrics=metrics,
+            materializer = Materializer(JetStreamPort(nc, log_config), sink, scorer=scorer, metrics=metrics,
                                         options=MaterializerOptions(max_delay=0.3))
             task = asyncio.ensure_future(materializer.run(stop))
             try:
@@ -238,7 +240,7 @@ async def test_a_batch_that_fails_whole_is_narrowed_down_to_the_one_session(nc, 
     assert set(sink.read().column("reward").to_pylist()) == {0.5}
     (event,) = await _quarantine_events(js, log_config, scripts[3].session_id)
     assert event.stage == "write" and "RuntimeError: the scorer cannot take this session" in event.reason
-    markers = await Markers(js, log_config.markers_bucket, timeout=5.0).get_many(
+    markers = await Markers(KvStore(js, log_config.markers_bucket, timeout=5.0)).get_many(
         s.session_id for s in scripts)
     assert [markers[s.session_id].status for s in scripts] == ["finalized"] * 3 + ["quarantined", "finalized",
                                                                                     "finalized"]

@@ -8,6 +8,8 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from eventlog.jetstream import JetStreamPort
+from eventlog.kv import KvStore
 from eventlog.publisher import JetStreamLog
 from schemas.log import LogConfig, ReadySignal
 from session.fold import fold
@@ -60,7 +62,7 @@ async def _ready(js: JetStreamContext, cfg: LogConfig) -> list[str]:
 
 async def test_projections_equal_the_fold_and_hold_no_tokens(nc, js, log_config):
     await _write(nc, log_config, SCRIPTS)
-    async with running(Projector(nc, log_config)):
+    async with running(Projector(JetStreamPort(nc, log_config))):
         await wait_projected(js, log_config, {s.session_id: len(s.events) for s in SCRIPTS})
     for script in SCRIPTS:
         projection = await read_projection(js, log_config, script.session_id)
@@ -77,10 +79,10 @@ async def test_a_restarted_projector_continues_sessions_it_saw_half_of(nc, js, l
     positions = await _write(nc, log_config, SCRIPTS, upto=0.5)
     half = {s.session_id: sum(len(g) for g in envelopes(s.events)[: len(envelopes(s.events)) // 2])
             for s in SCRIPTS}
-    async with running(Projector(nc, log_config)):
+    async with running(Projector(JetStreamPort(nc, log_config))):
         await wait_projected(js, log_config, half)
     await _write(nc, log_config, SCRIPTS, start=0.5, after=positions)
-    async with running(Projector(nc, log_config)) as second:
+    async with running(Projector(JetStreamPort(nc, log_config))) as second:
         await wait_projected(js, log_config, {s.session_id: len(s.events) for s in SCRIPTS})
     assert second.rebuilt == 0  # it went on from the stored projections, without replaying
     for script in SCRIPTS:
@@ -91,13 +93,13 @@ async def test_a_restarted_projector_continues_sessions_it_saw_half_of(nc, js, l
 async def test_a_lost_projection_is_rebuilt_from_the_log(nc, js, log_config):
     script = SCRIPTS[4]
     positions = await _write(nc, log_config, [script], upto=0.5)
-    async with running(Projector(nc, log_config)):
+    async with running(Projector(JetStreamPort(nc, log_config))):
         await wait_projected(js, log_config, {script.session_id: sum(len(g) for g in envelopes(script.events)[
             : len(envelopes(script.events)) // 2])})
     kv = await js.key_value(log_config.projections_bucket)
     await kv.delete(script.session_id)
     await _write(nc, log_config, [script], start=0.5, after=positions)
-    async with running(Projector(nc, log_config)) as projector:
+    async with running(Projector(JetStreamPort(nc, log_config))) as projector:
         await wait_projected(js, log_config, {script.session_id: len(script.events)})
     assert projector.rebuilt == 1
     projection = await read_projection(js, log_config, script.session_id)
@@ -106,12 +108,12 @@ async def test_a_lost_projection_is_rebuilt_from_the_log(nc, js, log_config):
 
 async def test_redelivered_envelopes_are_skipped(nc, js, log_config):
     await _write(nc, log_config, SCRIPTS[:3])
-    async with running(Projector(nc, log_config)):
+    async with running(Projector(JetStreamPort(nc, log_config))):
         await wait_projected(js, log_config, {s.session_id: len(s.events) for s in SCRIPTS[:3]})
     kv = await js.key_value(log_config.projections_bucket)
     revisions = {s.session_id: (await kv.get(s.session_id)).revision for s in SCRIPTS[:3]}
     # A second consumer reads the whole log again: every envelope is a redelivery to the projections.
-    async with running(Projector(nc, log_config, durable="again")) as again:
+    async with running(Projector(JetStreamPort(nc, log_config), durable="again")) as again:
         await wait_drained(js, log_config.stream, "again")
     assert again.rebuilt == 0
     assert {s.session_id: (await kv.get(s.session_id)).revision for s in SCRIPTS[:3]} == revisions
@@ -121,7 +123,7 @@ async def test_current_summary_folds_the_tail_the_projector_has_not_seen(nc, js,
     script = SCRIPTS[1]
     positions = await _write(nc, log_config, [script], upto=0.5)
     assert await current_summary(js, log_config, script.session_id) is None  # nothing projected yet
-    async with running(Projector(nc, log_config)):
+    async with running(Projector(JetStreamPort(nc, log_config))):
         await wait_projected(js, log_config, {script.session_id: sum(len(g) for g in envelopes(script.events)[
             : len(envelopes(script.events)) // 2])})
     await _write(nc, log_config, [script], start=0.5, after=positions)
@@ -130,9 +132,9 @@ async def test_current_summary_folds_the_tail_the_projector_has_not_seen(nc, js,
 
 async def test_concurrent_writers_are_refused_by_revision(nc, js, log_config):
     await _write(nc, log_config, SCRIPTS[:1])
-    async with running(Projector(nc, log_config)):
+    async with running(Projector(JetStreamPort(nc, log_config))):
         await wait_projected(js, log_config, {SCRIPTS[0].session_id: len(SCRIPTS[0].events)})
-    one, other = ProjectionStore(js, log_config), ProjectionStore(js, log_config)
+    one, other = (ProjectionStore(KvStore(js, log_config.projections_bucket)) for _ in range(2))
     projection, revision = await one.get(SCRIPTS[0].session_id)
     assert projection is not None
     await other.put(projection, revision)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from edge.turns import TurnOutcome
+from eventlog.jetstream import JetStreamPort
 from eventlog.publisher import JetStreamLog
 from eventlog.reader import load_state, read_session
 from schemas.errors import IdempotencyKeyReused, OwnershipLost, SessionOwned
@@ -118,7 +119,7 @@ async def test_a_summary_of_a_session_held_elsewhere_comes_from_its_projection_w
         agent = await Agent.open(a)
         await agent.turn(a, "one")
         unprojected = await b.summary(agent.session_id)  # no projection yet: replayed
-        async with running(Projector(nc, log_config)):
+        async with running(Projector(JetStreamPort(nc, log_config))):
             await wait_projected(js, log_config, {agent.session_id: 5})
         await agent.turn(a, "two")  # past the projection: b folds the log's tail onto it
         summary = await b.summary(agent.session_id)

@@ -10,6 +10,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from eventlog.jetstream import JetStreamPort
 from eventlog.publisher import JetStreamLog
 from materializer.records import derive_records
 from rollbus.cli import build_parser
@@ -136,7 +137,7 @@ async def test_replay_of_an_unknown_session_is_an_error(js, log_config, logged, 
 
 
 async def test_sessions_lists_and_filters_the_projections(nc, js, log_config, logged, capsys):
-    async with running(Projector(nc, log_config)):
+    async with running(Projector(JetStreamPort(nc, log_config))):
         await wait_projected(js, log_config, {s.session_id: len(s.events) for s in logged}, timeout=60)
     sessions = lambda *argv: build_parser().parse_args(["sessions", *argv, "--nats", "nats://unused"])  # noqa: E731
     assert await sessions_main(js, log_config, sessions("--status", "open", "--all")) == 0
@@ -196,7 +197,7 @@ async def test_sessions_lists_newest_first_as_the_viewer_does(nc, js, log_config
         events = [msgspec.structs.replace(e, time=e.time + at) for e in script.events]
         await append_all(log, session_id, envelopes(events))
         counts[session_id] = len(events)
-    async with running(Projector(nc, log_config)):
+    async with running(Projector(JetStreamPort(nc, log_config))):
         await wait_projected(js, log_config, counts, timeout=60)
     newest = sorted(opened, key=opened.__getitem__, reverse=True)
     sessions = lambda *argv: build_parser().parse_args(["sessions", *argv, "--nats", "nats://unused"])  # noqa: E731

@@ -19,6 +19,8 @@ import pytest
 import transfer_queue as tq
 from nats.aio.client import Client
 
+from eventlog.jetstream import JetStreamPort
+from eventlog.kv import KvStore
 from eventlog.publisher import JetStreamLog
 from materializer.ledger import Markers
 from materializer.parquet import ParquetSink
@@ -71,8 +73,9 @@ async def _reference(nc: Client, cfg: LogConfig, tmp_path: Path, partition: str,
     await provision(js, ref)
     sink = ParquetSink(tmp_path / "reference" / "trajectories")
     stop = asyncio.Event()
-    materializer = Materializer(nc, ref, sink, tq=TransferQueueSink(partition), options=MaterializerOptions(
-        transfer_queue=True, durable="reference", max_batch=64, max_delay=0.1))
+    materializer = Materializer(JetStreamPort(nc, ref), sink, tq=TransferQueueSink(partition),
+                                options=MaterializerOptions(transfer_queue=True, durable="reference", max_batch=64,
+                                                            max_delay=0.1))
     task = asyncio.ensure_future(materializer.run(stop))
     await _drained(js, ref, "reference", signals)
     stop.set()
@@ -93,7 +96,7 @@ async def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tq_cluster
         js, cfg = nc.jetstream(), LogConfig()
         await provision(js, cfg)
         log, stop = JetStreamLog(nc, cfg), asyncio.Event()
-        projector = asyncio.ensure_future(Projector(nc, cfg).run(stop))
+        projector = asyncio.ensure_future(Projector(JetStreamPort(nc, cfg)).run(stop))
         seen: dict[str, list[str]] = {}
         watcher = asyncio.ensure_future(_watch_statuses(partition, seen, stop))
         marked_at_kill = []
@@ -111,7 +114,7 @@ async def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tq_cluster
             await _drained(js, cfg, "rollbus-materializer", len(scripts))
             assert final.stop() == 0, final.output.read_text()
             reference = await _reference(nc, cfg, tmp_path, reference_partition, len(scripts))
-            markers = await Markers(js, cfg.markers_bucket, timeout=5.0).bind()
+            markers = await Markers(KvStore(js, cfg.markers_bucket, timeout=5.0)).bind()
             found = await markers.get_many(s.session_id for s in scripts)
         finally:
             stop.set()

@@ -8,6 +8,7 @@ import secrets
 
 import msgspec
 
+from eventlog.jetstream import JetStreamPort
 from eventlog.publisher import JetStreamLog
 from eventlog.reader import read_session
 from materializer.parquet import ParquetSink
@@ -40,11 +41,11 @@ async def test_a_poison_session_reaches_no_sink_and_its_prompt_still_ends(nc, js
     log = JetStreamLog(nc, log_config)
     sink = ParquetSink(tmp_path / "trajectories")
     stop = asyncio.Event()
-    projector = asyncio.ensure_future(Projector(nc, log_config).run(stop))
+    projector = asyncio.ensure_future(Projector(JetStreamPort(nc, log_config)).run(stop))
     for script in scripts:
         await append(log, script)
     await _ready_signals(js, log_config, len(scripts))  # so that they make one batch
-    materializer = Materializer(nc, log_config, sink, tq=TransferQueueSink(partition),
+    materializer = Materializer(JetStreamPort(nc, log_config), sink, tq=TransferQueueSink(partition),
                                 options=MaterializerOptions(max_delay=0.3, transfer_queue=True))
     task = asyncio.ensure_future(materializer.run(stop))
     try:

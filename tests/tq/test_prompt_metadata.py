@@ -107,6 +107,7 @@ async def test_an_old_attempts_straggler_after_the_redispatch_stays_out_of_trans
                                                                                            partition):
     """The gap the sessions alone leave: verl cleared the group and re-issued it, and an old session ends
     before any session of the new attempt did. The dispatcher recorded the new attempt first."""
+    from eventlog.kv import KvStore
     from materializer.ledger import PromptLedger
     from materializer.prompts import PromptProgress
 
@@ -116,7 +117,7 @@ async def test_an_old_attempts_straggler_after_the_redispatch_stays_out_of_trans
     await writer.write(await appended(nc, log_config, old[0]))
     tq.kv_clear(keys=["s1_0_0"], partition_id=partition)  # verl's resume
     tq.kv_batch_put(keys=["s1"], partition_id=partition, tags=[prompt_tag("pending", 4)])
-    ledger = await PromptLedger(js, log_config.prompts_bucket, timeout=5.0).bind()
+    ledger = await PromptLedger(KvStore(js, log_config.prompts_bucket, timeout=5.0)).bind()
     fresh = PromptProgress(uid="s1", expected=2, attempt=NEW, partition=partition)
     assert await ledger.start_attempt(fresh) and not await ledger.start_attempt(fresh)  # once
     await writer.write(await appended(nc, log_config, old[1]))  # the straggler

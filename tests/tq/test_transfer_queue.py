@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import transfer_queue as tq
 
+from eventlog.jetstream import JetStreamPort
+from eventlog.kv import KvStore
 from eventlog.publisher import JetStreamLog
 from materializer.dataset import iter_padded_batches
 from materializer.ledger import PromptLedger
@@ -30,9 +32,10 @@ DEFAULTS = {"parent_key": "", "fork_message_index": 0, "fork_token_offset": 0, "
 async def materializing(nc, cfg, tmp_path, partition, **options):
     stop = asyncio.Event()
     sink = ParquetSink(tmp_path / "trajectories")
-    materializer = Materializer(nc, cfg, sink, tq=TransferQueueSink(partition),
+    materializer = Materializer(JetStreamPort(nc, cfg), sink, tq=TransferQueueSink(partition),
                                 options=MaterializerOptions(max_delay=0.1, transfer_queue=True, **options))
-    tasks = [asyncio.ensure_future(Projector(nc, cfg).run(stop)), asyncio.ensure_future(materializer.run(stop))]
+    tasks = [asyncio.ensure_future(Projector(JetStreamPort(nc, cfg)).run(stop)),
+             asyncio.ensure_future(materializer.run(stop))]
     try:
         yield sink
     finally:
@@ -106,7 +109,7 @@ async def test_a_verl_style_consumer_gets_tensors_equal_to_the_parquet_rows(nc, 
 async def test_a_prompt_consumed_before_a_restart_is_not_brought_back(nc, js, log_config, tmp_path, partition):
     """A crash after the terminal status was written but before it was recorded: the trainer took the group."""
     (script,) = workload(prompts=1, n=1, seed=1)
-    ledger = await PromptLedger(js, log_config.prompts_bucket, timeout=5.0).bind()
+    ledger = await PromptLedger(KvStore(js, log_config.prompts_bucket, timeout=5.0)).bind()
     crashed = PromptProgress(uid="q00000", expected=1, global_steps=4, published="running", publishing="finished",
                              outcomes={"0": SessionOutcome(script.session_id, True)})
     await ledger.save(crashed, 0)
@@ -115,7 +118,7 @@ async def test_a_prompt_consumed_before_a_restart_is_not_brought_back(nc, js, lo
     from schemas.records import MaterializedMarker, record_digest
     from session.fold import fold
 
-    markers = await Markers(js, log_config.markers_bucket, timeout=5.0).bind()
+    markers = await Markers(KvStore(js, log_config.markers_bucket, timeout=5.0)).bind()
     state = fold(script.events)
     await markers.create_marker(MaterializedMarker(
         session_id=script.session_id, stream_seq=1, uid=state.uid, session_index=0,
@@ -163,9 +166,10 @@ async def test_a_ray_reward_worker_scores_sessions_without_a_task_reward(nc, js,
     log = JetStreamLog(nc, log_config)
     stop = asyncio.Event()
     sink = ParquetSink(tmp_path / "trajectories")
-    materializer = Materializer(nc, log_config, sink, tq=TransferQueueSink(partition), scorer=scorer,
+    materializer = Materializer(JetStreamPort(nc, log_config), sink, tq=TransferQueueSink(partition), scorer=scorer,
                                 options=MaterializerOptions(max_delay=0.1, transfer_queue=True))
-    tasks = [asyncio.ensure_future(Projector(nc, log_config).run(stop)), asyncio.ensure_future(materializer.run(stop))]
+    tasks = [asyncio.ensure_future(Projector(JetStreamPort(nc, log_config)).run(stop)),
+             asyncio.ensure_future(materializer.run(stop))]
     for script in scripts:
         kept = [e for e in script.events if type(e).__name__ != "RewardReported"]  # no task reward
         script.events = [msgspec.structs.replace(e, seq=i + 1) for i, e in enumerate(kept)]

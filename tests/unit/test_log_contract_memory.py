@@ -10,7 +10,7 @@ from rollbus.testing.memory_log import InMemoryLog, StoredMessage
 from schemas.errors import LogUnavailable
 from schemas.log import LogConfig
 from session.fold import SessionState
-from tests.contract.log_contract import LIMIT, LogContract, session
+from tests.contract.log_contract import LIMIT, LogContract, PortContract, session
 from tests.helpers import envelopes
 
 
@@ -38,7 +38,7 @@ class MemoryBackend:
         self.log.lose_next_ack()
 
 
-class TestInMemoryLog(LogContract):
+class TestInMemoryLog(LogContract, PortContract):
     @pytest.fixture
     def backend(self) -> MemoryBackend:
         return MemoryBackend(InMemoryLog(msgspec.structs.replace(LogConfig(), max_event_bytes=LIMIT)))

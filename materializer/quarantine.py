@@ -49,7 +49,7 @@ from eventlog.reader import iter_envelopes, last_stream_seq
 from reward.scorer import ScorerError
 from schemas import envelope
 from schemas.errors import Conflict, FoldError, LogUnavailable, OwnershipLost, SinkUnavailable
-from schemas.events import SCHEMA_VERSION, SUBJECT_KINDS, SessionQuarantined
+from schemas.events import SCHEMA_VERSION, SUBJECT_KINDS, Event, SessionQuarantined
 from schemas.log import (
     HDR_BLOBS,
     HDR_SCHEMA,
@@ -57,6 +57,7 @@ from schemas.log import (
     LogConfig,
 )
 from session.fold import SessionState, fold
+from session.numbering import UNNUMBERED, numbered
 
 STAGES = ("unreadable", "underivable", "invalid", "parquet", "write")
 KIND = SUBJECT_KINDS[SessionQuarantined]
@@ -115,8 +116,9 @@ class QuarantineLog:
             last = await self._last(self._cfg.session_filter(session_id))
             if last is None or last.seq is None:
                 return "no log"
-            event = SessionQuarantined(session_id=session_id, seq=_last_seq(last) + 1, time=self._clock(),
-                                       stage=quarantine.stage, reason=quarantine.reason)
+            drafted = SessionQuarantined(session_id=session_id, seq=UNNUMBERED, time=self._clock(),
+                                         stage=quarantine.stage, reason=quarantine.reason)
+            (event,) = numbered([drafted], after=_last_seq(last))  # the session may not fold: its log's last number
             if await self._append(event, last.seq):
                 return "appended"
         raise Conflict(f"session {session_id}: its log kept growing while it was being quarantined")
@@ -129,7 +131,7 @@ class QuarantineLog:
         except (TimeoutError, NatsError) as exc:
             raise LogUnavailable(f"JetStream did not answer a last-message lookup ({exc!r})") from exc
 
-    async def _append(self, event: SessionQuarantined, expected_last: int) -> bool:
+    async def _append(self, event: Event, expected_last: int) -> bool:
         """False when the session's log moved past ``expected_last``."""
         try:
             await self._writer.append(event.session_id, [event], expected_last)

@@ -1,10 +1,13 @@
-"""One model turn: select a chain, encode, generate, commit, answer.
+"""One model turn: load, decide, generate, append, answer.
 
-The turn is decided from the session's fold state (pure helpers in :mod:`session.chains`
-and :mod:`edge.codec`): :meth:`TurnRunner.begin` selects and plans, the engine samples,
-:meth:`TurnRunner.commit` appends. :meth:`TurnRunner.run` does the three for a plain
-request; :mod:`edge.streaming` does them for a streamed one. The agent gets its answer
-(or a stream's last event) only after the turn's events are acknowledged by the log.
+The turn is decided from the session's fold state, read and never changed while planning: the
+decisions are pure (:mod:`session.chains` selects the chain, :mod:`session.turn` plans the turn
+and gives its events, numbered), the encoding is the codec's (:mod:`edge.codec`).
+:meth:`TurnRunner.begin` loads and decides, the engine samples, :meth:`TurnRunner.commit`
+appends (:meth:`edge.live.LiveSession.commit`, which gets the events from
+:func:`session.turn.turn_events` for the state as it is then). :meth:`TurnRunner.run` does the
+three for a plain request; :mod:`edge.streaming` does them for a streamed one. The agent gets
+its answer (or a stream's last event) only after the turn's events are acknowledged by the log.
 """
 
 from __future__ import annotations

@@ -114,10 +114,14 @@ def rolled_back(chain: ChainState) -> tuple[int, int]:
 
 def kept_ids(chain: ChainState) -> bytes:
     """The chain without its last reply's sampled tokens (packed): it ends at that reply's generation prompt."""
+    return b"".join(_kept(chain))
+
+
+def _kept(chain: ChainState) -> list[bytes]:
     turn = chain.turns[-1]
     own = chain.segments[turn.first_segment: turn.end_segment]
-    return b"".join([chain.prompt_ids, *(s.token_ids for s in chain.segments[: turn.first_segment]),
-                     *(s.token_ids for s in own if not s.generated)])
+    return [chain.prompt_ids, *(s.token_ids for s in chain.segments[: turn.first_segment]),
+            *(s.token_ids for s in own if not s.generated)]
 
 
 def plan_turn(state: SessionState, selection: Continue | Rollback | NewChain, facts: TurnFacts) -> TurnPlan:
@@ -148,7 +152,8 @@ def engine_ids(state: SessionState, plan: TurnPlan) -> bytes:
     if plan.chain is None:
         return plan.context
     chain = state.chain(plan.chain)
-    return (kept_ids(chain) if plan.rollback is not None else chain.packed_ids()) + plan.context
+    held = _kept(chain) if plan.rollback is not None else [chain.prompt_ids, *(s.token_ids for s in chain.segments)]
+    return b"".join([*held, plan.context])  # one copy
 
 
 def refuses(plan: TurnPlan, limit: int) -> bool:

@@ -2,10 +2,11 @@
 
 A :class:`LiveSession` holds the fold state of one session, the stream sequence of its
 last envelope and the session's lease (:mod:`edge.ownership`). :meth:`LiveSession.commit`
-is the only way state changes: under the session's lock it drafts events from the
-current state, numbers them, applies the fold (so an event that does not fit is refused before
-it reaches the log), makes sure the lease is still this edge's, appends, and only then
-swaps the state in.
+is the only way state changes: under the session's lock it decides the events from the
+current state (numbered after its last sequence: :mod:`session.numbering`, :mod:`session.turn`),
+applies the fold (so an event that does not fit, or is not numbered next, is refused before it
+reaches the log), makes sure the lease is still this edge's, appends, and only then swaps the
+state in.
 
 An append refused with :class:`OwnershipLost` (another writer appended: the log's
 per-session sequence check) or a lease that changed hands marks the live session *lost*:
@@ -35,8 +36,6 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-import msgspec
-
 from edge.engine_input import InputBuffer
 from edge.forks import Histories
 from edge.idempotency import InFlight
@@ -51,17 +50,13 @@ from schemas.metadata import or_default, read_settings
 from session.fold import SessionState, apply
 from session.summary import SessionSummary, summarize
 
-Draft = Callable[[SessionState], Sequence[Event]]
+Decide = Callable[[SessionState], Sequence[Event]]
+"""Given the session's state, the events to append after it, numbered from its ``seq`` on."""
 Loader = Callable[[str], Awaitable[tuple[SessionState, int]]]
 Position = Callable[[str], Awaitable[int]]  # stream seq of the session's last envelope
 Summaries = Callable[[str], Awaitable[SessionSummary | None]]  # from projections, without replaying
 Admit = Callable[[str], None]
 """Given a session's ``api_key_digest``, raises to refuse the request (:meth:`Registry.get`)."""
-
-
-def _numbered(event: Event, seq: int) -> Event:
-    """``event`` as the ``seq``-th of its session."""
-    return event if event.seq == seq else msgspec.structs.replace(event, seq=seq)
 
 
 class StoredBodies:
@@ -141,21 +136,17 @@ class LiveSession:
     def idle_for(self) -> float:
         return 0.0 if self.active else self._clock() - self.touched
 
-    async def commit(self, log: EventLog, draft: Draft, *, allow_closed: bool = False) -> list[Event]:
-        """Append the drafted events (their ``seq`` assigned here) and apply them."""
+    async def commit(self, log: EventLog, decide: Decide, *, allow_closed: bool = False) -> list[Event]:
+        """Append the events ``decide`` gives from the current state, and apply them."""
         async with self._lock:
             state = self.state
             if self.lost:
                 raise OwnershipLost(f"session {state.session_id} is no longer written by this edge; retry")
             if state.status != "open" and not allow_closed:
                 raise SessionClosed(f"session {state.session_id} is {state.status}")
-            events = []
-            seq = state.seq
-            for drafted in draft(state):
-                seq += 1
-                event = _numbered(drafted, seq)
+            events = list(decide(state))
+            for event in events:
                 state = apply(state, event)
-                events.append(event)
             try:
                 if self.lease is not None:
                     await self.lease.ensure()

@@ -62,6 +62,7 @@ from schemas.log import check_session_id
 from schemas.metadata import read_settings
 from schemas.values import INT32_MAX, check_free_form
 from session.fold import apply
+from session.numbering import UNNUMBERED, numbered
 from session.summary import SessionSummary, summarize
 
 log = logging.getLogger(__name__)
@@ -322,16 +323,16 @@ class EdgeService:
         still recorded (for audit) but changes nothing: the records are derived from the session as it
         ended, so the caller gets 409."""
         posted = parse_reward_info(reward_info)
-        event = RewardReported(session_id=live.session_id, seq=0, time=self._clock(), reward=posted.reward,
+        event = RewardReported(session_id=live.session_id, seq=UNNUMBERED, time=self._clock(), reward=posted.reward,
                                extra=posted.extra)
         if live.state.status == "open":
             try:
                 with live.in_use():
-                    await live.commit(self._log, lambda _: [event])
+                    await live.commit(self._log, lambda state: numbered([event], state.seq))
                 return
             except SessionClosed:  # it ended since
                 live = await self._registry.load(live.session_id)
-        await live.commit(self._log, lambda _: [event], allow_closed=True)
+        await live.commit(self._log, lambda state: numbered([event], state.seq), allow_closed=True)
         raise SessionClosed(f"session {live.session_id} is {live.state.status}: its records are derived without "
                             "this reward (it was recorded in the log for audit)")
 
@@ -354,8 +355,8 @@ class EdgeService:
         if summary.status != "open":
             raise SessionClosed(f"session {session_id} is already {summary.status} ({summary.close_reason})")
         live = await self._registry.get(session_id)
-        event = event_type(session_id=session_id, seq=0, time=self._clock(), reason=reason)
-        await live.commit(self._log, lambda _: [event])
+        event = event_type(session_id=session_id, seq=UNNUMBERED, time=self._clock(), reason=reason)
+        await live.commit(self._log, lambda state: numbered([event], state.seq))
         await self._registry.release(session_id)
         if status == "aborted":
             self.metrics.failures.labels("edge", "session_aborted").inc()
@@ -366,8 +367,8 @@ class EdgeService:
         live = await self._registry.get(check_session_id(session_id))
         if live.idle_for() < idle_timeout:
             return False
-        event = SessionAborted(session_id=session_id, seq=0, time=self._clock(), reason=reason)
-        await live.commit(self._log, lambda _: [event])
+        event = SessionAborted(session_id=session_id, seq=UNNUMBERED, time=self._clock(), reason=reason)
+        await live.commit(self._log, lambda state: numbered([event], state.seq))
         await self._registry.release(session_id)
         self.metrics.failures.labels("edge", "session_idle").inc()
         return True

@@ -212,7 +212,7 @@ class TurnStream:
             self._put(*reply.feed(decoder.feed(token_ids)))
 
     def _started(self, turn: PreparedTurn) -> StreamStarted:
-        prompt = len(turn.plan.input_ids) if turn.plan is not None and turn.generate is not None else 0
+        prompt = turn.plan.input_length if turn.plan is not None and turn.generate is not None else 0
         return StreamStarted(session_id=self._live.state.session_id, request_no=turn.request_no,
                              created=int(self._runner.clock()), prompt_tokens=prompt)
 

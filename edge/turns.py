@@ -1,10 +1,13 @@
-"""One model turn: select a chain, encode, generate, commit, answer.
+"""One model turn: load, decide, generate, append, answer.
 
-The turn is decided from the session's fold state (pure helpers in :mod:`session.chains`
-and :mod:`edge.codec`): :meth:`TurnRunner.begin` selects and plans, the engine samples,
-:meth:`TurnRunner.commit` appends. :meth:`TurnRunner.run` does the three for a plain
-request; :mod:`edge.streaming` does them for a streamed one. The agent gets its answer
-(or a stream's last event) only after the turn's events are acknowledged by the log.
+The turn is decided from the session's fold state, read and never changed while planning: the
+decisions are pure (:mod:`session.chains` selects the chain, :mod:`session.turn` plans the turn
+and gives its events, numbered), the encoding is the codec's (:mod:`edge.codec`).
+:meth:`TurnRunner.begin` loads and decides, the engine samples, :meth:`TurnRunner.commit`
+appends (:meth:`edge.live.LiveSession.commit`, which gets the events from
+:func:`session.turn.turn_events` for the state as it is then). :meth:`TurnRunner.run` does the
+three for a plain request; :mod:`edge.streaming` does them for a streamed one. The agent gets
+its answer (or a stream's last event) only after the turn's events are acknowledged by the log.
 """
 
 from __future__ import annotations
@@ -28,35 +31,35 @@ from edge.codec.reasoning import opens_reasoning
 from edge.codec.reply import ReplyParser, call_ids
 from edge.engine_input import MIN_TOKENS, InputBuffer
 from edge.engines.base import Constraint, Engine, GenerateRequest, GenerateResult, SamplingParams
-from edge.forks import classify, reserialized_continuation
-from edge.live import LiveSession
+from edge.forks import Histories, classify, reserialized_continuation
+from edge.live import Decide, LiveSession
 from edge.metrics import ABANDONED, ENGINE_ERROR, OK, REFUSED, Metrics
 from edge.settings import Clock, EdgeSettings
 from edge.stored import with_reasoning
 from eventlog.publisher import EventLog
 from schemas import tokens
 from schemas.errors import EngineError, RollbusError
-from schemas.events import (
-    ChainClosed,
-    ChainStarted,
-    ContextAppended,
-    EngineFailed,
-    Event,
-    ForkPoint,
-    RequestReceived,
-    TokensGenerated,
-    TurnAbandoned,
-    TurnCompleted,
-    TurnRolledBack,
-    body_digest,
-)
+from schemas.events import TurnCompleted, body_digest
 from session.chains import Continue, Exhausted, NewChain, Rollback, Selection, select_chain
 from session.fold import SessionState
+from session.turn import (
+    Received,
+    Sampled,
+    TurnFacts,
+    TurnPlan,
+    abandoned_events,
+    engine_ids,
+    failure_events,
+    fills,
+    plan_turn,
+    refusal_events,
+    refuses,
+    turn_events,
+)
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-CAPACITY = "max_trajectory_length"
 
 
 DISCONNECTED = "client_disconnected"
@@ -119,29 +122,18 @@ class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
     body_digest: str = ""  # sha256 of ``body`` once computed (schemas.events.body_digest)
 
 
-class _Plan(msgspec.Struct, frozen=True, kw_only=True):
-    """What the turn appends before sampling, and where."""
-
-    chain: int | None  # None: a new chain
-    context: bytes  # new tokens, packed: the whole prompt for a new chain, else the increment
-    input_ids: Sequence[int]  # everything the engine sees (a continued chain's: a view of its packed ids)
-    n_messages: int
-    chat_turns: int
-    prefix_digest: str
-    rollback: tuple[int, int] | None = None  # (request whose turn is rolled back, sampled tokens dropped)
-    fork: ForkPoint | None = None  # a new chain's parent and cause (edge.forks)
-    reserialized: str | None = None  # continued despite re-sent replies, for this cause (edge.forks.CONTINUABLE)
-
-
 class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
     """A turn decided up to the engine call: ``generate`` is None when it is refused (no room)."""
 
     request: TurnRequest
-    request_no: int
-    received: RequestReceived
-    plan: _Plan | None = None
+    received: Received
+    plan: TurnPlan | None = None
     generate: GenerateRequest | None = None
-    refusal: tuple[Event, ...] = ()
+    closing: int | None = None  # refused: the chain its refusal closes (None: none)
+
+    @property
+    def request_no(self) -> int:
+        return self.received.request_no
 
     @property
     def uses_tools(self) -> bool:
@@ -260,6 +252,10 @@ class TurnRunner:
     async def _begin(self, live: LiveSession, request: TurnRequest) -> tuple[PreparedTurn, int | None]:
         """The prepared turn, and the chain it keeps busy (marked busy here) if any.
 
+        Load, decide: the turn is decided from one fold state, which planning never changes
+        (:mod:`session.turn`); what the runner itself takes from the live session is the request's
+        number, the chain it keeps busy, and the engine input it grows in place (:meth:`_engine_input`).
+
         A turn with much new text to tokenize (:data:`OFFLOAD_CHARS`) is planned on a worker
         thread, at most :data:`OFFLOADED` at a time, so that the event loop keeps serving every
         other session (tokenizing megabytes takes seconds; long pieces are encoded with the GIL
@@ -269,15 +265,18 @@ class TurnRunner:
         self.codec.check_system_placement(conversation.messages)
         constraint = self.constraint(conversation)
         request_no = live.take_request_no()
-        digests, selection = self._select(live.state, conversation, live.busy)
+        state = live.state
+        digests, selection = self._select(state, conversation, live.busy)
         if isinstance(selection, (NewChain, Rollback)) and live.histories.to_recover and \
                 self.recover_histories is not None:  # taken over: the earlier chains' histories, from the log
             await self.recover_histories(live)
-        selection, reserialized = self._reserialized(live, conversation, selection)
+            state = live.state  # other turns may have been appended meanwhile: decided again, from now
+            selection = self._select(state, conversation, live.busy, digests)[1]
+        selection, reserialized = self._reserialized(live, state, conversation, selection)
         received = self._received(live, request, request_no,
                                   None if isinstance(selection, (Exhausted, NewChain)) else selection.chain.index)
         if isinstance(selection, Exhausted):
-            return PreparedTurn(request=request, request_no=request_no, received=received, refusal=(received,)), None
+            return PreparedTurn(request=request, received=received), None
         busy = None if isinstance(selection, NewChain) else selection.chain.index
         if busy is not None:
             live.busy.add(busy)
@@ -285,26 +284,26 @@ class TurnRunner:
             new = conversation.messages if isinstance(selection, NewChain) else \
                 conversation.messages[selection.n_history:]
             if _text_size(new) < OFFLOAD_CHARS:
-                return self._prepare(live, request, selection, digests, received, request_no, constraint,
+                return self._prepare(live, state, request, selection, digests, received, constraint,
                                      reserialized), busy
             async with self._offloaded:
-                return await asyncio.to_thread(self._prepare, live, request, selection, digests, received,
-                                               request_no, constraint, reserialized), busy
+                return await asyncio.to_thread(self._prepare, live, state, request, selection, digests, received,
+                                               constraint, reserialized), busy
         except BaseException:
             if busy is not None:
                 live.busy.discard(busy)
             raise
 
-    def _select(self, state: SessionState, conversation: Conversation,
-                busy: Collection[int]) -> tuple[Sequence[str], Selection]:
+    def _select(self, state: SessionState, conversation: Conversation, busy: Collection[int],
+                digests: Sequence[str] = ()) -> tuple[Sequence[str], Selection]:
         """The request's history digests, and the chain it continues (or not)."""
-        digests = conversation.history_digests or tuple(
+        digests = digests or conversation.history_digests or tuple(
             map(bytes.hex, prefix_digests(tools_digest(conversation.tools), conversation.messages)))
         return digests, select_chain(state, digests, busy, _Roles(conversation.messages),
                                      rollback=self._settings.rollback_rewritten_turns)
 
     @staticmethod
-    def _reserialized(live: LiveSession, conversation: Conversation,
+    def _reserialized(live: LiveSession, state: SessionState, conversation: Conversation,
                       selection: Selection) -> tuple[Selection, str | None]:
         """With the session's ``continue_reserialized_turns``, a request that would start a chain (or roll a
         chain's last reply back) only because it re-sent a chain's replies other than sampled
@@ -316,7 +315,7 @@ class TurnRunner:
         if found is None:
             return selection, None
         index, n_history, cause = found
-        chain = live.state.chain(index)
+        chain = state.chain(index)
         if index in live.busy or chain.closed is not None:
             return selection, None
         return Continue(chain, n_history), cause
@@ -327,14 +326,15 @@ class TurnRunner:
         trajectory length (where a turn is refused), the whole conversation's render. Nothing is
         recorded. Much new text is tokenized on a worker thread, as a turn's."""
         self.codec.check_system_placement(conversation.messages)
-        digests, selection = self._select(live.state, conversation, ())
-        selection = self._reserialized(live, conversation, selection)[0]
+        state = live.state
+        digests, selection = self._select(state, conversation, ())
+        selection = self._reserialized(live, state, conversation, selection)[0]
         if isinstance(selection, Exhausted):
             selection = Continue(selection.chain, selection.chain.n_messages)
 
         def count() -> int:
             try:
-                return len(self._plan(live.state, conversation, selection, digests).input_ids)
+                return self._plan(state, conversation, selection, digests, 0)[0].input_length
             except NoRoom:
                 return len(self.codec.encode_prompt(conversation.messages, conversation.tools))
 
@@ -345,40 +345,37 @@ class TurnRunner:
         async with self._offloaded:
             return await asyncio.to_thread(count)
 
-    def _prepare(self, live: LiveSession, request: TurnRequest, selection: Continue | Rollback | NewChain,
-                 digests: Sequence[str], received: RequestReceived, request_no: int,
+    def _prepare(self, live: LiveSession, state: SessionState, request: TurnRequest,
+                 selection: Continue | Rollback | NewChain, digests: Sequence[str], received: Received,
                  constraint: Constraint | None = None, reserialized: str | None = None) -> PreparedTurn:
+        """Decide the turn from ``state`` (:func:`session.turn.plan_turn`), then give the engine its input."""
         limit = self._settings.max_trajectory_length
         try:
-            plan = self._plan(live.state, request.conversation, selection, digests, live.inputs)
-            if reserialized is not None:
-                plan = msgspec.structs.replace(plan, reserialized=reserialized)
+            plan, prompt = self._plan(state, request.conversation, selection, digests, received.request_no,
+                                      histories=live.histories, reserialized=reserialized)
         except NoRoom:  # known to be too long before it was tokenized
-            chain = None if isinstance(selection, NewChain) else selection.chain.index
-            closing = () if chain is None else (self._closed(live, chain, request_no),)
-            return PreparedTurn(request=request, request_no=request_no, received=received,
-                                refusal=(received, *closing))
-        if plan.chain is None:
-            plan = msgspec.structs.replace(plan, fork=self._fork(live, request.conversation, plan.context))
-        prepared = PreparedTurn(request=request, request_no=request_no, received=received, plan=plan)
-        if len(plan.input_ids) >= limit:
-            closing = () if plan.chain is None else (self._closed(live, plan.chain, request_no),)
-            return msgspec.structs.replace(prepared, refusal=(received, *closing))
-        sampling = self._sampling(live.state, request.conversation, limit - len(plan.input_ids))
-        generate = GenerateRequest(request_id=f"{live.state.session_id}:{request_no}", input_ids=plan.input_ids,
-                                   sampling=sampling, constraint=constraint)
+            closing = None if isinstance(selection, NewChain) else selection.chain.index
+            return PreparedTurn(request=request, received=received, closing=closing)
+        prepared = PreparedTurn(request=request, received=received, plan=plan)
+        if refuses(plan, limit):
+            return msgspec.structs.replace(prepared, closing=plan.chain)
+        sampling = self._sampling(state, request.conversation, limit - plan.input_length)
+        generate = GenerateRequest(request_id=f"{state.session_id}:{received.request_no}",
+                                   input_ids=self._engine_input(live, state, plan, prompt), sampling=sampling,
+                                   constraint=constraint)
         return msgspec.structs.replace(prepared, generate=generate)
 
     @staticmethod
-    def _fork(live: LiveSession, conversation: Conversation, prompt: bytes) -> ForkPoint:
-        """Where a new chain forks from, and why (edge.forks), with the tokens its prompt shares with its parent's."""
-        state = live.state
-        fork = classify(conversation.messages, conversation.tools, live.histories.known(),
-                        had_chains=bool(state.chains))
-        if fork.parent is None:
-            return fork
-        shared = tokens.common_prefix(prompt, state.chain(fork.parent).packed_ids())
-        return msgspec.structs.replace(fork, token_offset=shared)
+    def _engine_input(live: LiveSession, state: SessionState, plan: TurnPlan,
+                      prompt: Sequence[int] | None) -> Sequence[int]:
+        """What the engine sees: a new chain's ``prompt``; a long chain's tokens grown in place (the live
+        session's :class:`edge.engine_input.InputBuffer`, with no say in the turn); else joined afresh."""
+        if prompt is not None:
+            return prompt
+        chain = state.chain(plan.chain) if plan.chain is not None else None
+        if chain is not None and plan.rollback is None and chain.length >= MIN_TOKENS:
+            return live.inputs.setdefault(chain.index, InputBuffer()).input_ids(chain, plan.context)
+        return tokens.unpack_ids(engine_ids(state, plan))
 
     async def commit(self, live: LiveSession, turn: PreparedTurn, result: GenerateResult,
                      parsed: ParsedOutput) -> TurnOutcome:
@@ -389,20 +386,18 @@ class TurnRunner:
         reply = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
         tip = extend(bytes.fromhex(plan.prefix_digest), reply).hex()
         conversation = turn.request.conversation
-        full = len(plan.input_ids) + len(result.token_ids) >= self._settings.max_trajectory_length
-        request_no = turn.request_no
-
-        def draft(state: SessionState) -> list[Event]:
-            chain = plan.chain if plan.chain is not None else len(state.chains)  # unnumbered: commit numbers them
-            rollback = [] if plan.rollback is None else [self._rolled_back(live, chain, request_no, plan.rollback)]
-            events = [turn.received, *rollback, self._context(live, plan, chain, request_no),
-                      self._tokens(live, chain, request_no, result),
-                      self._turn(live, chain, request_no, result, parsed, tip, plan.n_messages + 1,
-                                 turn.generate.constraint if turn.generate is not None else None)]
-            return events + ([self._closed(live, chain, request_no)] if full else [])
-
-        events = await live.commit(self._log, draft)
+        limit = self._settings.max_trajectory_length
+        constraint = turn.generate.constraint if turn.generate is not None else None
+        sampled = Sampled(token_ids=tokens.pack_ids(result.token_ids),
+                          logprobs=tokens.pack_logprobs(result.logprobs) if result.logprobs is not None else None,
+                          finish_reason=result.finish_reason, text=parsed.content, reasoning=parsed.reasoning,
+                          tool_calls=parsed.tool_calls, tip_digest=tip, weight_version=result.weight_version,
+                          constrained=constraint.label if constraint is not None else None)
+        now = self._clock()
+        events = await live.commit(self._log, lambda state: turn_events(state, plan, turn.received, sampled,
+                                                                         limit=limit, time=now))
         completed = next(e for e in events if type(e) is TurnCompleted)
+        request_no = turn.request_no
         live.bodies.stored(completed.chain, request_no, turn.request.body)
         replied = msgspec.structs.replace(reply, reasoning=parsed.reasoning)
         live.histories.remember(completed.chain, (*conversation.messages, replied), conversation.tools)
@@ -410,7 +405,7 @@ class TurnRunner:
             self._counted.forks.labels(plan.fork.cause).inc()
         if conversation.store:
             live.stored.put(request_no, conversation, replied, tip)
-        outcome = self._outcome(live, request_no, plan, result, parsed, full)
+        outcome = self._outcome(live, plan, result, parsed, fills(plan, len(result.token_ids), limit))
         self._counted.turn(turn.request.wire, outcome.finish_reason, OK, outcome.prompt_tokens,
                            outcome.completion_tokens)
         if plan.rollback is not None:
@@ -418,43 +413,28 @@ class TurnRunner:
         return outcome
 
     def _plan(self, state: SessionState, conversation: Conversation, selection: Continue | Rollback | NewChain,
-              digests: Sequence[str], inputs: dict[int, InputBuffer] | None = None) -> _Plan:
+              digests: Sequence[str], request_no: int, *, histories: Histories | None = None,
+              reserialized: str | None = None) -> tuple[TurnPlan, list[int] | None]:
+        """Encode what the turn appends and plan it (:func:`session.turn.plan_turn`), reading ``state`` only: the
+        plan, and a new chain's prompt ids. ``histories``: to tell where a new chain forks from (None: not told)."""
         messages = conversation.messages
         limit = self._settings.max_trajectory_length
-        if isinstance(selection, NewChain):
-            prompt = self.codec.encode_prompt(with_reasoning(state, messages), conversation.tools, room=limit)
-            return _Plan(chain=None, context=tokens.pack_ids(prompt), input_ids=prompt, n_messages=len(messages),
-                         chat_turns=_chat_turns(messages), prefix_digest=digests[-1])
-        if isinstance(selection, Rollback):
+        facts = {"request_no": request_no, "n_messages": len(messages), "prefix_digest": digests[-1]}
+        if isinstance(selection, (Continue, Rollback)):
+            chain, new = selection.chain, with_reasoning(state, messages[selection.n_history:])
             try:
-                return self._rollback_plan(selection, with_reasoning(state, messages), digests)
+                context = self.codec.encode_rewrite(new, room=limit) if isinstance(selection, Rollback) else \
+                    self.codec.encode_increment(new, last_token=chain.last_token(), room=limit - chain.length)
             except TemplateNotIncremental:  # the template cannot express the rewrite: a new chain
-                return self._plan(state, conversation, NewChain(), digests)
-        chain = selection.chain
-        new = with_reasoning(state, messages[selection.n_history:])
-        increment = tokens.pack_ids(self.codec.encode_increment(new, last_token=chain.last_token(),
-                                                                room=limit - chain.length))
-        if inputs is not None and chain.length >= MIN_TOKENS:  # a long chain: grown in place (edge.engine_input)
-            input_ids: Sequence[int] = inputs.setdefault(chain.index, InputBuffer()).input_ids(chain, increment)
-        else:
-            input_ids = tokens.unpack_ids(b"".join([chain.prompt_ids, *(s.token_ids for s in chain.segments),
-                                                    increment]))
-        return _Plan(chain=chain.index, context=increment, input_ids=input_ids,
-                     n_messages=len(messages), chat_turns=_chat_turns(new), prefix_digest=digests[-1])
-
-    def _rollback_plan(self, selection: Rollback, messages: Sequence[Message], digests: Sequence[str]) -> _Plan:
-        """The chain without its last reply's sampled tokens (it ends at that reply's generation
-        prompt), then the rewritten reply and what follows it, as context."""
-        chain, new = selection.chain, messages[selection.n_history:]
-        turn = chain.turns[-1]
-        kept = [s for s in chain.segments[turn.first_segment: turn.end_segment] if not s.generated]
-        base = b"".join([chain.prompt_ids, *(s.token_ids for s in chain.segments[: turn.first_segment]),
-                         *(s.token_ids for s in kept)])
-        increment = tokens.pack_ids(self.codec.encode_rewrite(new, room=self._settings.max_trajectory_length))
-        dropped = sum(s.length for s in chain.segments[turn.first_segment: turn.end_segment] if s.generated)
-        return _Plan(chain=chain.index, context=increment, input_ids=tokens.unpack_ids(base + increment),
-                     n_messages=len(messages), chat_turns=_chat_turns(new), prefix_digest=digests[-1],
-                     rollback=(turn.request_no, dropped))
+                selection = NewChain()
+            else:
+                return plan_turn(state, selection, TurnFacts(context=tokens.pack_ids(context), chat_turns=_chat_turns(
+                    new), reserialized=reserialized, **facts)), None
+        prompt = self.codec.encode_prompt(with_reasoning(state, messages), conversation.tools, room=limit)
+        fork = None if histories is None else \
+            classify(messages, conversation.tools, histories.known(), had_chains=bool(state.chains))
+        return plan_turn(state, selection, TurnFacts(context=tokens.pack_ids(prompt), chat_turns=_chat_turns(messages),
+                                                     fork=fork, **facts)), prompt
 
     def _sampling(self, state: SessionState, conversation: Conversation, room: int) -> SamplingParams:
         asked, defaults = conversation.sampling, state.sampling
@@ -473,54 +453,23 @@ class TurnRunner:
         return self.replies.parse(text, call_ids(turn.request_no), use_tools=turn.uses_tools,
                                   tools=turn.request.conversation.tools)
 
-    # --- events -------------------------------------------------------------------------
-
-    def _received(self, live: LiveSession, request: TurnRequest, request_no: int, chain: int | None) -> RequestReceived:
+    def _received(self, live: LiveSession, request: TurnRequest, request_no: int, chain: int | None) -> Received:
         """The request, its body stored against the latest one on its chain (schemas/bodies.py)."""
         body = request.body
-        return RequestReceived(session_id=live.state.session_id, seq=0, time=self._clock(), request_no=request_no,
-                               wire=request.wire, parts=live.bodies.parts(body, chain), body_size=len(body),
-                               idempotency_key=request.idempotency_key,
-                               body_digest=request.body_digest or body_digest(body))
+        return Received(request_no=request_no, wire=request.wire, parts=live.bodies.parts(body, chain),
+                        body_size=len(body), idempotency_key=request.idempotency_key,
+                        body_digest=request.body_digest or body_digest(body), time=self._clock())
 
-    def _context(self, live: LiveSession, plan: _Plan, chain: int, request_no: int) -> Event:
-        common = {"session_id": live.state.session_id, "seq": 0, "time": self._clock(), "chain": chain,
-                  "request_no": request_no, "prefix_digest": plan.prefix_digest, "n_messages": plan.n_messages,
-                  "chat_turns": plan.chat_turns}
-        if plan.chain is None:
-            return ChainStarted(prompt_ids=plan.context, fork=plan.fork or msgspec.UNSET, **common)
-        return ContextAppended(token_ids=plan.context, reserialized=plan.reserialized or msgspec.UNSET, **common)
-
-    def _tokens(self, live: LiveSession, chain: int, request_no: int, result: GenerateResult) -> TokensGenerated:
-        logprobs = tokens.pack_logprobs(result.logprobs) if result.logprobs is not None else None
-        return TokensGenerated(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
-                               request_no=request_no, token_ids=tokens.pack_ids(result.token_ids), logprobs=logprobs)
-
-    def _turn(self, live: LiveSession, chain: int, request_no: int, result: GenerateResult,
-              parsed: ParsedOutput, tip: str, n_messages: int, constraint: Constraint | None) -> TurnCompleted:
-        return TurnCompleted(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
-                             request_no=request_no, finish_reason=result.finish_reason, text=parsed.content,
-                             reasoning=parsed.reasoning, tool_calls=parsed.tool_calls, tip_digest=tip,
-                             n_messages=n_messages, weight_version=result.weight_version,
-                             constrained=constraint.label if constraint is not None else msgspec.UNSET)
-
-    def _rolled_back(self, live: LiveSession, chain: int, request_no: int,
-                     rollback: tuple[int, int]) -> TurnRolledBack:
-        return TurnRolledBack(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
-                              request_no=request_no, turn_request_no=rollback[0], tokens_dropped=rollback[1])
-
-    def _closed(self, live: LiveSession, chain: int, request_no: int) -> ChainClosed:
-        return ChainClosed(session_id=live.state.session_id, seq=0, time=self._clock(), chain=chain,
-                           reason=CAPACITY, request_no=request_no)
+    # --- turns that did not sample -------------------------------------------------------
 
     async def record_failure(self, live: LiveSession, turn: PreparedTurn, exc: EngineError) -> None:
         """Audit a failed engine call; the chain is left as it was, free for a retry."""
         chain = turn.plan.chain if turn.plan is not None else None
         self._counted.turn(turn.request.wire, "none", ENGINE_ERROR)
         self.metrics.failures.labels("edge", ENGINE_ERROR).inc()
-        await self._audit(live, turn, EngineFailed(
-            session_id=live.state.session_id, seq=0, time=self._clock(), request_no=turn.request_no, chain=chain,
-            error=type(exc).__name__, message=exc.message))
+        now = self._clock()
+        await self._audit(live, "EngineFailed", lambda state: failure_events(
+            state, turn.received, chain, error=type(exc).__name__, message=exc.message, time=now))
 
     async def record_abandoned(self, live: LiveSession, turn: PreparedTurn, *, reason: str,
                                tokens_sampled: int) -> None:
@@ -528,27 +477,27 @@ class TurnRunner:
         chain = turn.plan.chain if turn.plan is not None else None
         self._counted.turn(turn.request.wire, "none", ABANDONED)
         self.metrics.failures.labels("edge", reason).inc()
-        await self._audit(live, turn, TurnAbandoned(
-            session_id=live.state.session_id, seq=0, time=self._clock(), request_no=turn.request_no, chain=chain,
-            reason=reason, tokens_sampled=tokens_sampled))
+        now = self._clock()
+        await self._audit(live, "TurnAbandoned", lambda state: abandoned_events(
+            state, turn.received, chain, reason=reason, tokens_sampled=tokens_sampled, time=now))
 
-    async def _audit(self, live: LiveSession, turn: PreparedTurn, event: Event) -> None:
+    async def _audit(self, live: LiveSession, what: str, decide: Decide) -> None:
         try:
-            await live.commit(self._log, lambda _: [turn.received, event])
+            await live.commit(self._log, decide)
         except RollbusError as audit_exc:  # the agent still gets the turn's own error
-            log.warning("could not record %s for %s: %s", type(event).__name__, live.state.session_id, audit_exc)
+            log.warning("could not record %s for %s: %s", what, live.state.session_id, audit_exc)
 
     # --- answers ------------------------------------------------------------------------
 
     async def refuse(self, live: LiveSession, turn: PreparedTurn) -> TurnOutcome:
         """No room: record the request (and the chain's closing) and answer ``length``."""
-        await live.commit(self._log, lambda _: turn.refusal)
+        await live.commit(self._log, lambda state: refusal_events(state, turn.received, turn.closing))
         self._counted.turn(turn.request.wire, "length", REFUSED)
         return TurnOutcome(session_id=live.state.session_id, request_no=turn.request_no, content="",
                            finish_reason="length", prompt_tokens=0, completion_tokens=0, created=int(self._clock()))
 
-    def _outcome(self, live: LiveSession, request_no: int, plan: _Plan, result: GenerateResult,
-                 parsed: ParsedOutput, full: bool) -> TurnOutcome:
+    def _outcome(self, live: LiveSession, plan: TurnPlan, result: GenerateResult, parsed: ParsedOutput,
+                 full: bool) -> TurnOutcome:
         if parsed.tool_calls:
             finish = "tool_calls"
         elif full or result.finish_reason == "length":
@@ -556,9 +505,9 @@ class TurnRunner:
         else:
             finish = "stop"
         return TurnOutcome(
-            session_id=live.state.session_id, request_no=request_no, content=parsed.content,
+            session_id=live.state.session_id, request_no=plan.request_no, content=parsed.content,
             reasoning=parsed.reasoning, tool_calls=parsed.tool_calls, finish_reason=finish,
-            prompt_tokens=len(plan.input_ids), completion_tokens=len(result.token_ids),
+            prompt_tokens=plan.input_length, completion_tokens=len(result.token_ids),
             token_ids=result.token_ids, logprobs=result.logprobs, created=int(self._clock()),
         )
 

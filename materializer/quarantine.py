@@ -45,9 +45,10 @@ from eventlog.reader import LogMessage
 from reward.scorer import ScorerError
 from schemas import envelope
 from schemas.errors import Conflict, FoldError, LogUnavailable, OwnershipLost, SinkUnavailable
-from schemas.events import SCHEMA_VERSION, SUBJECT_KINDS, SessionQuarantined
+from schemas.events import SCHEMA_VERSION, SUBJECT_KINDS, Event, SessionQuarantined
 from schemas.log import HDR_BLOBS, HDR_SCHEMA, HDR_SEQ
 from session.fold import SessionState, fold
+from session.numbering import UNNUMBERED, numbered
 
 STAGES = ("unreadable", "underivable", "invalid", "parquet", "write")
 KIND = SUBJECT_KINDS[SessionQuarantined]
@@ -101,8 +102,9 @@ class QuarantineLog:
             last = await self._last(self._cfg.session_filter(session_id))
             if last is None:
                 return "no log"
-            event = SessionQuarantined(session_id=session_id, seq=_last_seq(last) + 1, time=self._clock(),
-                                       stage=quarantine.stage, reason=quarantine.reason)
+            drafted = SessionQuarantined(session_id=session_id, seq=UNNUMBERED, time=self._clock(),
+                                         stage=quarantine.stage, reason=quarantine.reason)
+            (event,) = numbered([drafted], after=_last_seq(last))  # the session may not fold: its log's last number
             if await self._append(event, last.seq):
                 return "appended"
         raise Conflict(f"session {session_id}: its log kept growing while it was being quarantined")
@@ -110,7 +112,7 @@ class QuarantineLog:
     async def _last(self, subject: str) -> LogMessage | None:
         return await self._log.last_message(subject)
 
-    async def _append(self, event: SessionQuarantined, expected_last: int) -> bool:
+    async def _append(self, event: Event, expected_last: int) -> bool:
         """False when the session's log moved past ``expected_last``."""
         try:
             await self._log.append(event.session_id, [event], expected_last)

@@ -20,15 +20,23 @@ from edge.engines.base import Engine, GenerateRequest, GenerateResult, SamplingP
 from edge.live import LiveSession, Registry
 from edge.service import EdgeService, OpenSession
 from edge.settings import EdgeSettings
-from edge.turns import CAPACITY, TurnOutcome, TurnRequest, TurnRunner
+from edge.turns import TurnOutcome, TurnRequest, TurnRunner
 from rollbus.testing.engine import HandlerEngine, replying, result
 from rollbus.testing.memory_log import InMemoryLog, in_memory_service
-from schemas.errors import EngineUnavailable, FoldError, LogUnavailable, OwnershipLost, SessionClosed
+from schemas.errors import (
+    EngineUnavailable,
+    FoldError,
+    LogUnavailable,
+    OutOfOrderEvent,
+    OwnershipLost,
+    SessionClosed,
+)
 from schemas.events import (
     ChainClosed,
     ChainStarted,
     ContextAppended,
     EngineFailed,
+    Event,
     RequestReceived,
     RewardReported,
     SessionFinalized,
@@ -36,7 +44,9 @@ from schemas.events import (
     TokensGenerated,
     TurnCompleted,
 )
-from session.fold import apply, fold
+from session.fold import SessionState, apply, fold
+from session.numbering import UNNUMBERED, numbered
+from session.turn import CAPACITY
 
 SID = "0123456789abcdef0123456789abcdef"
 IM_END = 151645
@@ -175,16 +185,24 @@ async def test_a_turn_that_fills_its_chain_closes_it_and_the_next_is_refused(cod
 # --- the live session and the registry ----------------------------------------------------------
 
 
-async def test_commit_numbers_the_drafted_events_after_the_state_and_appends_them() -> None:
+def next_events(*events: Event) -> Callable[[SessionState], tuple[Event, ...]]:
+    """Decides ``events``, numbered after the state they are appended to."""
+    return lambda state: numbered(events, state.seq)
+
+
+async def test_commit_appends_the_events_decided_from_the_state_and_applies_them() -> None:
     log = InMemoryLog()
     live = await opened(log)
-    reward = RewardReported(session_id=SID, seq=0, time=NOW, reward=1.0)
-    committed = await live.commit(log, lambda state: [reward, reward])
+    reward = RewardReported(session_id=SID, seq=UNNUMBERED, time=NOW, reward=1.0)
+    committed = await live.commit(log, lambda state: numbered([reward, reward], state.seq))
     assert [e.seq for e in committed] == [2, 3] and live.state.seq == 3 and live.stream_seq == 2
     assert (await log.read_session(SID)).events[1:] == committed
-    with pytest.raises(FoldError):  # a draft the fold refuses never reaches the log
-        await live.commit(log, lambda state: [TokensGenerated(session_id=SID, seq=0, time=NOW, chain=5,
-                                                              request_no=1, token_ids=b"")])
+    with pytest.raises(FoldError):  # an event the fold refuses never reaches the log
+        await live.commit(log, lambda state: numbered([TokensGenerated(session_id=SID, seq=UNNUMBERED, time=NOW,
+                                                                       chain=5, request_no=1, token_ids=b"")],
+                                                      state.seq))
+    with pytest.raises(OutOfOrderEvent):  # nor one not numbered next: commit numbers nothing itself
+        await live.commit(log, lambda state: [reward])
     assert live.state.seq == 3 and len(log.messages) == 2 and not live.lost
 
 
@@ -196,13 +214,13 @@ async def test_a_foreign_append_loses_the_live_session_and_the_registry_rebuilds
     foreign = RewardReported(session_id=SID, seq=2, time=NOW, reward=0.5)
     await log.append(SID, [foreign], live.stream_seq)  # another writer, behind this one's back
     with pytest.raises(OwnershipLost):
-        await live.commit(log, lambda state: [RewardReported(session_id=SID, seq=0, time=NOW, reward=1.0)])
+        await live.commit(log, next_events(RewardReported(session_id=SID, seq=UNNUMBERED, time=NOW, reward=1.0)))
     assert live.lost and not registry.holds(SID) and len(log.messages) == 2
     rebuilt = await registry.get(SID)
     assert rebuilt is not live and rebuilt.state.reward == foreign and rebuilt.stream_seq == 2
     with pytest.raises(OwnershipLost):  # the lost session stays lost
         await live.commit(log, lambda state: [])
-    await rebuilt.commit(log, lambda state: [SessionFinalized(session_id=SID, seq=0, time=NOW)])
+    await rebuilt.commit(log, next_events(SessionFinalized(session_id=SID, seq=UNNUMBERED, time=NOW)))
     assert (await log.load_state(SID))[0].status == "finalized"
 
 
@@ -214,7 +232,7 @@ async def test_an_unacknowledged_append_drops_the_live_state_and_the_log_decides
     live = await registry.get(SID)
     log.fail_next(LogUnavailable("JetStream did not acknowledge"), stored=stored)
     with pytest.raises(LogUnavailable):
-        await live.commit(log, lambda state: [RewardReported(session_id=SID, seq=0, time=NOW, reward=1.0)])
+        await live.commit(log, next_events(RewardReported(session_id=SID, seq=UNNUMBERED, time=NOW, reward=1.0)))
     assert live.state.reward is None and not registry.holds(SID)
     rebuilt = await registry.get(SID)
     assert (rebuilt.state.reward is not None) is stored and rebuilt.stream_seq == 1 + stored

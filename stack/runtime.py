@@ -16,9 +16,7 @@ import asyncio
 import contextlib
 import errno
 import logging
-import os
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +53,7 @@ from schemas.log import COMPONENTS, LogConfig
 from session_projector.projections import current_summary, iter_projections
 from session_projector.service import Projector
 from stack.heap import HeapKeeper
+from stack.locks import BaseFileLock, Timeout, lock_holder, pid_lock, release_pid_lock
 from stack.nats_server import EmbeddedNats, Fsync, NatsSupervisor
 from stack.provision import ProvisionError, Retention, connect, provision
 from stack.user_error import UserError, check_writable_dir, one_line
@@ -74,8 +73,9 @@ class StartupError(UserError):
 
 
 class DataDirLock:
-    """An exclusive ``flock`` on ``<data-dir>/rollbus.lock``, taken before the embedded nats-server opens
-    ``<data-dir>/nats`` and held until it is stopped: one store, one server.
+    """An exclusive lock (:mod:`filelock`, an ``flock`` on Unix) on ``<data-dir>/rollbus.lock``, taken
+    before the embedded nats-server opens ``<data-dir>/nats`` and held until it is stopped: one store, one
+    server.
 
     The kernel drops the lock when its process dies, however it dies (the nats-server child does not
     inherit it). The file names the holder's pid, for the refusal; it is never removed (removing a lock
@@ -84,37 +84,25 @@ class DataDirLock:
 
     def __init__(self, data_dir: Path) -> None:
         self.path = data_dir / LOCK_FILE
-        self._fd: int | None = None
+        self._lock: BaseFileLock | None = None
 
     def acquire(self) -> None:
         """Take the lock, or raise :class:`StartupError` naming the process that holds it."""
-        if sys.platform == "win32":  # no flock there
-            return
-        import fcntl
-
         where = self.path.parent
+        lock = pid_lock(self.path)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            lock.acquire()
+        except Timeout:
+            raise StartupError(f"--data-dir {where} is in use by another rollbus (pid {lock_holder(self.path)}); "
+                               "stop it first, or pass another --data-dir") from None
         except OSError as exc:
-            raise StartupError(f"--data-dir {where}: cannot open {LOCK_FILE} ({exc.strerror})") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if isinstance(exc, BlockingIOError):
-                raise StartupError(f"--data-dir {where} is in use by another rollbus (pid {holder}); stop it "
-                                   "first, or pass another --data-dir") from None
             raise StartupError(f"--data-dir {where}: cannot lock {LOCK_FILE} ({exc.strerror})") from exc
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
+        self._lock = lock
 
     def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.ftruncate(fd, 0)  # names no holder once free
-            os.close(fd)
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            release_pid_lock(lock)  # names no holder once free
 
 
 class StackOptions(msgspec.Struct, frozen=True, kw_only=True):

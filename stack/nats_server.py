@@ -121,10 +121,10 @@ from typing import IO, TYPE_CHECKING, Literal, Self
 from urllib.parse import urlsplit
 
 from schemas.errors import RollbusError
-from stack.locks import BaseFileLock, Timeout, lock_holder, pid_lock, release_pid_lock
 
 if TYPE_CHECKING:
     import httpx
+    from filelock import BaseFileLock
 
 log = logging.getLogger(__name__)
 
@@ -337,6 +337,8 @@ class EmbeddedNats:
         data dir)."""
         if self._store_lock is not None:
             return
+        from stack.locks import Timeout, lock_holder, pid_lock  # (filelock: 30 ms of imports, not for --help)
+
         path = self.store_dir.parent / f"{self.store_dir.name}.lock"
         lock = pid_lock(path)
         try:
@@ -349,6 +351,8 @@ class EmbeddedNats:
     def _unlock_store(self) -> None:
         lock, self._store_lock = self._store_lock, None
         if lock is not None:
+            from stack.locks import release_pid_lock
+
             release_pid_lock(lock)
 
     def _stop_orphans(self) -> None:

@@ -27,8 +27,9 @@ before the directory is made. So no process's recovery ever discards another's b
 staging directory nobody holds (its process died; the kernel released the lock) is adopted by the
 next sink that lists what is staged: its batches move into the adopter's directory and are
 committed or discarded there, and the directory and its lock file are removed. The lock files
-live in staging only, never in the dataset. Two sinks that raced on one session (each staged it, one marker won) are
-settled by :meth:`drop`: the loser's file loses those rows before it is committed.
+live in staging only, never in the dataset. Two sinks that raced on one session (each staged it,
+one marker won) are settled by :meth:`drop`: the loser's file loses those rows before it is
+committed.
 """
 
 from __future__ import annotations

@@ -20,7 +20,12 @@ file, a TransferQueue tag), which wait for something to happen rather than retry
 failed; JetStream's redelivery of a batch the materializer could not write (the materializer
 only pauses before it gives the batch back: :func:`eventlog.consumer.backoff`); and the HTTP
 engines' single retry of a refused or dropped request (:mod:`edge.engines.http`), which moves
-the request to another server inside a stream and is on the turn's path.
+the request to another server inside a stream and is on the turn's path; the embedded
+nats-server's supervisor (:class:`stack.nats_server.NatsSupervisor`), whose restart schedule
+spans the server's deaths (a run of fast failures, counted across deaths and failed restarts,
+reset by a server that served long enough): a supervision policy, on a thread of its own, not
+a call tried again; and the optimistic loops (a compare-and-set that lost re-reads the key and
+tries again at once, a bounded number of times), which never wait.
 """
 
 from __future__ import annotations

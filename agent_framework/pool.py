@@ -8,12 +8,19 @@ answer or answers 5xx/429; nothing else is retried.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    RetryError,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
 
 from agent_framework.session import SessionHandle
 
@@ -75,23 +82,24 @@ class EdgePool:
 
     async def open(self, placement: Placement, spec: dict[str, Any]) -> SessionHandle:
         """``POST /sessions`` on the placement's edge, moving to the next edge on a retriable failure."""
-        error: Exception | None = None
-        for attempt in range(self._attempts):
-            try:
-                body = await self._post(placement.url, "/sessions", spec, expect=201)
-            except EdgeError as exc:
-                if not exc.retriable:
-                    raise
-                error = exc
-                log.warning("opening a session on %s failed (%s); attempt %d of %d", placement.url, exc,
-                            attempt + 1, self._attempts)
-                placement.move((placement.index + 1) % len(self.urls))
-                await asyncio.sleep(0.2 * 2**attempt)
-                continue
-            return SessionHandle(session_id=body["session_id"], base_url=body["base_url"],
-                                 anthropic_base_url=body["anthropic_base_url"], reward_url=body["reward_url"],
-                                 api_key=body["api_key"])
-        raise EdgeError(f"no edge opened the session after {self._attempts} attempts: {error}", retriable=True)
+
+        def next_edge(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome is not None else None
+            log.warning("opening a session on %s failed (%s); attempt %d of %d", placement.url, exc,
+                        state.attempt_number, self._attempts)
+            placement.move((placement.index + 1) % len(self.urls))
+
+        try:
+            async for attempt in self._retrying(before_sleep=next_edge, reraise=False):
+                with attempt:
+                    body = await self._post(placement.url, "/sessions", spec, expect=201)
+        except RetryError as exc:
+            error = exc.last_attempt.exception()
+            raise EdgeError(f"no edge opened the session after {self._attempts} attempts: {error}",
+                            retriable=True) from error
+        return SessionHandle(session_id=body["session_id"], base_url=body["base_url"],
+                             anthropic_base_url=body["anthropic_base_url"], reward_url=body["reward_url"],
+                             api_key=body["api_key"])
 
     async def finalize(self, placement: Placement, session_id: str) -> dict[str, Any]:
         return await self._end(placement, f"/sessions/{session_id}/finalize", None)
@@ -101,14 +109,15 @@ class EdgePool:
 
     async def _end(self, placement: Placement, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         """Finalize or abort on the session's own edge (both are idempotent, so a retry is safe)."""
-        for attempt in range(self._attempts - 1):
-            try:
-                return await self._post(placement.url, path, body)
-            except EdgeError as exc:
-                if not exc.retriable:
-                    raise
-                await asyncio.sleep(0.2 * 2**attempt)
-        return await self._post(placement.url, path, body)
+        result: dict[str, Any] = await self._retrying(reraise=True)(self._post, placement.url, path, body)
+        return result
+
+    def _retrying(self, **kwargs: Any) -> AsyncRetrying:
+        """Up to ``open_attempts`` tries of a call that raises a retriable :class:`EdgeError`, 0.2 s, 0.4 s, ...
+        apart; another error is raised at once."""
+        return AsyncRetrying(stop=stop_after_attempt(self._attempts), wait=wait_exponential(multiplier=0.2),
+                             retry=retry_if_exception(lambda exc: isinstance(exc, EdgeError) and exc.retriable),
+                             **kwargs)
 
     async def _post(self, base: str, path: str, body: dict[str, Any] | None, *, expect: int = 200) -> dict[str, Any]:
         try:

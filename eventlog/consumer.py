@@ -13,7 +13,6 @@ them in progress while the handler works, and acks or naks each.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
@@ -24,6 +23,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, ServiceUnavailableError
 
 from eventlog.port import Delivery, Subscriber, Subscription
+from eventlog.retrying import until_stopped
 from schemas.errors import RollbusError
 
 _log = logging.getLogger(__name__)
@@ -43,7 +43,9 @@ def _config(durable: str, subject: str, ack_wait: float, max_ack_pending: int) -
 
 
 def backoff(failures: int, first: float, most: float) -> float:
-    """Seconds to wait after ``failures`` failures in a row: ``first``, doubling, at most ``most``."""
+    """Seconds to wait after ``failures`` failures in a row: ``first``, doubling, at most ``most``. For a
+    consumer's pause before it gives back a batch it could not handle (JetStream's redelivery is the retry, not
+    a loop of ours); retry loops are tenacity's (:mod:`eventlog.retrying`)."""
     return min(first * 2.0 ** max(failures - 1, 0), most)
 
 
@@ -62,18 +64,11 @@ async def _subscribe_when_answered(log: Subscriber, stream: str, subject: str, d
                                   max_ack_pending: int, stop: asyncio.Event) -> Subscription | None:
     """:func:`_subscribe`, tried again (1 s, 2 s, ... 10 s apart) while the server does not answer, as a
     stalled or restarting nats-server does not, until it does or ``stop`` is set (None)."""
-    failures = 0
-    while not stop.is_set():
-        try:
-            return await log.subscribe(stream, subject, durable, ack_wait=ack_wait, max_ack_pending=max_ack_pending)
-        except (TimeoutError, NatsTimeoutError, *_NO_LEADER) as exc:
-            failures += 1
-            delay = backoff(failures, 1.0, SUBSCRIBE_RETRY_MAX_S)
-            _log.warning("consumer %s on %s: the server did not answer (%r); trying again in %.0fs",
-                         durable, stream, exc, delay)
-            with contextlib.suppress(TimeoutError):  # a stop cuts the wait short
-                await asyncio.wait_for(stop.wait(), delay)
-    return None
+    what = f"consumer {durable} on {stream}: the server did not answer"
+    return await until_stopped(stop, (TimeoutError, NatsTimeoutError, *_NO_LEADER),
+                               lambda: log.subscribe(stream, subject, durable, ack_wait=ack_wait,
+                                                     max_ack_pending=max_ack_pending),
+                               first=1.0, most=SUBSCRIBE_RETRY_MAX_S, logger=_log, what=what)
 
 
 async def _subscribe(js: JetStreamContext, stream: str, subject: str, config: ConsumerConfig

@@ -73,8 +73,10 @@ from nats.errors import (
 )
 from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_incrementing
 
 from eventlog.acks import Ack, AckedPublisher, NoResponders, PublishRefused, PublishRejected
+from eventlog.retrying import replay_first
 from schemas import envelope
 from schemas.errors import LogUnavailable, OwnershipLost, PayloadTooLarge, RollbusError
 from schemas.events import SCHEMA_VERSION, Event
@@ -139,6 +141,13 @@ REFUSALS: tuple[tuple[type[BaseException] | str, str], ...] = (
     (SecureConnFailedError, "the TLS handshake with the NATS server failed"),
     (ssl.SSLError, "the TLS handshake with the NATS server failed"),
 )
+
+
+RETRY_WAIT_S = 0.05  # an append's retries wait 0.05 s, 0.1 s, 0.15 s, ...
+
+
+class _Again(Exception):
+    """An attempt of :meth:`JetStreamLog.publish` that may be retried (the failure is its ``__cause__``)."""
 
 
 def append_outcome(exc: BaseException) -> RollbusError | None:
@@ -222,32 +231,45 @@ class JetStreamLog:
         expected-last-sequence header, a refusal is :class:`OwnershipLost`, unless ``session_id``'s
         last message is this very one (a retry of a stored attempt). Every writer of the log
         publishes through here: the edge's appends, the quarantine, an import, the ready signals."""
-        last: BaseException | None = None
-        for attempt in range(1, self._attempts + 1):
-            self._refuse_if_refused()
+        try:  # the first try outside tenacity: this is every append's path
+            return await self._try(subject, payload, headers, session_id, 1)
+        except _Again as again:
+            failure: _Again = again
+        if self._attempts > 1:
+            retrying = AsyncRetrying(stop=stop_after_attempt(self._attempts), retry=retry_if_exception_type(_Again),
+                                     wait=wait_incrementing(start=RETRY_WAIT_S, increment=RETRY_WAIT_S), reraise=True)
             try:
-                return await self._publisher.publish(subject, payload, headers, self._timeout)
-            except PublishRejected as exc:
-                if exc.error.err_code != WRONG_LAST_SEQUENCE:
-                    failure, last = append_outcome(exc), exc
-                elif attempt > 1 and session_id is not None and headers.get(HDR_MSG_ID) and \
-                        (stored := await self._stored_last(session_id, headers[HDR_MSG_ID])):
-                    return stored  # the timed-out attempt was stored
-                else:
-                    raise OwnershipLost(f"session {session_id or subject} was appended to by another writer") \
-                        from exc
-            except _CAUGHT as exc:
-                failure, last = append_outcome(exc), exc
-            if failure is not None:
-                raise failure from last
-            log.warning("append to %s failed (attempt %d/%d): %r", subject, attempt, self._attempts, last)
-            if attempt < self._attempts:
-                await asyncio.sleep(0.05 * attempt)
+                return await replay_first(retrying, failure, lambda attempt: self._try(subject, payload, headers,
+                                                                                       session_id, attempt))
+            except _Again as again:
+                failure = again
         self._refuse_if_refused()
+        last = failure.__cause__
         why = ("no stream takes the subject: JetStream is not ready, or the log is not provisioned"
                if isinstance(last, NoResponders) else f"the last failure: {last!r}")
         raise LogUnavailable(f"JetStream did not acknowledge the append to {subject} in {self._attempts} attempts "
                              f"of {self._timeout}s ({why})") from last
+
+    async def _try(self, subject: str, payload: bytes, headers: dict[str, str], session_id: str | None,
+                   attempt: int) -> Ack:
+        """One attempt of :meth:`publish`; :class:`_Again` (its ``__cause__`` the failure) when it may be retried."""
+        self._refuse_if_refused()
+        try:
+            return await self._publisher.publish(subject, payload, headers, self._timeout)
+        except PublishRejected as exc:
+            if exc.error.err_code != WRONG_LAST_SEQUENCE:
+                failure, last = append_outcome(exc), exc
+            elif attempt > 1 and session_id is not None and headers.get(HDR_MSG_ID) and \
+                    (stored := await self._stored_last(session_id, headers[HDR_MSG_ID])):
+                return stored  # the timed-out attempt was stored
+            else:
+                raise OwnershipLost(f"session {session_id or subject} was appended to by another writer") from exc
+        except _CAUGHT as exc:
+            failure, last = append_outcome(exc), exc
+        if failure is not None:
+            raise failure from last
+        log.warning("append to %s failed (attempt %d/%d): %r", subject, attempt, self._attempts, last)
+        raise _Again from last
 
     def _refuse_if_refused(self) -> None:
         """Fail at once while the client is cut off by a refusal (bad credentials, TLS): no retry helps."""

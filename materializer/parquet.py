@@ -21,18 +21,20 @@ only whole batches, and every session in at most one file.
 
 Several materializer processes may share one ``--data-dir`` (they share the work of one
 durable consumer, see :mod:`materializer.service`). Each sink stages in a directory of its
-own, ``.<dir>-staging/<owner>/``, which it holds an exclusive ``flock`` on for as long as it
-lives, so no process's recovery ever discards another's batch in flight. A staging directory
-nobody holds (its process died; the kernel released the lock) is adopted by the next sink
-that lists what is staged: its batches move into the adopter's directory and are committed
-or discarded there. Two sinks that raced on one session (each staged it, one marker won) are
-settled by :meth:`drop`: the loser's file loses those rows before it is committed.
+own, ``.<dir>-staging/<owner>/``, and holds an exclusive lock on it for as long as it lives: a
+:mod:`filelock` lock (an ``flock``) on the file beside it, ``.<dir>-staging/<owner>.lock``, taken
+before the directory is made. So no process's recovery ever discards another's batch in flight. A
+staging directory nobody holds (its process died; the kernel released the lock) is adopted by the
+next sink that lists what is staged: its batches move into the adopter's directory and are
+committed or discarded there, and the directory and its lock file are removed. The lock files
+live in staging only, never in the dataset. Two sinks that raced on one session (each staged it,
+one marker won) are settled by :meth:`drop`: the loser's file loses those rows before it is
+committed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
@@ -45,6 +47,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from filelock import BaseFileLock, FileLock, Timeout
 
 from materializer.dataset import read_dataset
 from materializer.padding import Padding, RecordTooLong, pad_records
@@ -73,19 +76,25 @@ def batch_name(session_ids: Iterable[str], owner: str = "") -> str:
     return f"part-{digest}-{owner[:12]}.parquet" if owner else f"part-{digest}.parquet"
 
 
-def _hold(directory: Path) -> int | None:
-    """An exclusive lock on a staging directory (a descriptor kept open while held); None if a live
-    process holds it."""
+LOCK_SUFFIX = ".lock"  # .<dir>-staging/<owner>.lock: held by the sink staging in .<dir>-staging/<owner>/
+
+
+def _hold(directory: Path) -> BaseFileLock | None:
+    """An exclusive lock on a staging directory (on its lock file, beside it), taken now or not at all;
+    None if a live process holds it."""
+    lock = FileLock(directory.with_name(directory.name + LOCK_SUFFIX), timeout=0, thread_local=False)
     try:
-        fd = os.open(directory, os.O_RDONLY)
-    except FileNotFoundError:  # adopted and removed meanwhile
+        lock.acquire()
+    except Timeout:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+    return lock
+
+
+def _drop(lock: BaseFileLock) -> None:
+    """Remove a held lock's file, then release it (a process that opened the file meanwhile finds, once it
+    has the lock, that the file is gone, and does not count itself the holder)."""
+    Path(lock.lock_file).unlink(missing_ok=True)
+    lock.release()
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -107,11 +116,12 @@ class ParquetSink:
         self.padding = padding
         self.row_group_rows = row_group_rows
         directory.mkdir(parents=True, exist_ok=True)
-        self.staging.mkdir(parents=True, exist_ok=True)
-        lock = _hold(self.staging)
+        self.staging_root.mkdir(parents=True, exist_ok=True)
+        lock = _hold(self.staging)  # before the directory exists: an adopter never sees it unheld
         if lock is None:  # cannot happen: the name is fresh
             raise OSError(f"{self.staging}: locked by another process")
-        weakref.finalize(self, os.close, lock)  # released when the sink is collected, or by the kernel at exit
+        self.staging.mkdir()
+        weakref.finalize(self, _drop, lock)  # released when the sink is collected, or by the kernel at exit
 
     def table(self, records: list[TrajectoryRecord]) -> pa.Table:
         """The records as they are stored: unpadded, or padded when the sink pads."""
@@ -202,7 +212,10 @@ class ParquetSink:
                     moved += 1
                 shutil.rmtree(other, ignore_errors=True)
             finally:
-                os.close(lock)
+                _drop(lock)
+        for path in self.staging_root.glob(f"*{LOCK_SUFFIX}"):  # a sink's that died before its directory was made
+            if not path.with_suffix("").exists() and (lock := _hold(path.with_suffix(""))) is not None:
+                _drop(lock)
         for path in self.staging_root.glob("part-*.parquet"):  # staged by a version before per-sink staging
             with contextlib.suppress(FileNotFoundError):  # another sink adopted it first
                 os.replace(path, self.staging / path.name)

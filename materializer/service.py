@@ -45,6 +45,7 @@ import msgspec
 from eventlog.consumer import backoff, consume_batches
 from eventlog.lag import Watched
 from eventlog.port import Delivery, LogPort
+from eventlog.retrying import until_stopped
 from materializer.batch import BatchWriter
 from materializer.ledger import Markers, PromptLedger
 from materializer.padding import Padding
@@ -128,17 +129,9 @@ class Materializer:
 
     async def run(self, stop: asyncio.Event) -> None:
         self._stop = stop
-        failures = 0
-        while not stop.is_set():  # a server that does not answer yet (stalled, restarting) is waited for
-            try:
-                await self.recover()
-                break
-            except TRANSIENT as exc:
-                failures += 1
-                delay = backoff(failures, self._options.retry_delay, self._options.max_retry_delay)
-                log.warning("staged batches not recovered (%s); trying again in %.1fs", exc, delay)
-                with contextlib.suppress(TimeoutError):  # a stop cuts the wait short
-                    await asyncio.wait_for(stop.wait(), delay)
+        # a server that does not answer yet (stalled, restarting) is waited for; once stopped, the consumer returns
+        await until_stopped(stop, TRANSIENT, self.recover, first=self._options.retry_delay,
+                            most=self._options.max_retry_delay, logger=log, what="staged batches not recovered")
         o = self._options
         try:
             await consume_batches(self._log, stream=self._cfg.ready_stream, durable=o.durable,

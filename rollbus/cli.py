@@ -364,12 +364,14 @@ def _write_state(stack: Stack) -> Path | None:
 
 
 async def _serve(options: StackOptions) -> int:
+    from rollbus.progress import Stages
     from stack.heap import settle_heap
     from stack.runtime import Stack
 
     if options.nats_url:  # refuse at once a --nats nothing listens on (connect() would wait 10 s)
         await check_nats(options.nats_url)
-    stack = Stack(options)
+    command = "up" if options.components == COMPONENTS else options.components[0]
+    stack = Stack(options, stage=Stages(f"rollbus {command}"))  # what it waits on, on stderr, as it starts
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stack.stop_event.set)

@@ -1,4 +1,4 @@
-"""Progress of the long commands, and the summary table they end with, on stderr.
+"""Progress of the long commands, the stages of a start-up, and the summary table they end with, on stderr.
 
 On a terminal a ``rich`` progress bar shows the count (of the total when it is known) and
 the rate; otherwise (a log file, a pipe, CI) a plain line every ``every_s`` seconds and one
@@ -13,13 +13,23 @@ a command prints on stdout (its result lines, ``--json``) is unchanged.
             ...
             progress.update(done, detail=f"{sessions} sessions")
     summary("export", [("sessions", "12"), ("envelopes", "340")])
+
+:class:`Stages` says what a start-up waits on (``rollbus up``: the nats-server, the log's streams, the
+engine, the edge's first answer), one line as each stage begins and, when it took more than
+``SLOW_STAGE_S``, one as it ends with how long it took; on a terminal a ``rich`` spinner turns while it
+waits (never in a log: there the lines alone)::
+
+    stages = Stages("rollbus up")
+    with stages("starting the embedded nats-server"):
+        ...
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Self, TextIO
 
@@ -29,6 +39,7 @@ from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 PLAIN_EVERY_S = 5.0
+SLOW_STAGE_S = 1.0  # a stage that took longer says so as it ends
 
 
 def _is_tty(stream: TextIO) -> bool:
@@ -115,6 +126,43 @@ class Progress:
             self._bar = None
         elif exc_type is None:
             self._print_line()  # the last count, always (a run shorter than every_s prints only this)
+
+
+class Stages:
+    """The stages of a start-up, said as they happen: call it with what a stage does (``"starting the
+    projector"``) and run the stage inside the context it returns.
+
+    Each stage prints ``<prefix>: <what>`` as it begins and, if it took over ``SLOW_STAGE_S``, ``<prefix>:
+    <what>: done in <s>s`` as it ends (nothing more when it fails: the error says why). On a terminal the
+    beginning is a ``rich`` spinner instead, replaced by the line ``<what> (<s>s)`` when the stage ends.
+    ``tty``: force the mode (default: whether ``stream`` is a terminal); ``clock``: for tests.
+    """
+
+    def __init__(self, prefix: str, *, stream: TextIO | None = None, tty: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.prefix = prefix
+        self._stream = stream if stream is not None else sys.stderr
+        self._tty = _is_tty(self._stream) if tty is None else tty
+        self._clock = clock
+        self._console = Console(file=self._stream, force_terminal=True) if self._tty else None
+
+    @contextmanager
+    def __call__(self, what: str) -> Iterator[None]:
+        started = self._clock()
+        if self._console is not None:
+            with self._console.status(f"{what} ..."):
+                yield
+            took = self._clock() - started
+            self._console.print(f"[green]✓[/green] {what}" + (f" [dim]({took:.1f}s)[/dim]" if took > SLOW_STAGE_S
+                                                                 else ""), highlight=False)
+            return
+        self._line(what)
+        yield
+        if (took := self._clock() - started) > SLOW_STAGE_S:
+            self._line(f"{what}: done in {took:.1f}s")
+
+    def _line(self, text: str) -> None:
+        print(f"{self.prefix}: {text}", file=self._stream, flush=True)
 
 
 def summary(title: str, rows: Sequence[tuple[str, str]], *, stream: TextIO | None = None,

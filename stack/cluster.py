@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from schemas.errors import LogUnavailable, RollbusError
 from schemas.log import LogConfig
@@ -137,16 +138,10 @@ async def provision_log(nodes: Sequence[Node], cfg: LogConfig = LogConfig(), tim
     whatever its ``--replicas``, finds them replicated. A cluster restarted on its stores elects a leader
     per stream after it is healthy: until then JetStream does not answer, and provision is tried again."""
     nc = await connect(urls(nodes), name="rollbus-cluster-provision")
-    deadline = time.monotonic() + timeout_s
+    retrying = AsyncRetrying(retry=retry_if_exception_type(LogUnavailable), stop=stop_after_delay(timeout_s),
+                             wait=wait_fixed(0.5), reraise=True)
     try:
-        while True:
-            try:
-                await provision(nc.jetstream(), cfg, replicas=len(nodes))
-                return
-            except LogUnavailable:
-                if time.monotonic() > deadline:
-                    raise
-            await asyncio.sleep(0.5)
+        await retrying(provision, nc.jetstream(), cfg, replicas=len(nodes))
     finally:
         await nc.close()
 

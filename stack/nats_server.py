@@ -124,6 +124,7 @@ from schemas.errors import RollbusError
 
 if TYPE_CHECKING:
     import httpx
+    from filelock import BaseFileLock
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +290,7 @@ class EmbeddedNats:
         self.die_with_parent = die_with_parent
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
-        self._store_lock: int | None = None  # the fd holding <store>.lock while this object owns the store
+        self._store_lock: BaseFileLock | None = None  # <store>.lock, held while this object owns the store
         self._log_start = 0
 
     @property
@@ -330,30 +331,29 @@ class EmbeddedNats:
 
     def _lock_store(self) -> None:
         """Own the store, or raise :class:`EmbeddedNatsError` naming the process that does: an exclusive
-        ``flock`` on ``<store>.lock`` (the kernel drops it when its process dies, however it dies; the
-        server child does not inherit it). Without it, a second owner's orphan check would stop a server
-        that is not an orphan (``rollbus materialize`` beside a ``rollbus up`` on one data dir)."""
-        if self._store_lock is not None or sys.platform == "win32":
+        lock on ``<store>.lock`` (:func:`stack.locks.pid_lock`: the kernel drops it when its process dies,
+        however it dies; the server child does not inherit it). Without it, a second owner's orphan check
+        would stop a server that is not an orphan (``rollbus materialize`` beside a ``rollbus up`` on one
+        data dir)."""
+        if self._store_lock is not None:
             return
-        import fcntl
+        from stack.locks import Timeout, lock_holder, pid_lock  # (filelock: 30 ms of imports, not for --help)
 
         path = self.store_dir.parent / f"{self.store_dir.name}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        lock = pid_lock(path)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise EmbeddedNatsError(f"the NATS store {self.store_dir} is in use by another process (pid {holder}); "
-                                    "one store takes one server") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._store_lock = fd
+            lock.acquire()
+        except Timeout:
+            raise EmbeddedNatsError(f"the NATS store {self.store_dir} is in use by another process (pid "
+                                    f"{lock_holder(path)}); one store takes one server") from None
+        self._store_lock = lock
 
     def _unlock_store(self) -> None:
-        fd, self._store_lock = self._store_lock, None
-        if fd is not None:
-            os.close(fd)  # closing the only descriptor releases the flock
+        lock, self._store_lock = self._store_lock, None
+        if lock is not None:
+            from stack.locks import release_pid_lock
+
+            release_pid_lock(lock)
 
     def _stop_orphans(self) -> None:
         """Stop a server an earlier owner left running on this store (its owner was SIGKILLed and the

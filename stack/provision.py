@@ -49,6 +49,7 @@ from nats.errors import ConnectionClosedError, ConnectionDrainingError, NoRespon
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, ObjectStoreConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnavailableError
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from eventlog.publisher import refusal
 from schemas.errors import LogUnavailable, RollbusError
@@ -342,14 +343,14 @@ async def _placed(call: Callable[[], Awaitable[T]], timeout_s: float) -> T:
     """A create or update whose replicas the cluster must place: "no suitable peers" is retried for up to
     ``timeout_s`` (a cluster that just formed places nothing until every node has reported to its meta
     leader); what is left of it after that is the caller's BadRequestError."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        try:
-            return await _bounded(call(), timeout_s)
-        except BadRequestError as exc:
-            if exc.err_code != ERR_NO_PEERS or asyncio.get_running_loop().time() > deadline:
-                raise
-        await asyncio.sleep(0.25)
+    retrying = AsyncRetrying(retry=retry_if_exception(lambda exc: isinstance(exc, BadRequestError)
+                                                       and exc.err_code == ERR_NO_PEERS),
+                             stop=stop_after_delay(timeout_s), wait=wait_fixed(0.25), reraise=True)
+
+    async def bounded() -> T:  # (a coroutine function: tenacity would take a lambda for a plain one)
+        return await _bounded(call(), timeout_s)
+
+    return await retrying(bounded)
 
 
 async def _bounded(call: Awaitable[T], timeout_s: float) -> T:

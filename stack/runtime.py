@@ -16,13 +16,14 @@ import asyncio
 import contextlib
 import errno
 import logging
-import os
 import socket
-import sys
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import msgspec
 from granian._granian import SocketHolder
 from granian.constants import HTTPModes, Interfaces
@@ -54,6 +55,7 @@ from schemas.log import COMPONENTS, LogConfig
 from session_projector.projections import current_summary, iter_projections
 from session_projector.service import Projector
 from stack.heap import HeapKeeper
+from stack.locks import BaseFileLock, Timeout, lock_holder, pid_lock, release_pid_lock
 from stack.nats_server import EmbeddedNats, Fsync, NatsSupervisor
 from stack.provision import ProvisionError, Retention, connect, provision
 from stack.user_error import UserError, check_writable_dir, one_line
@@ -67,14 +69,26 @@ DATA_SUBDIRS = ("nats", "trajectories", ".trajectories-staging")  # what the sta
 LOCK_FILE = "rollbus.lock"  # <data-dir>/rollbus.lock: held by the stack that runs the embedded nats-server
 
 
+Stage = Callable[[str], AbstractContextManager[object]]
+"""What :meth:`Stack.start` reports its stages through: called with what it does as it begins (``"starting
+the embedded nats-server (store ...)"``), the stage lasting as long as the context it returns (``rollbus up``
+prints them: :class:`rollbus.progress.Stages`)."""
+EDGE_ANSWER_TIMEOUT_S = 60.0  # start(): how long the edge may take to answer GET /healthz once it serves
+
+
+def _quiet(_what: str) -> AbstractContextManager[object]:
+    return contextlib.nullcontext()
+
+
 class StartupError(UserError):
     """The stack cannot start for a reason the user can fix (a busy port, a missing model, an unwritable
     ``--data-dir``); its message is one line naming the problem and the flag."""
 
 
 class DataDirLock:
-    """An exclusive ``flock`` on ``<data-dir>/rollbus.lock``, taken before the embedded nats-server opens
-    ``<data-dir>/nats`` and held until it is stopped: one store, one server.
+    """An exclusive lock (:mod:`filelock`, an ``flock`` on Unix) on ``<data-dir>/rollbus.lock``, taken
+    before the embedded nats-server opens ``<data-dir>/nats`` and held until it is stopped: one store, one
+    server.
 
     The kernel drops the lock when its process dies, however it dies (the nats-server child does not
     inherit it). The file names the holder's pid, for the refusal; it is never removed (removing a lock
@@ -83,37 +97,25 @@ class DataDirLock:
 
     def __init__(self, data_dir: Path) -> None:
         self.path = data_dir / LOCK_FILE
-        self._fd: int | None = None
+        self._lock: BaseFileLock | None = None
 
     def acquire(self) -> None:
         """Take the lock, or raise :class:`StartupError` naming the process that holds it."""
-        if sys.platform == "win32":  # no flock there
-            return
-        import fcntl
-
         where = self.path.parent
+        lock = pid_lock(self.path)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            lock.acquire()
+        except Timeout:
+            raise StartupError(f"--data-dir {where} is in use by another rollbus (pid {lock_holder(self.path)}); "
+                               "stop it first, or pass another --data-dir") from None
         except OSError as exc:
-            raise StartupError(f"--data-dir {where}: cannot open {LOCK_FILE} ({exc.strerror})") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if isinstance(exc, BlockingIOError):
-                raise StartupError(f"--data-dir {where} is in use by another rollbus (pid {holder}); stop it "
-                                   "first, or pass another --data-dir") from None
             raise StartupError(f"--data-dir {where}: cannot lock {LOCK_FILE} ({exc.strerror})") from exc
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
+        self._lock = lock
 
     def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.ftruncate(fd, 0)  # names no holder once free
-            os.close(fd)
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            release_pid_lock(lock)  # names no holder once free
 
 
 class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -349,10 +351,12 @@ class Stack:
     """The selected components, started in order and stopped in reverse."""
 
     def __init__(self, options: StackOptions, *, engine: Engine | None = None,
-                 scorer: RewardScorer | None = None) -> None:
+                 scorer: RewardScorer | None = None, stage: Stage = _quiet) -> None:
         """``engine``: use this one instead of building ``options.engine`` (e.g. a :class:`VerlEngine`);
-        ``scorer``: the materializer's reward scorer instead of ``--reward-scorer`` (e.g. verl's reward loop)."""
+        ``scorer``: the materializer's reward scorer instead of ``--reward-scorer`` (e.g. verl's reward loop);
+        ``stage``: told each stage of :meth:`start` (nothing by default)."""
         self.options = options
+        self._stage = stage
         self._given_engine = engine
         self._given_scorer = scorer
         self.stop_event = asyncio.Event()
@@ -394,7 +398,8 @@ class Stack:
     async def start(self) -> None:
         """Start the components; a mistake in the options (:class:`StartupError`) is found before anything runs:
         an unusable ``data_dir``, a data dir another stack holds, then the edge's address (bound first,
-        listening once the edge serves)."""
+        listening once the edge serves). With an edge, it returns once the edge answers ``GET /healthz``. Each
+        stage it waits on is told to ``stage`` as it begins."""
         options = self.options
         check_writable_dir(options.data_dir, flag="--data-dir", subdirs=DATA_SUBDIRS)
         if options.nats_url is None:  # the store is ours: lock it before anything opens it
@@ -414,26 +419,25 @@ class Stack:
             # die_with_parent: the supervisor forks the server from its own thread, which outlives it
             self.nats = EmbeddedNats(options.data_dir / "nats", name="rollbus", die_with_parent=True,
                                      fsync=options.fsync)
-            self.nats_supervisor = await asyncio.to_thread(NatsSupervisor(self.nats).start)
-        self.nc = await connect(self.nats_url, name="rollbus-" + "-".join(options.components))
+            with self._stage(f"starting the embedded nats-server (store {options.data_dir / 'nats'})"):
+                self.nats_supervisor = await asyncio.to_thread(NatsSupervisor(self.nats).start)
+        with self._stage(f"connecting to NATS at {self.nats_url}") if options.nats_url else contextlib.nullcontext():
+            self.nc = await connect(self.nats_url, name="rollbus-" + "-".join(options.components))
         js = self.nc.jetstream()
-        try:
-            await provision(js, options.log, retention=options.retention, replicas=options.replicas)
-        except ProvisionError as exc:  # the embedded server logged why it could not create a store: say it
-            cause = self.nats.store_failure() if self.nats is not None else None
-            if cause is None:
-                raise
-            raise ProvisionError(f"{exc.message}; nats-server: {cause}") from exc
+        with self._stage("provisioning the log's streams and buckets"):
+            await self._provision(js)
         watched: list[Watched] = []
         if "projector" in options.components:
-            self.metrics.declare("projector")
-            projector = Projector(JetStreamPort(self.nc, options.log), metrics=self.metrics)
-            watched.append(projector.watched)
-            self._spawn(projector.run(self.stop_event), "projector")
+            with self._stage("starting the projector"):
+                self.metrics.declare("projector")
+                projector = Projector(JetStreamPort(self.nc, options.log), metrics=self.metrics)
+                watched.append(projector.watched)
+                self._spawn(projector.run(self.stop_event), "projector")
         if "materializer" in options.components:
-            materializer = await self._materializer(self.nc)
-            watched.append(materializer.watched)
-            self._spawn(materializer.run(self.stop_event), "materializer")
+            with self._stage("starting the materializer"):
+                materializer = await self._materializer(self.nc)
+                watched.append(materializer.watched)
+                self._spawn(materializer.run(self.stop_event), "materializer")
         if watched:
             self._spawn(watch_lag(self.metrics, js, watched, self.stop_event, interval=options.lag_interval), "lag")
         if "edge" in options.components:
@@ -441,6 +445,39 @@ class Stack:
         if (keeper := HeapKeeper.for_process()) is not None:  # what big requests freed goes back to the system
             self._spawn(keeper.run(self.stop_event), "heap")
         self._ready = True
+        if self._server is not None:
+            with self._stage(f"waiting for the edge to answer {self.url}/healthz"):
+                await self._edge_answers()
+
+    async def _provision(self, js: JetStreamContext) -> None:
+        try:
+            await provision(js, self.options.log, retention=self.options.retention, replicas=self.options.replicas)
+        except ProvisionError as exc:  # the embedded server logged why it could not create a store: say it
+            cause = self.nats.store_failure() if self.nats is not None else None
+            if cause is None:
+                raise
+            raise ProvisionError(f"{exc.message}; nats-server: {cause}") from exc
+
+    async def _edge_answers(self, timeout: float = EDGE_ANSWER_TIMEOUT_S) -> None:
+        """Return once the edge answers ``GET /healthz`` with 200 (it serves, everything is ready); raise
+        :class:`StartupError` if it has not within ``timeout`` seconds, or the stack is stopping."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        last = "no answer"
+        async with httpx.AsyncClient(timeout=httpx.Timeout(5.0), trust_env=False) as client:  # no proxy
+            while not self.stop_event.is_set():
+                try:
+                    response = await client.get(f"{self.url}/healthz")
+                    if response.status_code == 200:
+                        return
+                    last = f"{response.status_code} {one_line(response.text)[:200]}"
+                except httpx.HTTPError as exc:
+                    last = repr(exc)
+                if loop.time() > deadline:
+                    raise StartupError(f"the edge at {self.url} did not answer GET /healthz with 200 within "
+                                       f"{timeout:.0f}s (last: {last})")
+                await asyncio.sleep(0.02)
+        raise StartupError(f"stopped while waiting for the edge at {self.url} to answer (last: {last})")
 
     async def _materializer(self, nc: Client) -> Materializer:
         mo = self.options.materializer
@@ -450,7 +487,9 @@ class Stack:
             from materializer.transfer_queue import TransferQueueConnection, TransferQueueSink
 
             connection = TransferQueueConnection(mo.ray_address, storage_units=mo.tq_storage_units)
-            await asyncio.to_thread(connection.open)
+            where = f"joining Ray at {mo.ray_address}" if mo.ray_address else "hosted by this process"
+            with self._stage(f"starting TransferQueue and Ray ({where})"):
+                await asyncio.to_thread(connection.open)
             self._tq_connection = connection
             tq = TransferQueueSink(mo.tq_partition)
         scorer = self._given_scorer or (load_scorer(mo.reward_scorer) if mo.reward_scorer else None)
@@ -461,7 +500,11 @@ class Stack:
     async def _start_edge(self, nc: Client, js: JetStreamContext) -> None:
         options = self.options
         try:
-            self._engine = self._given_engine or await asyncio.to_thread(build_engine, options)
+            if self._given_engine is not None:
+                self._engine = self._given_engine
+            else:
+                with self._stage(f"loading the engine ({engine_summary(options)})"):
+                    self._engine = await asyncio.to_thread(build_engine, options)
         except (ValueError, OSError) as exc:  # the engine's options, or a model that does not load
             raise StartupError(f"cannot start the {options.engine} engine: {one_line(str(exc))}") from exc
         sock = self._sock or bind(options.host, options.port, listen=False, send_timeout=options.send_timeout)

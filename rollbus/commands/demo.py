@@ -36,7 +36,7 @@ import openai
 from openai import AsyncOpenAI
 
 from materializer.dataset import session_rows
-from rollbus.progress import Progress, summary
+from rollbus.progress import Progress, Stages, summary
 from rollbus.tools import LOG_LEVEL_HELP, number
 from stack.runtime import Stack, StackOptions, check_options, engine_summary, model_defaults
 from stack.user_error import UserError, one_line
@@ -284,7 +284,7 @@ async def run_demo(args: argparse.Namespace) -> int:
     options = StackOptions(port=0, data_dir=data_dir, admin_token=token, model=model, tokenizer=tokenizer,
                            tool_format=tool_format)
     check_options(options)
-    stack = Stack(options)
+    stack = Stack(options, stage=Stages("rollbus demo"))  # what it waits on (loading the model), on stderr
     print(f"starting an embedded stack in {data_dir} (embedded NATS, engine {engine_summary(options)}) ...",
           flush=True)
     try:

@@ -52,6 +52,23 @@ def test_up_restart_keeps_the_log(tmp_path: Path):
             assert second.stop() == 0
 
 
+def test_up_says_what_it_waits_for_then_its_banner_once_the_edge_answers(tmp_path: Path):
+    data = tmp_path / "data"
+    with ScriptedEngineServer() as engine:
+        up = Up(data, engine.url)
+        try:
+            assert httpx.get(f"{up.url}/healthz").status_code == 200  # the banner came once it answers
+        finally:
+            assert up.stop() == 0
+    banner = next(i for i, line in enumerate(up.lines) if line.endswith(" running\n"))
+    said = [line.removeprefix("rollbus up: ").rstrip("\n") for line in up.lines[:banner]
+            if line.startswith("rollbus up: ") and ": done in " not in line]  # (a slow stage's end, if any)
+    assert said == [f"starting the embedded nats-server (store {data / 'nats'})",
+                    "provisioning the log's streams and buckets", "starting the projector", "starting the materializer",
+                    f"loading the engine (sglang {engine.url})", f"waiting for the edge to answer {up.url}/healthz"]
+    assert "rollbus up: waiting" not in "".join(up.lines[banner:])  # nothing said after the banner
+
+
 def test_console_script_is_installed():
     bindir = os.path.dirname(sys.executable)
     result = subprocess.run([os.path.join(bindir, "rollbus"), "--help"], capture_output=True, text=True, timeout=60)

@@ -1,6 +1,9 @@
 """The Parquet dataset: staged then committed batches, readers (pyarrow, polars, torch), and the diff."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -128,3 +131,42 @@ def test_diff_sees_options_not_layout(tmp_path):
     assert diff.changed["responses"] == 0 and diff.changed["reward"] == 0
     assert "only old: u0_0_1, u1_1_1" in text and "padded 2/16" in text and "different" in text
     assert msgspec.json.decode(msgspec.json.encode(diff))["common"] == 4
+
+
+_LIVE_SINK = """
+import sys
+from pathlib import Path
+from materializer.parquet import ParquetSink
+sink = ParquetSink(Path(sys.argv[1]))
+(sink.staging / "part-theirs.parquet").write_bytes(b"staged by a sink that is alive")
+print(sink.staging, flush=True)
+sys.stdin.readline()  # alive until told, then gone without a word (as if killed: no cleanup runs)
+import os
+os._exit(0)
+"""
+
+
+def test_a_live_sinks_staging_is_left_alone_and_a_dead_ones_adopted(tmp_path):
+    directory = tmp_path / "trajectories"
+    other = subprocess.Popen([sys.executable, "-c", _LIVE_SINK, str(directory)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        theirs = Path(other.stdout.readline().strip())
+        assert theirs.with_name(theirs.name + ".lock").exists()  # the lock file beside the directory
+        sink = ParquetSink(directory)
+        assert sink.staged() == [] and (theirs / "part-theirs.parquet").exists()  # its lock is held
+    finally:
+        other.communicate("\n", timeout=60)
+    assert [b.name for b in sink.staged()] == ["part-theirs.parquet"]  # adopted: its process is gone
+    assert not theirs.exists() and not theirs.with_name(theirs.name + ".lock").exists()
+    assert sorted(p.name for p in sink.staging_root.iterdir()) == [sink.owner, sink.owner + ".lock"]
+    assert read_dataset(directory).num_rows == 0  # no lock file where the dataset's readers look
+    sink.discard("part-theirs.parquet")
+
+
+def test_a_lock_file_left_without_its_directory_is_cleared(tmp_path):
+    sink = ParquetSink(tmp_path / "t")
+    (sink.staging_root / "0123.lock").write_bytes(b"")  # its sink died between locking and making its directory
+    assert sink.staged() == [] and not (sink.staging_root / "0123.lock").exists()
+    second = ParquetSink(tmp_path / "t")  # two sinks in one process hold separate locks
+    assert second.staged() == [] and sink.staging.exists()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 
-from rollbus.progress import Progress, plain_table, rate_text, summary
+import pytest
+
+from rollbus.progress import Progress, Stages, plain_table, rate_text, summary
 
 
 class Clock:
@@ -86,3 +88,34 @@ def test_a_slow_rate_is_not_rounded_to_zero() -> None:
     assert rate_text(1, 3600.0, "sessions") == "<0.01 sessions/s"
     assert rate_text(0, 5.0, "sessions") == "0 sessions/s"
     assert rate_text(3, 0.0, "sessions") == "- sessions/s"
+
+
+def test_stages_off_a_terminal_a_line_as_each_begins_and_the_time_of_a_slow_one() -> None:
+    clock, out = Clock(), io.StringIO()
+    stages = Stages("rollbus up", stream=out, clock=clock)
+    with stages("starting the embedded nats-server"):
+        assert out.getvalue() == "rollbus up: starting the embedded nats-server\n"  # said before it waits
+        clock.now += 2.5
+    with stages("starting the projector"):
+        clock.now += 0.2  # quick: no second line
+    with pytest.raises(RuntimeError), stages("loading the engine"):
+        clock.now += 5
+        raise RuntimeError("no model")  # a failed stage: the error says the rest
+    assert out.getvalue().splitlines() == [
+        "rollbus up: starting the embedded nats-server",
+        "rollbus up: starting the embedded nats-server: done in 2.5s",
+        "rollbus up: starting the projector",
+        "rollbus up: loading the engine",
+    ]
+
+
+def test_stages_on_a_terminal_a_spinner_then_a_line_each() -> None:
+    clock, out = Clock(), Terminal()
+    stages = Stages("rollbus up", stream=out, clock=clock)
+    with stages("starting the embedded nats-server"):
+        clock.now += 2.5
+    with stages("starting the projector"):
+        pass
+    text = out.getvalue()
+    assert "\x1b[" in text and "rollbus up:" not in text  # rich's, not the plain lines
+    assert "starting the embedded nats-server" in text and "(2.5s)" in text and "starting the projector" in text

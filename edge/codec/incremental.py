@@ -228,7 +228,8 @@ class TemplateCodec:
         rendered = self._render([*_BASE, _REPLY, *messages], add_generation_prompt=True)
         if not self.mode.continuous:
             if not rendered.startswith(self._history):
-                raise TemplateNotIncremental("rendering new messages changed the rendering of earlier ones")
+                raise TemplateNotIncremental("rendering new messages changed the rendering of earlier ones "
+                                             f"({_parting(self._history, rendered)})")
             return rendered[len(self._history) :]
         end = self._reply_end(rendered, "a conversation continuing after it")
         if not rendered.startswith(self.separator, end):

@@ -1,12 +1,14 @@
-"""Codec fidelity probes: is incremental encoding exact for a chat template, and does the
-tool format match it? The edge runs both once at startup and refuses to start otherwise.
+"""Codec fidelity probes: which mode a chat template is encoded in (prefix-stable or continuous
+tokens, and why), and does the tool format match it? The edge runs them once at startup and
+refuses to start only for what cannot be served at all.
 
 **Prefix stability.** A chain's sampled tokens are stored as the engine produced them and
 every later request appends only the rendering of its new messages
-(:class:`~edge.codec.incremental.TemplateCodec`). That is exact only if the template never
-re-renders an earlier turn differently once later messages exist. Templates that strip
-the reasoning of earlier turns (Qwen3's official one), mark the last user message, or
-number turns are not prefix-stable. :func:`probe_incremental` replays representative
+(:class:`~edge.codec.incremental.TemplateCodec`). That equals the template's render of the
+conversation only if the template never re-renders an earlier turn differently once later
+messages exist. Templates that strip the reasoning of earlier turns (Qwen3's official one),
+drop an analysis channel (harmony), mark the last user message, or count messages are not
+prefix-stable. :func:`probe_incremental` replays representative
 conversations exactly as the edge would (system / user / assistant with reasoning and tool
 calls / tool results / user, with and without tools, a turn cut off by ``length``): the
 first request is encoded whole, each assistant turn appends what a model emits for it
@@ -14,14 +16,22 @@ first request is encoded whole, each assistant turn appends what a model emits f
 appends :meth:`~edge.codec.incremental.TemplateCodec.encode_increment`, and after every
 step the stored tokens must decode to the template's full render.
 
+**Modes.** :func:`choose_mode` gives a template that passes every probe the prefix-stable
+mode, and one that does not the continuous-tokens mode (the sampled tokens as generated plus
+increments rendered for the new messages alone), its reason the first probe that failed and
+how. :func:`probe_continuous` then checks that each increment is what the template writes
+for the new messages at the end of the whole conversation's render: a template whose
+rendering of new messages depends on the turns before them (one that numbers turns), or
+whose assistant turns do not end with the eos token, cannot be served and is refused.
+
 **Tool format.** :func:`probe_tool_format` renders an assistant tool-call turn with the
 template, decodes it as the edge would decode a sampled reply, and checks that the
 configured parser reads the same calls back (names and arguments): a template that writes
 Qwen3-Coder XML with ``--tool-format hermes`` fails here, and so does one that does not
 render tool calls at all.
 
-Verdicts are cached per template (tokenizer name, template source, end-of-turn token) and
-parser name, so probing costs nothing after the first time. :func:`check_codec` raises
+Verdicts are cached per template (tokenizer name, template source, end-of-turn token), mode
+and parser name, so probing costs nothing after the first time. :func:`check_codec` raises
 :class:`CodecMismatch` (a :class:`ValueError`: a configuration error) listing every
 problem found.
 """

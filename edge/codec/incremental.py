@@ -12,13 +12,28 @@ stop string) also gets the end-of-turn token first. Invariant (tested, property-
 template's full render of the conversation.
 
 That holds only for a *prefix-stable* template, one that never renders an earlier turn
-differently once later messages exist. :meth:`TemplateCodec.increment_text` catches a
-template that changes the stand-in history, and :mod:`edge.codec.fidelity` probes whole
-conversations (reasoning, tool calls, tool results) once at startup, where the edge
-refuses a template that fails. With a thinking template the model's reasoning
-(``<think>...</think>``) is part of its sampled tokens and stays in the trajectory as
-sampled; the template must render earlier reasoning as it was sampled (``builtin:qwen3``
-does; Qwen3's official template strips it and is refused).
+differently once later messages exist. A template is encoded in one of two modes
+(:class:`TemplateMode`), which :func:`edge.codec.fidelity.choose_mode` picks at startup by
+probing whole conversations (reasoning, tool calls, tool results):
+
+- **prefix-stable** (the default): the tail of a render is what follows the stand-in
+  history's own render, and :meth:`TemplateCodec.increment_text` refuses a request whose new
+  messages change it (:class:`TemplateNotIncremental`). Records equal the full render.
+- **continuous tokens**, for a template that is not prefix-stable: one that strips the
+  reasoning of earlier turns (Qwen3's and DeepSeek-R1's official templates), drops the
+  analysis channel from history (gpt-oss's harmony), or marks the last user turn. A chain's
+  context is its sampled tokens exactly as generated plus, for each later request, what the
+  template writes for the new messages *alone*: the render of the stand-in history and the
+  new messages, cut after the stand-in reply's end-of-turn token and the separator, however
+  the template now renders that reply and the turns before it. (verl's agent loop builds
+  trajectories the same way: it renders the new messages alone and strips the template's
+  fixed prefix.) The engine sees and training gets these tokens, the same ones; they are
+  not the template's render of the whole conversation, which would rewrite earlier turns.
+
+With a thinking template the model's reasoning (``<think>...</think>``) is part of its
+sampled tokens and stays in the trajectory as sampled in either mode; ``builtin:qwen3``
+renders earlier reasoning as it was sampled, so it is prefix-stable. A template that does
+not end assistant turns with the eos token cannot be served in either mode.
 
 A system message after the first one (Claude Code sends them mid-conversation) is rendered
 where it stands, in the prompt and in increments alike, when the template does so

@@ -118,7 +118,7 @@ def test_rollbus_up_serves_a_reasoning_stripping_template_as_continuous_tokens(t
         up = Up(data, engine.url, "--tokenizer", spec, "--max-trajectory-length", "16384")
         try:
             banner = "".join(up.lines)
-            assert ("  chat template: continuous tokens: not prefix-stable (tools, reasoning, parallel calls): "
+            assert ("  template:     continuous tokens: not prefix-stable (tools, reasoning, parallel calls): "
                     "request 3: stored tokens + increment do not decode to the full render, at character") in banner
             health = httpx.get(f"{up.url}/healthz").json()
             assert health["status"] == "ok" and health["chat_template"]["mode"] == "continuous tokens"

@@ -118,6 +118,10 @@ def check_codec(codec: TemplateCodec, parser: ToolParser) -> None:
     :func:`probe_incremental`; continuous tokens: :func:`probe_continuous`) and ``parser`` matches it."""
     probe = probe_continuous if codec.continuous else probe_incremental
     incremental = _cached(_key(codec), lambda: probe(codec))
+    if codec.continuous and incremental.problems:  # in neither mode: one line, the first problem
+        others = f" (and {len(incremental.problems) - 1} more probes)" if len(incremental.problems) > 1 else ""
+        raise CodecMismatch(f"tokenizer {codec.tokenizer.name}: the chat template cannot be served: it is not "
+                            f"prefix-stable, and {incremental.problems[0]}{others}")
     tool_format = _cached(_key(codec, parser.name), lambda: probe_tool_format(codec, parser))
     problems = [*incremental.problems, *tool_format.problems]
     if problems:

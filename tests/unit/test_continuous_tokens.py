@@ -20,6 +20,7 @@ from edge.codec.parsers import make_parser
 from edge.codec.tokenizer import Tokenizer, load_tokenizer
 from edge.service import OpenSession
 from edge.settings import EdgeSettings
+from rollbus.cli import main
 from rollbus.testing.engine import HandlerEngine
 from rollbus.testing.memory_log import InMemoryLog, in_memory_service
 from schemas.events import SessionOpened, ToolCall
@@ -68,12 +69,26 @@ def test_a_prefix_stable_template_keeps_the_exact_mode(codecs: dict[str, Templat
 
 def test_a_template_whose_increments_depend_on_earlier_turns_is_refused(tmp_path: Path) -> None:
     spec = tokenizer_dir(tmp_path, templates.NUMBERS_USERS)
-    with pytest.raises(CodecMismatch, match=r"not servable as continuous tokens \(tools, reasoning, parallel calls\): "
-                                            r"request 3: the increment is not what the template renders for the new "
-                                            r"messages after the conversation, .*\(message [0-9]+\) And tomorrow"):
+    with pytest.raises(CodecMismatch, match=r"^tokenizer .*: the chat template cannot be served: it is not "
+                                            r"prefix-stable, and not servable as continuous tokens \(tools, reasoning, "
+                                            r"parallel calls\): request 3: the increment is not what the template "
+                                            r"renders for the new messages after the conversation, .*\(message 7\) "
+                                            r"And tomorrow.* vs increment .*\(message 4\) And tomorrow"):
         load_codec(spec, "hermes")
     codec = TemplateCodec(load_tokenizer(spec), mode=TemplateMode(name="continuous tokens", reason="test"))
     assert not probe_continuous(codec).ok
+
+
+def test_rollbus_up_refuses_a_template_it_cannot_serve_in_one_line(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tokenizer_dir(tmp_path / "tokenizer", templates.NUMBERS_USERS)
+    argv = ["up", "--tokenizer", spec, "--data-dir", str(tmp_path / "data"), "--engine", "sglang",
+            "--engine-url", "http://127.0.0.1:1"]  # (never reached)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rollbus: cannot start the edge: tokenizer {spec}: the chat template cannot be served: "
+                          "it is not prefix-stable, and not servable as continuous tokens")
+    assert err.count("\n") == 1 and not (tmp_path / "data").exists()
 
 
 def test_a_prefix_stable_codec_still_refuses_an_increment_that_rerenders(codecs: dict[str, TemplateCodec]) -> None:

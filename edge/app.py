@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from edge.codec import anthropic_wire, openai_wire
 from edge.codec.adapter import WireAdapter
 from edge.codec.anthropic_wire import AnthropicWire
+from edge.codec.incremental import TemplateMode
 from edge.codec.openai_wire import OpenAIWire
 from edge.codec.reasoning_refs import ReasoningRefs, stack_key
 from edge.codec.responses_wire import ResponsesWire
@@ -80,17 +81,23 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return _answer(request, MalformedRequest(f"invalid request: {details}"[:1000]))
 
 
-def health(ready: bool, failing: Sequence[str], stopping: bool = False) -> tuple[bytes, int]:
+def health(ready: bool, failing: Sequence[str], stopping: bool = False,
+           template: TemplateMode | None = None) -> tuple[bytes, int]:
     """``/healthz``'s body and status: 200 ``{"status": "ok"}`` when every part is up; else 503 with
     ``{"status": "stopping"}``, ``{"status": "starting"}``, or ``{"status": "unavailable", "failing": [...]}``
-    naming the parts that are down."""
+    naming the parts that are down. With ``template`` (the edge's), each also says how its chat template is
+    encoded: ``"chat_template": {"mode": "prefix-stable"}`` or ``{"mode": "continuous tokens", "reason": ...}``."""
     if stopping:
-        return b'{"status":"stopping"}', 503
-    if not ready:
-        return b'{"status":"starting"}', 503
-    if failing:
-        return msgspec.json.encode({"status": "unavailable", "failing": list(failing)}), 503
-    return b'{"status":"ok"}', 200
+        body: dict[str, object] = {"status": "stopping"}
+    elif not ready:
+        body = {"status": "starting"}
+    elif failing:
+        body = {"status": "unavailable", "failing": list(failing)}
+    else:
+        body = {"status": "ok"}
+    if template is not None:
+        body["chat_template"] = {"mode": template.name, **({"reason": template.reason} if template.reason else {})}
+    return msgspec.json.encode(body), 200 if body["status"] == "ok" else 503
 
 
 def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True,
@@ -110,9 +117,12 @@ def create_app(service: EdgeService, *, ready: Callable[[], bool] = lambda: True
     app.include_router(count_tokens.router)
     app.include_router(responses.router)
 
+    template = getattr(service, "template_mode", None)  # (tests may serve routes without a codec)
+    template = template if isinstance(template, TemplateMode) else None
+
     @app.get("/healthz")
     async def healthz() -> Response:
-        body, status = health(ready(), failing(), stopping())
+        body, status = health(ready(), failing(), stopping(), template)
         return Response(content=body, status_code=status, media_type="application/json")
 
     @app.get("/metrics")

@@ -38,11 +38,19 @@ JSON = "application/json"
 SSE = "text/event-stream"
 
 
+class ChatTemplateMode(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """``/healthz``' ``chat_template`` (:class:`edge.codec.incremental.TemplateMode`)."""
+
+    mode: str  # "prefix-stable" or "continuous tokens"
+    reason: str = ""  # with "continuous tokens": the probe that found the template not prefix-stable, and how
+
+
 class Health(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """``/healthz``' answer (:func:`edge.app.health`)."""
 
     status: str  # "ok" (200); "starting", "stopping" or "unavailable" (503)
     failing: list[str] = []  # with "unavailable": the parts that are down
+    chat_template: ChatTemplateMode | None = None  # how the edge encodes its chat template's chains
 
 
 def _documented(struct: type[msgspec.Struct], **types: Any) -> type[msgspec.Struct]:

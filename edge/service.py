@@ -33,6 +33,7 @@ from typing import Any
 import msgspec
 
 from edge.codec.conversation import Conversation
+from edge.codec.incremental import TemplateMode
 from edge.codec.strict import check_sampling
 from edge.forks import recover_histories
 from edge.idempotency import RequestIdentity, identify, recorded_outcome, repeated_request
@@ -153,6 +154,11 @@ class EdgeService:
     def leases(self) -> KvLeases | None:
         return self._leases
 
+    @property
+    def template_mode(self) -> TemplateMode:
+        """How the chat template's chains are encoded (prefix-stable or continuous tokens), and why."""
+        return self._turns.codec.mode
+
     async def close_log(self) -> None:
         """Close the log's own connection, if it has one (after the last request)."""
         close = getattr(self._log, "close", None)
@@ -195,6 +201,7 @@ class EdgeService:
             sampling=spec.sampling, api_key_digest=key_digest(api_key),
             max_trajectory_length=self.settings.max_trajectory_length, tokenizer=self.settings.tokenizer,
             tool_format=self.settings.tool_format, edge_id=self.settings.edge_id,
+            reasoning_format=self.settings.reasoning_format, template_mode=self.template_mode.name,
         )
 
     async def authorize(self, session_id: str, api_key: str | None) -> LiveSession:

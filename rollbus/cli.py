@@ -322,6 +322,8 @@ def _announce(stack: Stack) -> None:
         print(f"  engine:       {engine_summary(options)}")
         reasoning = "" if options.reasoning_format == "think" else f", reasoning format {options.reasoning_format}"
         print(f"  tokenizer:    {options.tokenizer} (tool format {options.tool_format}{reasoning})")
+        if stack.template_mode is not None:
+            print(f"  template:     {stack.template_mode.describe()}")
     if "materializer" in options.components:
         print(f"  trajectories: {options.data_dir / 'trajectories'}/")
         mo = options.materializer

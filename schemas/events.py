@@ -59,6 +59,8 @@ class SessionOpened(Event, tag="session_opened", kw_only=True):
     tokenizer: str
     tool_format: str
     edge_id: str = ""
+    reasoning_format: str = "think"  # --reasoning-format (older logs: think, the only one then)
+    template_mode: str = "prefix-stable"  # or "continuous tokens" (edge.codec.fidelity.choose_mode)
 
 
 class BodyPart(msgspec.Struct, frozen=True, array_like=True):

@@ -36,6 +36,7 @@ from nats.js.client import JetStreamContext
 from edge.app import create_app
 from edge.assemble import build_edge
 from edge.codec.fidelity import load_codec
+from edge.codec.incremental import TemplateMode
 from edge.codec.tokenizer import load_tokenizer
 from edge.engines import LOCAL_MODELS, local_model, make_engine
 from edge.engines.base import Engine
@@ -385,6 +386,11 @@ class Stack:
 
     def ready(self) -> bool:
         return self._ready
+
+    @property
+    def template_mode(self) -> TemplateMode | None:
+        """How the edge encodes its chat template's chains, and why (None without an edge)."""
+        return self._service.template_mode if self._service is not None else None
 
     def failing(self) -> list[str]:
         """The parts that are down now, for ``/healthz``; cheap (no I/O): the supervisor's state, the

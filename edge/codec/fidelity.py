@@ -1,12 +1,14 @@
-"""Codec fidelity probes: is incremental encoding exact for a chat template, and does the
-tool format match it? The edge runs both once at startup and refuses to start otherwise.
+"""Codec fidelity probes: which mode a chat template is encoded in (prefix-stable or continuous
+tokens, and why), and does the tool format match it? The edge runs them once at startup and
+refuses to start only for what cannot be served at all.
 
 **Prefix stability.** A chain's sampled tokens are stored as the engine produced them and
 every later request appends only the rendering of its new messages
-(:class:`~edge.codec.incremental.TemplateCodec`). That is exact only if the template never
-re-renders an earlier turn differently once later messages exist. Templates that strip
-the reasoning of earlier turns (Qwen3's official one), mark the last user message, or
-number turns are not prefix-stable. :func:`probe_incremental` replays representative
+(:class:`~edge.codec.incremental.TemplateCodec`). That equals the template's render of the
+conversation only if the template never re-renders an earlier turn differently once later
+messages exist. Templates that strip the reasoning of earlier turns (Qwen3's official one),
+drop an analysis channel (harmony), mark the last user message, or count messages are not
+prefix-stable. :func:`probe_incremental` replays representative
 conversations exactly as the edge would (system / user / assistant with reasoning and tool
 calls / tool results / user, with and without tools, a turn cut off by ``length``): the
 first request is encoded whole, each assistant turn appends what a model emits for it
@@ -14,14 +16,22 @@ first request is encoded whole, each assistant turn appends what a model emits f
 appends :meth:`~edge.codec.incremental.TemplateCodec.encode_increment`, and after every
 step the stored tokens must decode to the template's full render.
 
+**Modes.** :func:`choose_mode` gives a template that passes every probe the prefix-stable
+mode, and one that does not the continuous-tokens mode (the sampled tokens as generated plus
+increments rendered for the new messages alone), its reason the first probe that failed and
+how. :func:`probe_continuous` then checks that each increment is what the template writes
+for the new messages at the end of the whole conversation's render: a template whose
+rendering of new messages depends on the turns before them (one that numbers turns), or
+whose assistant turns do not end with the eos token, cannot be served and is refused.
+
 **Tool format.** :func:`probe_tool_format` renders an assistant tool-call turn with the
 template, decodes it as the edge would decode a sampled reply, and checks that the
 configured parser reads the same calls back (names and arguments): a template that writes
 Qwen3-Coder XML with ``--tool-format hermes`` fails here, and so does one that does not
 render tool calls at all.
 
-Verdicts are cached per template (tokenizer name, template source, end-of-turn token) and
-parser name, so probing costs nothing after the first time. :func:`check_codec` raises
+Verdicts are cached per template (tokenizer name, template source, end-of-turn token), mode
+and parser name, so probing costs nothing after the first time. :func:`check_codec` raises
 :class:`CodecMismatch` (a :class:`ValueError`: a configuration error) listing every
 problem found.
 """
@@ -35,11 +45,11 @@ import msgspec
 
 from edge.codec.conversation import Message, ToolSpec
 from edge.codec.digest import canonical_arguments
-from edge.codec.incremental import TemplateCodec, TemplateNotIncremental
+from edge.codec.incremental import CONTINUOUS_MODE, TemplateCodec, TemplateMode, TemplateNotIncremental
 from edge.codec.parsers import make_parser
 from edge.codec.parsers.base import ToolParser
 from edge.codec.template import ChatTemplateError
-from edge.codec.tokenizer import load_tokenizer
+from edge.codec.tokenizer import Tokenizer, load_tokenizer
 from schemas.errors import MalformedRequest
 from schemas.events import ToolCall
 
@@ -65,27 +75,53 @@ _VERDICTS: dict[tuple[str, ...], Verdict] = {}
 
 def _key(codec: TemplateCodec, *extra: str) -> tuple[str, ...]:
     tokenizer = codec.tokenizer
-    return (tokenizer.name, tokenizer.chat_template.source, tokenizer.eos_token, *extra)
+    mode = (CONTINUOUS_MODE,) if codec.continuous else ()
+    return (tokenizer.name, tokenizer.chat_template.source, tokenizer.eos_token, *mode, *extra)
 
 
 def load_codec(tokenizer: str, tool_format: str) -> tuple[TemplateCodec, ToolParser]:
-    """The codec and parser for ``--tokenizer`` / ``--tool-format``, checked by :func:`check_codec`.
+    """The codec (in the mode :func:`choose_mode` finds) and parser for ``--tokenizer`` / ``--tool-format``,
+    checked by :func:`check_codec`; the mode is ``codec.mode``.
 
     Every configuration error is a :class:`ValueError` (an unknown name, a template that
     does not compile, :class:`CodecMismatch`).
     """
-    try:
-        codec = TemplateCodec(load_tokenizer(tokenizer))
-    except TemplateNotIncremental as exc:
-        raise CodecMismatch(f"tokenizer {tokenizer}: {exc}") from exc
+    codec = choose_mode(load_tokenizer(tokenizer))
     parser = make_parser(tool_format)
     check_codec(codec, parser)
     return codec, parser
 
 
+def choose_mode(tokenizer: Tokenizer) -> TemplateCodec:
+    """The codec for ``tokenizer``'s template in the mode it gets: prefix-stable when it passes every probe of
+    :func:`probe_incremental`, else continuous tokens, whose :attr:`TemplateMode.reason` is the first probe
+    that failed and how. :class:`CodecMismatch` when it cannot be served either way (say, its assistant turns
+    do not end with the eos token)."""
+    try:
+        codec = TemplateCodec(tokenizer)
+    except TemplateNotIncremental as exc:
+        reason = f"not prefix-stable: {exc}"
+    else:
+        problems = _cached(_key(codec), lambda: probe_incremental(codec)).problems
+        if not problems:
+            return codec
+        others = f" (and {len(problems) - 1} more probes)" if len(problems) > 1 else ""
+        reason = problems[0] + others
+    try:
+        return TemplateCodec(tokenizer, mode=TemplateMode(name=CONTINUOUS_MODE, reason=reason))
+    except TemplateNotIncremental as exc:
+        raise CodecMismatch(f"tokenizer {tokenizer.name}: the chat template cannot be served: {exc}") from exc
+
+
 def check_codec(codec: TemplateCodec, parser: ToolParser) -> None:
-    """Raise :class:`CodecMismatch` unless ``codec`` encodes incrementally and ``parser`` matches it."""
-    incremental = _cached(_key(codec), lambda: probe_incremental(codec))
+    """Raise :class:`CodecMismatch` unless ``codec`` encodes incrementally in its mode (prefix-stable:
+    :func:`probe_incremental`; continuous tokens: :func:`probe_continuous`) and ``parser`` matches it."""
+    probe = probe_continuous if codec.continuous else probe_incremental
+    incremental = _cached(_key(codec), lambda: probe(codec))
+    if codec.continuous and incremental.problems:  # in neither mode: one line, the first problem
+        others = f" (and {len(incremental.problems) - 1} more probes)" if len(incremental.problems) > 1 else ""
+        raise CodecMismatch(f"tokenizer {codec.tokenizer.name}: the chat template cannot be served: it is not "
+                            f"prefix-stable, and {incremental.problems[0]}{others}")
     tool_format = _cached(_key(codec, parser.name), lambda: probe_tool_format(codec, parser))
     problems = [*incremental.problems, *tool_format.problems]
     if problems:
@@ -114,12 +150,16 @@ def sampled_text(codec: TemplateCodec, history: Sequence[Message], reply: Messag
     """
     prompt = codec.prompt_text(history, tools)
     rendered = codec.full_text([*history, reply], tools, add_generation_prompt=False)
-    if not rendered.startswith(prompt):
+    opened = rendered.rfind(codec.generation_prompt)  # continuous tokens: the history may render otherwise now
+    if rendered.startswith(prompt):
+        body = rendered[len(prompt) :]
+    elif codec.continuous and opened >= 0:
+        body = rendered[opened + len(codec.generation_prompt):]
+    else:
         raise UnfaithfulTemplate(
             "an assistant turn does not continue the generation prompt: "
             + _difference(rendered, prompt, ("turn", "generation prompt"))
         )
-    body = rendered[len(prompt) :]
     ending = codec.tokenizer.eos_token + codec.separator
     if not body.endswith(ending):
         raise UnfaithfulTemplate(f"an assistant turn does not end with {ending!r}: it ends {body[-40:]!r}")
@@ -201,6 +241,51 @@ def replay(codec: TemplateCodec, probe: Probe) -> str | None:
         full = codec.prompt_text(messages, probe.tools)
         if (problem := _compare(decode(stored), full, f"request {number + 1}")) is not None:
             return problem
+    return None
+
+
+def probe_continuous(codec: TemplateCodec, probes: Sequence[Probe] | None = None) -> Verdict:
+    """Problems found replaying ``probes`` (default: :data:`PROBES`, and :data:`MID_SYSTEM` as
+    :func:`probe_incremental` chooses) through ``codec`` in continuous-tokens mode: each later request's
+    increment must be what the template writes for its new messages after the whole conversation (the end of
+    the full render, after the last reply's end-of-turn token and the separator), however the template
+    re-renders the turns before them. A template whose rendering of new messages depends on what came before
+    (one that numbers turns) cannot be served."""
+    chosen = probes if probes is not None else (*PROBES, MID_SYSTEM) if codec.mid_system else PROBES
+    problems, refusals = [], []
+    for probe in chosen:
+        try:
+            problem = replay_continuous(codec, probe)
+        except ChatTemplateError as exc:
+            refusals.append(f"{probe.name}: {exc}")
+            continue
+        except TemplateNotIncremental as exc:
+            problem = str(exc)
+        if problem is not None:
+            problems.append(f"not servable as continuous tokens ({probe.name}): {problem}")
+    if len(refusals) == len(chosen):
+        problems.append(f"the template refused every probe conversation; {refusals[-1]}")
+    return Verdict(problems=tuple(problems))
+
+
+def replay_continuous(codec: TemplateCodec, probe: Probe) -> str | None:
+    """Each increment of ``probe`` against the end of the full render; the first that differs, if any."""
+    messages = list(probe.first)
+    codec.encode_prompt(messages, probe.tools)
+    for number, step in enumerate(probe.rounds, 1):
+        messages.append(step.reply)
+        if not step.new:
+            return None
+        increment = codec.increment_text(step.new, ended_with_eos=step.ended)
+        messages.extend(step.new)
+        full = codec.prompt_text(messages, probe.tools)
+        want = codec.tokenizer.eos_token + codec.increment_text(step.new, ended_with_eos=True)
+        if not full.endswith(want):
+            end = full[-len(want):]
+            return (f"request {number + 1}: the increment is not what the template renders for the new messages "
+                    f"after the conversation, {_difference(end, want, ('render', 'increment'))}")
+        if codec.tokenizer.decode(codec.tokenizer.encode(increment)) != increment:
+            return f"request {number + 1}: the increment's tokens do not decode to its text"
     return None
 
 

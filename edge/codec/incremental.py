@@ -12,13 +12,28 @@ stop string) also gets the end-of-turn token first. Invariant (tested, property-
 template's full render of the conversation.
 
 That holds only for a *prefix-stable* template, one that never renders an earlier turn
-differently once later messages exist. :meth:`TemplateCodec.increment_text` catches a
-template that changes the stand-in history, and :mod:`edge.codec.fidelity` probes whole
-conversations (reasoning, tool calls, tool results) once at startup, where the edge
-refuses a template that fails. With a thinking template the model's reasoning
-(``<think>...</think>``) is part of its sampled tokens and stays in the trajectory as
-sampled; the template must render earlier reasoning as it was sampled (``builtin:qwen3``
-does; Qwen3's official template strips it and is refused).
+differently once later messages exist. A template is encoded in one of two modes
+(:class:`TemplateMode`), which :func:`edge.codec.fidelity.choose_mode` picks at startup by
+probing whole conversations (reasoning, tool calls, tool results):
+
+- **prefix-stable** (the default): the tail of a render is what follows the stand-in
+  history's own render, and :meth:`TemplateCodec.increment_text` refuses a request whose new
+  messages change it (:class:`TemplateNotIncremental`). Records equal the full render.
+- **continuous tokens**, for a template that is not prefix-stable: one that strips the
+  reasoning of earlier turns (Qwen3's and DeepSeek-R1's official templates), drops the
+  analysis channel from history (gpt-oss's harmony), or marks the last user turn. A chain's
+  context is its sampled tokens exactly as generated plus, for each later request, what the
+  template writes for the new messages *alone*: the render of the stand-in history and the
+  new messages, cut after the stand-in reply's end-of-turn token and the separator, however
+  the template now renders that reply and the turns before it. (verl's agent loop builds
+  trajectories the same way: it renders the new messages alone and strips the template's
+  fixed prefix.) The engine sees and training gets these tokens, the same ones; they are
+  not the template's render of the whole conversation, which would rewrite earlier turns.
+
+With a thinking template the model's reasoning (``<think>...</think>``) is part of its
+sampled tokens and stays in the trajectory as sampled in either mode; ``builtin:qwen3``
+renders earlier reasoning as it was sampled, so it is prefix-stable. A template that does
+not end assistant turns with the eos token cannot be served in either mode.
 
 A system message after the first one (Claude Code sends them mid-conversation) is rendered
 where it stands, in the prompt and in increments alike, when the template does so
@@ -30,7 +45,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -41,7 +56,7 @@ from edge.codec.tokenizer import Tokenizer
 from schemas.errors import MalformedRequest
 
 _BASE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
-_REPLY = {"role": "assistant", "content": "A"}
+_REPLY = {"role": "assistant", "content": "\x01rollbus-reply\x01"}  # (found in a render by its text)
 
 # Frames: increments of plain messages (no tool calls, no reasoning) are rendered once per
 # *shape* with placeholder contents, then filled in; see TemplateCodec._frame.
@@ -55,6 +70,29 @@ _TRICKY = ("  \n x\t <b>&amp;</b> {{ y }}\n\n ", "", "\u00e9\u4e2d\U0001f600 ")
 _MID_SYSTEM = {"role": "system", "content": "\x01rollbus-mid-system\x01"}
 
 
+PREFIX_STABLE_MODE = "prefix-stable"
+CONTINUOUS_MODE = "continuous tokens"
+
+
+class TemplateMode(msgspec.Struct, frozen=True, kw_only=True):
+    """How a template's chains are encoded: ``prefix-stable`` (records equal the template's full render) or
+    ``continuous tokens`` (sampled tokens as generated plus increments), and ``reason``: why, for the latter
+    (the probe that found the template not prefix-stable, and how)."""
+
+    name: Literal["prefix-stable", "continuous tokens"] = PREFIX_STABLE_MODE
+    reason: str = ""
+
+    @property
+    def continuous(self) -> bool:
+        return self.name == CONTINUOUS_MODE
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.reason}" if self.reason else self.name
+
+
+PREFIX_STABLE = TemplateMode()
+
+
 class TemplateNotIncremental(MalformedRequest):
     """The chat template is not prefix-stable for these messages: increments would be wrong."""
 
@@ -64,27 +102,62 @@ class NoRoom(Exception):
     (:meth:`Tokenizer.min_tokens`), before it is encoded."""
 
 
+def _parting(before: str, after: str) -> str:
+    """Where ``after`` stops continuing ``before``, with a little context."""
+    at = next((i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b), len(before))
+    return f"at character {at}: {before[max(0, at - 20):at + 20]!r} becomes {after[max(0, at - 20):at + 20]!r}"
+
+
 class TemplateCodec:
     """Prompts and increments for one tokenizer and its chat template."""
 
-    def __init__(self, tokenizer: Tokenizer, *, prompt_cache: int = 1024) -> None:
-        """``prompt_cache``: how many first prompts to keep encoded (0: none)."""
+    def __init__(self, tokenizer: Tokenizer, *, prompt_cache: int = 1024, mode: TemplateMode = PREFIX_STABLE) -> None:
+        """``prompt_cache``: how many first prompts to keep encoded (0: none). ``mode``: how increments are
+        cut from a render (see the module docstring); :func:`edge.codec.fidelity.load_codec` probes which."""
         self.tokenizer = tokenizer
+        self.mode = mode
         self._template = tokenizer.chat_template
         self._eos = tokenizer.eos_token
         self._prompted = self._render(_BASE, add_generation_prompt=True)
         self._history = self._render([*_BASE, _REPLY], add_generation_prompt=False)
-        reply_end = len(self._prompted) + len(_REPLY["content"]) + len(self._eos)
-        if not self._history.startswith(self._prompted):
-            raise TemplateNotIncremental("the chat template renders the prompt differently once a reply follows it")
-        if not self._history.startswith(self._prompted + _REPLY["content"] + self._eos):
-            raise TemplateNotIncremental("the chat template does not end assistant turns with the eos token")
-        self.separator = self._history[reply_end:]
-        self.generation_prompt = self._prompted[len(self._render(_BASE, add_generation_prompt=False)) :]
+        if mode.continuous:
+            self.separator = self._history[self._reply_end(self._history, "a conversation ending with it"):]
+        else:
+            self.separator = self._prefix_stable_separator()
+        opened = self._render(_BASE, add_generation_prompt=False)
+        if not self._prompted.startswith(opened):
+            raise TemplateNotIncremental("the chat template renders the conversation differently once it adds the "
+                                         "generation prompt")
+        self.generation_prompt = self._prompted[len(opened):]
         self._frames: dict[Shape, Frame | None] = {}
         self.mid_system = self._renders_mid_system()
         self._prompts: BoundedCache[tuple[bytes, tuple[Message, ...]], tuple[int, ...]] | None = (
             BoundedCache(max_items=prompt_cache, max_bytes=16 * 1024 * 1024) if prompt_cache else None)
+
+    @property
+    def continuous(self) -> bool:
+        return self.mode.continuous
+
+    def _prefix_stable_separator(self) -> str:
+        if not self._history.startswith(self._prompted):
+            raise TemplateNotIncremental("the chat template renders the prompt differently once a reply follows it "
+                                         f"({_parting(self._prompted, self._history)})")
+        if not self._history.startswith(self._prompted + _REPLY["content"] + self._eos):
+            raise TemplateNotIncremental("the chat template does not end assistant turns with the eos token")
+        return self._history[len(self._prompted) + len(_REPLY["content"]) + len(self._eos):]
+
+    def _reply_end(self, rendered: str, where: str) -> int:
+        """Where the stand-in reply's turn ends in ``rendered`` (after its end-of-turn token): what the
+        template writes after it does not depend on how it renders that turn or the ones before."""
+        if rendered.count(_REPLY["content"]) != 1:
+            raise TemplateNotIncremental(f"the chat template does not render an assistant reply's text once, as "
+                                         f"sent, in {where}")
+        end = rendered.index(_REPLY["content"]) + len(_REPLY["content"])
+        if not rendered.startswith(self._eos, end):
+            raise TemplateNotIncremental(f"the chat template does not end assistant turns with the eos token "
+                                         f"{self._eos!r} (in {where}, the reply's text is followed by "
+                                         f"{rendered[end:end + 20]!r})")
+        return end + len(self._eos)
 
     def _renders_mid_system(self) -> bool:
         """Whether the template renders a system message that is not the first message where it stands:
@@ -164,10 +237,20 @@ class TemplateCodec:
         return self._rendered_tail([template_message(m) for m in new_messages])
 
     def _rendered_tail(self, messages: list[dict[str, Any]]) -> str:
+        """What the template writes for ``messages`` after the stand-in history, with the generation prompt:
+        prefix-stable, the render less the history's; continuous, what follows the stand-in reply's end and
+        the separator, however the template now renders that reply and the turns before it."""
         rendered = self._render([*_BASE, _REPLY, *messages], add_generation_prompt=True)
-        if not rendered.startswith(self._history):
-            raise TemplateNotIncremental("rendering new messages changed the rendering of earlier ones")
-        return rendered[len(self._history) :]
+        if not self.mode.continuous:
+            if not rendered.startswith(self._history):
+                raise TemplateNotIncremental("rendering new messages changed the rendering of earlier ones "
+                                             f"({_parting(self._history, rendered)})")
+            return rendered[len(self._history) :]
+        end = self._reply_end(rendered, "a conversation continuing after it")
+        if not rendered.startswith(self.separator, end):
+            raise TemplateNotIncremental(f"the chat template writes {rendered[end:end + 20]!r} after an assistant "
+                                         f"turn that messages follow, not the turn separator {self.separator!r}")
+        return rendered[end + len(self.separator):]
 
     def _frame(self, messages: Sequence[Message]) -> Frame | None:
         """The literal text around each message's content, for messages of this shape, if the

@@ -59,8 +59,21 @@ class SessionOpened(Event, tag="session_opened", kw_only=True):
     tokenizer: str
     tool_format: str
     edge_id: str = ""
-    reasoning_format: str = "think"  # --reasoning-format (older logs: think, the only one then)
-    template_mode: str = "prefix-stable"  # or "continuous tokens" (edge.codec.fidelity.choose_mode)
+    # --reasoning-format, and the template's mode (edge.codec.fidelity.choose_mode). UNSET (absent from the
+    # encoded event, so the events written before them encode as they were): "think" and "prefix-stable",
+    # the only ones then; read them through ``reasoning`` and ``template``.
+    reasoning_format: str | msgspec.UnsetType = msgspec.UNSET
+    template_mode: str | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def reasoning(self) -> str:
+        """How the edge read reasoning out of the replies: ``think`` or ``sglang:NAME``."""
+        return "think" if self.reasoning_format is msgspec.UNSET else self.reasoning_format
+
+    @property
+    def template(self) -> str:
+        """``prefix-stable`` or ``continuous tokens``."""
+        return "prefix-stable" if self.template_mode is msgspec.UNSET else self.template_mode
 
 
 class BodyPart(msgspec.Struct, frozen=True, array_like=True):

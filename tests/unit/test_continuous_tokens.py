@@ -208,7 +208,8 @@ def test_session_opened_from_an_older_log_reads_as_think_and_prefix_stable() -> 
     old = {"type": "session_opened", "session_id": "s", "seq": 1, "time": 1.0, "uid": "u", "session_index": 0,
            "api_key_digest": "d", "max_trajectory_length": 10, "tokenizer": "t", "tool_format": "hermes"}
     event = msgspec.json.decode(json.dumps(old), type=SessionOpened)
-    assert (event.reasoning_format, event.template_mode) == ("think", "prefix-stable")
+    assert (event.reasoning, event.template) == ("think", "prefix-stable")
+    assert {"reasoning_format", "template_mode"}.isdisjoint(msgspec.json.decode(msgspec.json.encode(event)))
 
 
 async def test_session_opened_records_the_reasoning_format_and_the_template_mode(
@@ -221,7 +222,7 @@ async def test_session_opened_records_the_reasoning_format_and_the_template_mode
     opened = await service.open_session(OpenSession())
     (event, *_) = (await log.read_session(opened.session_id)).events
     assert isinstance(event, SessionOpened)
-    assert (event.tool_format, event.reasoning_format, event.template_mode) == (
+    assert (event.tool_format, event.reasoning, event.template) == (
         "hermes", "sglang:qwen3", "continuous tokens")
 
 

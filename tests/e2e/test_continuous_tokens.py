@@ -3,7 +3,8 @@ and DeepSeek-R1's way): it starts in continuous-tokens mode and says why (banner
 20-turn tool session through the official OpenAI SDK and the same through the official Anthropic SDK
 leave identical, token-exact records: the engine's sampled tokens as generated plus the increments the
 template renders for each request's new messages alone; every turn's engine input a prefix of the record.
-The same, shorter, on a stack whose template marks the last user turn."""
+The same, shorter, on a stack whose template marks the last user turn, and on one whose template drops the
+analysis channel of every assistant turn but the last (gpt-oss's harmony way)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from edge.codec.conversation import template_message, template_tools
 from edge.codec.openai_wire import decode_request
 from edge.codec.tokenizer import Tokenizer, load_tokenizer
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply
-from tests.continuous_templates import MARKS_LAST_USER, STRIPS_REASONING, tokenizer_dir
+from tests.continuous_templates import DROPS_ANALYSIS, MARKS_LAST_USER, STRIPS_REASONING, tokenizer_dir
 from tests.e2e import scenario
 from tests.e2e.test_cli import Up
 from tests.e2e.test_openai_session import TOOLS, call_text, reply, wait_for_parquet
@@ -187,3 +188,19 @@ def test_a_last_user_marking_template_keeps_the_marks_the_model_saw(
     text = tokenizer.decode(rows[0]["input_ids"])
     assert f"{QUESTION} [latest]<|im_end|>" in text and f"{QUESTION}<|im_end|>" in render  # marked when sent
     assert "Keep going. [latest]" in text and "Keep going. [latest]" in render  # still the last
+
+
+def test_an_analysis_dropping_template_keeps_the_reasoning_the_model_sampled(
+        make_stack: Callable[..., StackThread], engine: ScriptedEngineServer, tmp_path: Path) -> None:
+    spec = tokenizer_dir(tmp_path / "tokenizer", DROPS_ANALYSIS)
+    tokenizer = load_tokenizer(spec)
+    stack = make_stack(tokenizer=spec)
+    health = httpx.get(f"{stack.url}/healthz").json()
+    assert health["chat_template"]["mode"] == "continuous tokens"
+    assert "<|channel|>analysis" in health["chat_template"]["reason"]
+    served = Served(stack.url, stack.admin, stack.trajectories, engine, tokenizer, turns=7)
+    rows, render = served.both_wires()
+    text = tokenizer.decode(rows[0]["input_ids"])
+    assert all(f"<think>\nStep {t}: add one.\n</think>" in text for t in range(6))  # as sampled, every turn
+    assert "Step 0: add one." not in render and "Step 5: add one." not in render  # the template dropped them
+    assert "<|channel|>analysis<|message|>Done counting.<|end|>" in render  # only the last message keeps it

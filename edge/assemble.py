@@ -17,7 +17,7 @@ from edge.codec.incremental import TemplateCodec
 from edge.codec.parsers.base import ToolParser
 from edge.engines.base import Engine
 from edge.live import Registry, Summaries
-from edge.metrics import Metrics, TimedEngine, TimedLog
+from edge.metrics import TimedEngine, TimedLog
 from edge.ownership import KvLeases
 from edge.service import EdgeService
 from edge.session_index import SessionIndex
@@ -25,6 +25,7 @@ from edge.settings import Clock, EdgeSettings
 from edge.turns import TurnRunner
 from eventlog.publisher import Appended
 from eventlog.reader import SessionLog
+from observability.registry import Metrics
 from schemas.events import Event
 from session.fold import SessionState
 

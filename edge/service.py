@@ -38,6 +38,7 @@ from edge.codec.strict import check_sampling
 from edge.forks import recover_histories
 from edge.idempotency import RequestIdentity, identify, recorded_outcome, repeated_request
 from edge.live import LiveSession, Registry
+from edge.metrics import EdgeMetrics
 from edge.ownership import KvLeases
 from edge.session_index import NO_CLAIM, IndexClaim, SessionIndex, attempt_of
 from edge.settings import EdgeSettings, body_limits
@@ -144,7 +145,7 @@ class EdgeService:
             turns.recover_histories = self._recover_histories
         self.body_limits = body_limits(settings)  # the model routes' request bodies
         self.metrics = turns.metrics  # the turns' registry: the edge's /metrics
-        self.metrics.edge.sessions_open.set_function(registry.__len__)
+        self.metrics.group(EdgeMetrics).sessions_open.set_function(registry.__len__)
 
     @property
     def registry(self) -> Registry:
@@ -235,7 +236,7 @@ class EdgeService:
         with live.in_use():
             outcome = await self._recorded(live, identity) if identity.may_repeat else None
             if outcome is not None:
-                self.metrics.edge.replayed(request.wire)
+                self.metrics.group(EdgeMetrics).replayed(request.wire)
                 return outcome
             with live.inflight.running(identity, request.disconnect):
                 return await self._turns.run(live, request)
@@ -248,7 +249,7 @@ class EdgeService:
         with live.in_use():
             outcome = await self._recorded(live, identity)
         if outcome is not None:
-            self.metrics.edge.replayed(request.wire)
+            self.metrics.group(EdgeMetrics).replayed(request.wire)
             recorded = RecordedStream(outcome)
             return recorded, recorded.first
         return await TurnStream.open(self._turns, live, request)

@@ -33,10 +33,11 @@ from edge.engine_input import MIN_TOKENS, InputBuffer
 from edge.engines.base import Constraint, Engine, GenerateRequest, GenerateResult, SamplingParams
 from edge.forks import Histories, classify, reserialized_continuation
 from edge.live import Decide, LiveSession
-from edge.metrics import ABANDONED, ENGINE_ERROR, OK, REFUSED, Metrics
+from edge.metrics import ABANDONED, ENGINE_ERROR, OK, REFUSED, EdgeMetrics
 from edge.settings import Clock, EdgeSettings
 from edge.stored import with_reasoning
 from eventlog.publisher import EventLog
+from observability.registry import Metrics
 from schemas import tokens
 from schemas.errors import EngineError, RollbusError
 from schemas.events import TurnCompleted, body_digest
@@ -194,7 +195,7 @@ class TurnRunner:
         self._token_markers = frozenset(m for m in MARKERS if codec.tokenizer.is_added_token(m))
         self._offloaded = asyncio.Semaphore(OFFLOADED)
         self.metrics = metrics if metrics is not None else Metrics()
-        self._counted = self.metrics.edge
+        self._counted = self.metrics.group(EdgeMetrics)
         # recovers a taken-over session's chain histories from the log (the service sets it: edge.forks)
         self.recover_histories: Callable[[LiveSession], Awaitable[None]] | None = None
 

@@ -57,9 +57,10 @@ import msgspec
 import pyarrow as pa
 
 from materializer.ledger import Markers, PromptLedger
+from materializer.metrics import MaterializerMetrics
 from materializer.parquet import ParquetSink, StagedBatch
 from materializer.prompts import TERMINAL, PromptProgress, SessionOutcome
-from materializer.quarantine import METRIC, METRIC_HELP, Counters, Quarantine, QuarantineLog
+from materializer.quarantine import Quarantine, QuarantineLog
 from materializer.reading import Ended, NotEnded, Orphan, SessionReader, StateLoader
 from materializer.records import RecordOptions
 from reward.scorer import RewardScorer
@@ -87,7 +88,7 @@ class BatchWriter:
     def __init__(self, *, load: StateLoader, markers: Markers, ledger: PromptLedger, parquet: ParquetSink,
                  tq: TransferQueueSink | None = None, options: RecordOptions = RecordOptions(),
                  rollout_n: int = 1, scorer: RewardScorer | None = None, quarantine: QuarantineLog | None = None,
-                 metrics: Counters | None = None) -> None:
+                 metrics: MaterializerMetrics | None = None) -> None:
         """``quarantine``: the log a quarantined session's event goes to (None: its marker alone says it);
         ``metrics``: where the quarantined sessions are counted (besides :attr:`quarantined`)."""
         self.markers = markers
@@ -238,9 +239,7 @@ class BatchWriter:
                   session_id, quarantine.stage, quarantine.reason)
         self.quarantined[quarantine.stage] += 1
         if self._metrics is not None:
-            self._metrics.inc(METRIC, 1.0, METRIC_HELP, stage=quarantine.stage)
-            self._metrics.inc("rollbus_failures_total", component="materializer",
-                              reason=f"quarantined_{quarantine.stage}")
+            self._metrics.quarantine(quarantine.stage)
 
     def _marker(self, e: Ended, verdict: str) -> MaterializedMarker:
         written = verdict != "duplicate"
@@ -272,8 +271,8 @@ class BatchWriter:
             await self._settle(staged, {})
         self.sessions += len(plan) + len(orphans)
         if self._metrics is not None:
-            self._metrics.inc("rollbus_records_materialized_total", float(len(records) if with_records else 0))
-            self._metrics.inc("rollbus_materializer_sessions_total", float(len(plan) + len(orphans)))
+            self._metrics.records.inc(len(records) if with_records else 0)
+            self._metrics.sessions.inc(len(plan) + len(orphans))
 
     async def _count(self, entries: dict[str, _Entry], plan: Plan,
                      known: dict[str, MaterializedMarker]) -> None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Literal, Protocol
+from typing import Literal
 
 import msgspec
 from nats.errors import Error as NatsError
@@ -52,8 +52,6 @@ from session.numbering import UNNUMBERED, numbered
 
 STAGES = ("unreadable", "underivable", "invalid", "parquet", "write")
 KIND = SUBJECT_KINDS[SessionQuarantined]
-METRIC = "rollbus_materializer_quarantined_total"
-METRIC_HELP = "Ended sessions the materializer set aside (not materialized), by stage"
 # Failures that say nothing about the session: retry later, never quarantine (a server's limit is never
 # taken for a bad session). nats-py's errors include JetStream's API refusals (APIError: limits, leadership).
 TRANSIENT: tuple[type[Exception], ...] = (LogUnavailable, SinkUnavailable, Conflict, ScorerError, NatsError, OSError)
@@ -64,12 +62,6 @@ class Quarantine(msgspec.Struct, frozen=True):
     stage: str
     reason: str
     logged: bool = False  # the session's log already says so (a redelivery)
-
-
-class Counters(Protocol):
-    """Where the materializer counts (``edge.metrics.Metrics`` is one)."""
-
-    def inc(self, name: str, amount: float = 1.0, help_text: str = "", **labels: str) -> None: ...
 
 
 class QuarantineLog:

@@ -48,11 +48,13 @@ from eventlog.port import Delivery, LogPort
 from eventlog.retrying import until_stopped
 from materializer.batch import BatchWriter
 from materializer.ledger import Markers, PromptLedger
+from materializer.metrics import MaterializerMetrics
 from materializer.padding import Padding
 from materializer.parquet import ParquetSink
-from materializer.quarantine import TRANSIENT, Counters, QuarantineLog
+from materializer.quarantine import TRANSIENT, QuarantineLog
 from materializer.records import RecordOptions
 from materializer.validation import bounded
+from observability.registry import Metrics
 from reward.scorer import RewardScorer
 from schemas.log import ReadySignal
 
@@ -86,7 +88,7 @@ class MaterializerOptions(msgspec.Struct, frozen=True, kw_only=True):
 class Materializer:
     def __init__(self, log: LogPort, sink: ParquetSink, *,
                  options: MaterializerOptions = MaterializerOptions(), tq: TransferQueueSink | None = None,
-                 scorer: RewardScorer | None = None, metrics: Counters | None = None) -> None:
+                 scorer: RewardScorer | None = None, metrics: Metrics | None = None) -> None:
         """``log``: the log it consumes ready signals from, reads sessions from, appends quarantine events to
         and keeps its markers and prompt ledger in (:class:`eventlog.jetstream.JetStreamPort`, or the in-memory
         log); ``metrics``: where quarantined sessions are counted (e.g. the edge's ``/metrics``)."""
@@ -96,7 +98,7 @@ class Materializer:
         self._options = options
         self._tq = tq
         self._scorer = scorer
-        self._metrics = metrics
+        self._metrics = metrics.group(MaterializerMetrics) if metrics is not None else None
         self._writer: BatchWriter | None = None
         self._stop = asyncio.Event()
         self._transient_failures = 0  # batches in a row that failed whole and transiently
@@ -123,7 +125,7 @@ class Materializer:
 
     @property
     def watched(self) -> Watched:
-        """Its durable consumer of ready signals, for its lag (``edge.metrics.watch_lag``)."""
+        """Its durable consumer of ready signals, for its lag (``observability.lag.watch_lag``)."""
         return Watched(name="materializer", stream=self._cfg.ready_stream, durable=self._options.durable,
                        subject=self._cfg.ready_subjects)
 
@@ -152,7 +154,7 @@ class Materializer:
         except TRANSIENT as exc:
             self._transient_failures += 1
             if self._metrics is not None:
-                self._metrics.inc("rollbus_failures_total", component="materializer", reason="transient")
+                self._metrics.transient.inc()
             delay = backoff(self._transient_failures, self._options.retry_delay, self._options.max_retry_delay)
             log.warning("batch of %d sessions not written (%s); retrying in %.1fs", len(by_session), exc, delay)
             with contextlib.suppress(TimeoutError):  # a stop cuts the wait short

@@ -25,55 +25,39 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Protocol
 
 import msgspec
 
 from eventlog.consumer import pull_batches, settle
 from eventlog.lag import Watched
 from eventlog.port import Delivery, LogPort
+from observability.registry import Metrics
 from schemas.events import AnyEvent, SessionAborted, SessionFinalized
 from schemas.log import HDR_MSG_ID, LogConfig, ReadySignal
 from session.fold import SessionState, fold
+from session_projector.metrics import ProjectorMetrics
 from session_projector.projections import ProjectionStore, project
 
 log = logging.getLogger(__name__)
 
 
-class Counters(Protocol):
-    """Where the projector counts (``edge.metrics.Metrics`` is one)."""
-
-    def inc(self, name: str, amount: float = 1.0, help_text: str = "", **labels: str) -> None: ...
-
-
-ENVELOPES = "rollbus_projector_envelopes_total"
-REBUILDS = "rollbus_projector_rebuilds_total"
-READY = "rollbus_projector_ready_signals_total"
-FAILURES = "rollbus_failures_total"
-
-
-class _Uncounted:
-    def inc(self, name: str, amount: float = 1.0, help_text: str = "", **labels: str) -> None:
-        return None
-
-
 class Projector:
     def __init__(self, log: LogPort, *, durable: str = "rollbus-projections",
-                 batch: int = 256, cache: int = 1024, metrics: Counters | None = None) -> None:
+                 batch: int = 256, cache: int = 1024, metrics: Metrics | None = None) -> None:
         """``log``: the log it reads, publishes ready signals to and keeps projections in
         (:class:`eventlog.jetstream.JetStreamPort`, or the in-memory log); ``metrics``: where envelopes,
-        rebuilds, ready signals and retried sessions are counted."""
+        rebuilds, ready signals and retried sessions are counted (a registry of its own when None)."""
         self._log = log
         self._cfg = cfg = log.cfg
         self._durable = durable
         self._batch = batch
-        self._metrics: Counters = metrics if metrics is not None else _Uncounted()
+        self._metrics = (metrics if metrics is not None else Metrics()).group(ProjectorMetrics)
         self.store = ProjectionStore(log.kv(cfg.projections_bucket), cache=cache)
         self.rebuilt = 0  # sessions rebuilt from the log to close a gap (observability, tests)
 
     @property
     def watched(self) -> Watched:
-        """Its durable consumer, for its lag (``edge.metrics.watch_lag``)."""
+        """Its durable consumer, for its lag (``observability.lag.watch_lag``)."""
         return Watched(name="projector", stream=self._cfg.stream, durable=self._durable, subject=self._cfg.subjects)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -82,9 +66,9 @@ class Projector:
                                            subject=self._cfg.subjects, stop=stop, batch=self._batch):
                 for group in _by_session(self._cfg, msgs):
                     if await settle(group, self._project(group)):
-                        self._metrics.inc(ENVELOPES, len(group))
+                        self._metrics.envelopes.inc(len(group))
                     else:
-                        self._metrics.inc(FAILURES, 1.0, component="projector", reason="retried")
+                        self._metrics.retried.inc()
         finally:
             await self._log.close()
 
@@ -111,7 +95,7 @@ class Projector:
             log.info("session %s: projection at #%d, envelope starts at #%d; rebuilding from the log",
                      session_id, expected - 1, events[0].seq)
             self.rebuilt += 1
-            self._metrics.inc(REBUILDS)
+            self._metrics.rebuilds.inc()
             rebuilt, _ = await self._log.load_state(session_id, until=position)
             return rebuilt, position
         return fold(events, state), position
@@ -120,7 +104,7 @@ class Projector:
         subject = self._cfg.ready_subject(ready.session_id)
         headers = {HDR_MSG_ID: f"ready:{ready.session_id}"}
         await self._log.publish(subject, msgspec.json.encode(ready), headers)
-        self._metrics.inc(READY)
+        self._metrics.ready.inc()
         log.info("session %s ready to materialize", ready.session_id)
 
 

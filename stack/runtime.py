@@ -41,7 +41,6 @@ from edge.codec.tokenizer import load_tokenizer
 from edge.engines import LOCAL_MODELS, local_model, make_engine
 from edge.engines.base import Engine
 from edge.keeper import SessionKeeper
-from edge.metrics import LAG_INTERVAL_S, Metrics, MetricsServer, watch_lag
 from edge.ownership import KvLeases
 from edge.service import EdgeService
 from edge.session_index import KvSessionIndex
@@ -51,6 +50,8 @@ from eventlog.jetstream import JetStreamPort
 from eventlog.lag import Watched
 from materializer.parquet import ParquetSink
 from materializer.service import Materializer, MaterializerOptions
+from observability.lag import LAG_INTERVAL_S, watch_lag
+from observability.registry import Metrics, MetricsServer
 from reward.scorer import RewardScorer, load_scorer
 from schemas.log import COMPONENTS, LogConfig
 from session_projector.projections import current_summary, iter_projections
@@ -435,7 +436,6 @@ class Stack:
         watched: list[Watched] = []
         if "projector" in options.components:
             with self._stage("starting the projector"):
-                self.metrics.declare("projector")
                 projector = Projector(JetStreamPort(self.nc, options.log), metrics=self.metrics)
                 watched.append(projector.watched)
                 self._spawn(projector.run(self.stop_event), "projector")
@@ -499,7 +499,6 @@ class Stack:
             self._tq_connection = connection
             tq = TransferQueueSink(mo.tq_partition)
         scorer = self._given_scorer or (load_scorer(mo.reward_scorer) if mo.reward_scorer else None)
-        self.metrics.declare("materializer")
         return Materializer(JetStreamPort(nc, self.options.log), sink, options=mo, tq=tq, scorer=scorer,
                             metrics=self.metrics)
 

@@ -26,11 +26,12 @@ from typing import Any
 from edge.codec.adapter import WireAdapter
 from edge.http_errors import MethodNotAllowed, http_error
 from edge.idempotency import retry_count
-from edge.metrics import Metrics, Tallied
+from edge.metrics import EdgeMetrics
 from edge.routes.sse import SSEReply
 from edge.routes.wire import bearer, error_answer, json_response, receive_body
 from edge.service import EdgeService
 from edge.turns import Disconnect, TurnRequest
+from observability.registry import Metrics, Tallied
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -115,9 +116,9 @@ class ModelRoutes:
         self._service = service
         self._metrics = metrics
         self._adapters = adapters
-        self._requests = metrics.edge.http_requests
+        self._requests = metrics.group(EdgeMetrics).http_requests
         self._counters: dict[tuple[str, int], Tallied] = {}  # requests' counters by route and status (children)
-        self._latency = metrics.edge.http_seconds
+        self._latency = metrics.group(EdgeMetrics).http_seconds
 
     @property
     def paths(self) -> list[str]:

@@ -18,6 +18,7 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
 from edge.http_errors import http_error, retry_after_headers
+from edge.metrics import EdgeMetrics
 from edge.routes.encoding import decoded
 from edge.service import same_secret
 from edge.settings import BodyLimits, body_limits
@@ -45,7 +46,7 @@ def wire_route(encode_error: ErrorEncoder) -> type[APIRoute]:
             async def handle(request: Request) -> Response:
                 started = time.perf_counter()
                 response = await guarded(handler(request), f"{request.method} {request.url.path}", encode_error)
-                metrics = request.app.state.metrics.edge  # edge.metrics.EdgeMetrics
+                metrics = request.app.state.metrics.group(EdgeMetrics)
                 metrics.http_requests.labels(path, str(response.status_code)).inc()
                 metrics.http_seconds.observe(time.perf_counter() - started)
                 return response

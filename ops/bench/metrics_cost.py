@@ -8,7 +8,7 @@ ways, each measured in the same run and process, alternated:
 * baseline: what the edge did before prometheus-client: one dict add for the request counter and one
   bisect into a list of buckets for its latency, the engine and log called directly;
 * prometheus-client's own ``Counter`` / ``Histogram`` children for every update (each takes a lock);
-* what the edge does: :class:`edge.metrics.Tally` / :class:`~edge.metrics.Timings` (plain adds,
+* what the edge does: :class:`observability.registry.Tally` / :class:`~observability.registry.Timings` (plain adds,
   collected by prometheus-client at scrape).
 
 Every way awaits the same trivial engine and log, so the differences are the metrics' own cost.
@@ -32,8 +32,9 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from edge.engines.base import GenerateRequest, GenerateResult, SamplingParams
-from edge.metrics import BUCKETS, Metrics, TimedEngine, TimedLog
+from edge.metrics import EdgeMetrics, TimedEngine, TimedLog
 from eventlog.publisher import Appended
+from observability.registry import BUCKETS, Metrics
 from schemas.events import Event
 
 _RESULT = GenerateResult(token_ids=(1, 2, 3), logprobs=None, finish_reason="stop")
@@ -100,7 +101,7 @@ async def _children(turns: int) -> float:
 
 async def _edge(turns: int) -> float:
     metrics = Metrics()
-    edge = metrics.edge
+    edge = metrics.group(EdgeMetrics)
     request = edge.http_requests.labels("/sessions/{session_id}/v1/chat/completions", "200")
     engine, log = TimedEngine(_Engine(), metrics), TimedLog(_Log(), metrics)
     start = time.perf_counter()
@@ -120,7 +121,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     ways = {"hand-written counters (baseline)": _baseline, "prometheus-client children": _children,
-            "edge.metrics (Tally, Timings)": _edge}
+            "observability (Tally, Timings)": _edge}
     times: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(args.rounds):  # alternated, so a drift of the machine's speed hits every way
         for name, way in ways.items():

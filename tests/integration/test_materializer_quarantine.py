@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
-from edge.metrics import Metrics
 from eventlog.jetstream import JetStreamPort
 from eventlog.kv import KvStore
 from eventlog.publisher import JetStreamLog
@@ -23,6 +22,7 @@ from materializer.ledger import Markers, PromptLedger
 from materializer.parquet import ParquetSink
 from materializer.records import derive_records
 from materializer.service import Materializer, MaterializerOptions
+from observability.registry import Metrics
 from reward.scorer import FunctionScorer, ScoreRequest, ScorerError
 from rollbus.cli import build_parser
 from rollbus.commands.sessions import sessions_main

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import secrets
 
-from edge.metrics import Metrics
 from eventlog.publisher import JetStreamLog
 from materializer.parquet import ParquetSink
+from observability.registry import Metrics
 from rollbus.cli import build_parser
 from rollbus.commands.replay import replay_main
 from tests.helpers import SessionScript

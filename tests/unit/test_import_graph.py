@@ -3,7 +3,8 @@ the packages, and no test doubles in a production package.
 
 The packages, from the bottom: ``schemas`` (the contracts); ``session`` (the session domain,
 pure: the fold, chain selection, summaries, views); ``eventlog`` (the log: appending, reading,
-consuming); ``session_projector``, ``edge``, ``materializer`` and ``reward`` (peers: they may use
+consuming) and ``observability`` (the metrics registry every component shares; each component's metrics
+live beside it); ``session_projector``, ``edge``, ``materializer`` and ``reward`` (peers: they may use
 one another only without a circle); ``stack`` (the parts composed into one process,
 the embedded NATS server, provisioning); ``agent_framework`` (the verl side); ``rollbus`` (the
 CLI). ``rollbus.testing`` holds the scripted engines: only tests and benchmarks import it.
@@ -18,8 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = {"schemas": 0, "session": 1, "eventlog": 2, "session_projector": 3, "edge": 3, "materializer": 3,
-          "reward": 3, "stack": 4, "agent_framework": 5, "viewer": 5, "rollbus": 6}
+LAYERS = {"schemas": 0, "session": 1, "eventlog": 2, "observability": 2, "session_projector": 3, "edge": 3,
+          "materializer": 3, "reward": 3, "stack": 4, "agent_framework": 5, "viewer": 5, "rollbus": 6}
 TEST_DOUBLES = "rollbus.testing"
 
 

@@ -8,9 +8,12 @@ import datetime
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from edge.metrics import Metrics, TimedLog
+from edge.metrics import EdgeMetrics, TimedLog
 from eventlog.lag import Lag, lag_of
+from materializer.metrics import MaterializerMetrics
+from observability.registry import Metrics
 from schemas.errors import LogUnavailable
+from session_projector.metrics import ProjectorMetrics
 
 
 def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -22,7 +25,7 @@ def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
 
 def test_counters_and_histograms_render_in_the_text_format() -> None:
     metrics = Metrics()
-    edge = metrics.edge
+    edge = metrics.group(EdgeMetrics)
     edge.http_requests.labels("/r", "200").inc()
     edge.http_requests.labels("/r", "200").inc(2)
     for seconds in (0.0005, 0.02, 40.0):
@@ -43,31 +46,30 @@ def test_counters_and_histograms_render_in_the_text_format() -> None:
     assert samples[("rollbus_output_tokens_total", (("wire", "openai"),))] == 20
 
 
-def test_each_metrics_has_its_own_registry_and_exposes_only_the_groups_declared() -> None:
+def test_each_metrics_has_its_own_registry_and_exposes_only_the_groups_asked_for() -> None:
     one, two = Metrics(), Metrics()
-    one.edge.rollbacks.inc()
+    one.group(EdgeMetrics).rollbacks.inc()
     assert one.value("rollbus_rollbacks_total") == 1 and two.value("rollbus_rollbacks_total") == 0
     assert "rollbus_rollbacks_total" not in two.names()  # no edge here: its metrics are not exposed
     assert "rollbus_consumer_lag_seconds" in two.names()  # every consumer process has lag gauges
-    two.declare("projector")
+    projector = two.group(ProjectorMetrics)
+    assert two.group(ProjectorMetrics) is projector  # made once, kept
     assert two.value("rollbus_projector_envelopes_total") == 0 and "rollbus_projector_envelopes_total" in two.names()
-    with pytest.raises(ValueError):
-        two.declare("trainer")
 
 
-def test_the_generic_counter_uses_a_declared_family_or_makes_one() -> None:
+def test_a_component_counts_through_its_group_into_the_shared_registry() -> None:
     metrics = Metrics()
-    metrics.declare("materializer")
-    metrics.inc("rollbus_materializer_quarantined_total", 1.0, "ignored: declared", stage="invalid")
-    metrics.inc("rollbus_materializer_quarantined_total", 2.0, stage="invalid")
-    metrics.inc("rollbus_failures_total", component="projector", reason="retried")
-    metrics.inc("rollbus_something_new_total", 3.0, "A counter first used here", kind="x")
-    assert metrics.value("rollbus_materializer_quarantined_total", stage="invalid") == 3
-    assert metrics.value("rollbus_failures_total", component="projector", reason="retried") == 1
-    assert metrics.value("rollbus_something_new_total", kind="x") == 3
+    materializer, projector = metrics.group(MaterializerMetrics), metrics.group(ProjectorMetrics)
+    materializer.quarantine("invalid")
+    materializer.quarantine("invalid")
+    materializer.transient.inc()
+    projector.retried.inc(3)
+    assert metrics.value("rollbus_materializer_quarantined_total", stage="invalid") == 2
+    assert metrics.value("rollbus_failures_total", component="materializer", reason="quarantined_invalid") == 2
+    assert metrics.value("rollbus_failures_total", component="materializer", reason="transient") == 1
+    assert metrics.value("rollbus_failures_total", component="projector", reason="retried") == 3
     text = metrics.render()[0].decode()
     assert "# HELP rollbus_materializer_quarantined_total Ended sessions the materializer set aside" in text
-    assert "# HELP rollbus_something_new_total A counter first used here" in text
 
 
 def test_openmetrics_when_the_scraper_asks_for_it() -> None:

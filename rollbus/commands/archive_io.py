@@ -3,17 +3,16 @@ and what both commands share: their counts and opening the log's buckets."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO
 
 import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import NotFoundError
+from nats.js.client import JetStreamContext
 
+from eventlog.pieces import PieceStore, open_pieces
 from schemas.archive import (
     ArchiveError,
     ArchiveHeader,
@@ -24,11 +23,11 @@ from schemas.archive import (
     to_batch,
     to_json_line,
 )
-from schemas.errors import LogUnavailable, RollbusError
+from schemas.errors import RollbusError
+from schemas.log import LogConfig
 
 CALL_TIMEOUT_S = 30.0
 PARQUET_ROWS, PARQUET_BYTES = 4096, 64 << 20  # a row group holds at most this many rows, or about this many bytes
-T = TypeVar("T")
 
 
 class IncompleteLog(RollbusError):
@@ -45,13 +44,12 @@ class Counts(msgspec.Struct, kw_only=True):
     conflicts: int = 0  # import: sessions refused
 
 
-async def bucket(opening: Awaitable[T], what: str) -> T:
-    try:
-        return await asyncio.wait_for(opening, CALL_TIMEOUT_S)
-    except NotFoundError as exc:
-        raise IncompleteLog(f"the log has no {what}") from exc
-    except (TimeoutError, NatsTimeoutError) as exc:
-        raise LogUnavailable(f"JetStream did not open the {what}") from exc
+async def piece_store(js: JetStreamContext, cfg: LogConfig) -> PieceStore:
+    """The log's object store of pieces: :class:`IncompleteLog` when it has none."""
+    store = await open_pieces(js, cfg, timeout=CALL_TIMEOUT_S)
+    if store is None:
+        raise IncompleteLog(f"the log has no object store {cfg.pieces_bucket}")
+    return store
 
 
 class ArchiveWriter:

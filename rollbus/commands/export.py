@@ -35,20 +35,18 @@ from pathlib import Path
 from typing import Any
 
 from nats.errors import Error as NatsError
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
-from nats.js.object_store import ObjectStore
 
 from eventlog.kv import KvStore
-from eventlog.reader import iter_messages, last_stream_seq
+from eventlog.pieces import PieceStore
+from eventlog.reader import iter_messages, last_stream_seq, next_message
 from rollbus.commands.archive_io import (
     CALL_TIMEOUT_S,
     ArchiveWriter,
     Counts,
     IncompleteLog,
-    bucket,
     check_archive,
+    piece_store,
 )
 from rollbus.commands.importing import import_target
 from rollbus.progress import Progress, rate_text, summary
@@ -183,19 +181,10 @@ async def _selection(js: JetStreamContext, cfg: LogConfig, args: argparse.Namesp
 
 async def _get(js: JetStreamContext, cfg: LogConfig, seq: int, subject: str) -> tuple[int, dt.datetime] | None:
     """(seq, time) of the first message on ``subject`` at or after ``seq``; None when there is none."""
-    try:
-        msg = await asyncio.wait_for(js.get_msg(cfg.stream, seq=seq, subject=subject, next=True), CALL_TIMEOUT_S)
-    except NotFoundError:
+    found = await next_message(js, cfg, subject, seq, CALL_TIMEOUT_S)
+    if found is None:
         return None
-    except (TimeoutError, NatsTimeoutError) as exc:
-        raise LogUnavailable("JetStream did not answer a message lookup") from exc
-    return int(msg.seq or 0), _parse_time(str(msg.time))
-
-
-def _parse_time(text: str) -> dt.datetime:
-    """JetStream's RFC 3339 time (nanoseconds) as a datetime (microseconds)."""
-    head, _, frac = text.rstrip("Z").partition(".")
-    return dt.datetime.fromisoformat(f"{head}.{(frac or '0')[:6]:0<6}+00:00")
+    return found.seq, dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=found.time_ns // 1000)
 
 
 async def _first_seq(js: JetStreamContext, cfg: LogConfig, session_id: str) -> int:
@@ -222,7 +211,7 @@ async def _export_envelopes(js: JetStreamContext, cfg: LogConfig, sessions: set[
     met: dict[str, None] = {}
     subject = cfg.session_filter(next(iter(sessions))) if sessions is not None and len(sessions) == 1 \
         else cfg.subjects
-    store: ObjectStore | None = None
+    store: PieceStore | None = None
     written: set[tuple[str, bytes]] = set()  # a piece goes once, before the first envelope that needs it
     async for seq, msg in iter_messages(js, cfg, subject, last, start=start):
         session_id = cfg.session_of(msg.subject)
@@ -234,7 +223,7 @@ async def _export_envelopes(js: JetStreamContext, cfg: LogConfig, sessions: set[
                 if (session_id, digest) in written:
                     continue
                 written.add((session_id, digest))
-                store = store or await bucket(js.object_store(cfg.pieces_bucket), f"object store {cfg.pieces_bucket}")
+                store = store or await piece_store(js, cfg)
                 piece = await _piece(store, session_id, digest)
                 write(piece)
                 counts.pieces += 1
@@ -256,15 +245,12 @@ def _position(sessions: set[str] | None, read: int, of: int, counts: Counts) -> 
     return {"total": None, "detail": f"{counts.sessions} sessions, log {read}/{of} read"}
 
 
-async def _piece(store: ObjectStore, session_id: str, digest: bytes) -> ArchivedPiece:
-    name = blobs.object_name(session_id, digest)
-    try:
-        found = await asyncio.wait_for(store.get(name), CALL_TIMEOUT_S)
-    except NotFoundError as exc:
-        raise IncompleteLog(f"session {session_id}: piece {name} is missing from the object store") from exc
-    except (TimeoutError, NatsTimeoutError) as exc:
-        raise LogUnavailable("the object store did not answer") from exc
-    return ArchivedPiece(session_id=session_id, digest=digest, data=found.data or b"")
+async def _piece(store: PieceStore, session_id: str, digest: bytes) -> ArchivedPiece:
+    data = await store.get(session_id, digest)
+    if data is None:
+        name = blobs.object_name(session_id, digest)
+        raise IncompleteLog(f"session {session_id}: piece {name} is missing from the object store")
+    return ArchivedPiece(session_id=session_id, digest=digest, data=data)
 
 
 async def _markers(js: JetStreamContext, cfg: LogConfig, sessions: list[str]) -> AsyncIterator[ArchivedMarker]:

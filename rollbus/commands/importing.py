@@ -21,13 +21,12 @@ import msgspec
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
-from nats.js.object_store import ObjectStore
 
 from eventlog.kv import KvStore
+from eventlog.pieces import PieceStore
 from eventlog.publisher import JetStreamLog
 from eventlog.reader import iter_messages, last_stream_seq
-from rollbus.commands.archive_io import CALL_TIMEOUT_S, Counts, bucket, read_archive
+from rollbus.commands.archive_io import CALL_TIMEOUT_S, Counts, piece_store, read_archive
 from rollbus.progress import Progress, summary
 from rollbus.tools import EXIT_ERROR, EXIT_OK, find_log, opened_log
 from schemas import blobs, envelope
@@ -82,7 +81,7 @@ async def import_main(nc: Client, cfg: LogConfig, args: argparse.Namespace, *, w
     counts, targets = Counts(), dict[str, _Target]()
     pieces: list[ArchivedPiece] = []
     markers: list[ArchivedMarker] = []
-    store = await bucket(js.object_store(cfg.pieces_bucket), f"object store {cfg.pieces_bucket}")
+    store = await piece_store(js, cfg)
     kv = await KvStore(js, cfg.markers_bucket, timeout=CALL_TIMEOUT_S).bind()
     lanes = _Lanes(width)
 
@@ -184,7 +183,7 @@ async def _target(js: JetStreamContext, cfg: LogConfig, session_id: str) -> _Tar
     return _Target(held, last)
 
 
-async def _import_envelope(writer: JetStreamLog, cfg: LogConfig, store: ObjectStore, target: _Target,
+async def _import_envelope(writer: JetStreamLog, cfg: LogConfig, store: PieceStore, target: _Target,
                            record: ArchivedEnvelope, pieces: list[ArchivedPiece], counts: Counts) -> None:
     if target.refused:
         return
@@ -202,8 +201,7 @@ async def _import_envelope(writer: JetStreamLog, cfg: LogConfig, store: ObjectSt
         return
     await _check_events(store, record, pieces)
     for piece in pieces:
-        name = blobs.object_name(piece.session_id, piece.digest)
-        await asyncio.wait_for(store.put(name, piece.data), CALL_TIMEOUT_S + len(piece.data) / 10e6)
+        await store.put(piece.session_id, piece.digest, piece.data)
     headers = {name: value for name, value in record.headers.items() if name in KEPT_HEADERS}
     headers |= {HDR_EXPECTED_LAST_SUBJECT_SEQ: str(target.last),
                 HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: cfg.session_filter(record.session_id)}
@@ -217,7 +215,7 @@ async def _import_envelope(writer: JetStreamLog, cfg: LogConfig, store: ObjectSt
     counts.envelopes += 1
 
 
-async def _check_events(store: ObjectStore, record: ArchivedEnvelope, pieces: list[ArchivedPiece]) -> None:
+async def _check_events(store: PieceStore, record: ArchivedEnvelope, pieces: list[ArchivedPiece]) -> None:
     """Refuse an envelope that does not decode into events of its session (its pieces: the ones before it, else
     the ones an earlier envelope of the session restored)."""
     schema = int(record.headers.get(HDR_SCHEMA, SCHEMA_VERSION)) if record.headers.get(HDR_SCHEMA, "").isdigit() \
@@ -229,11 +227,14 @@ async def _check_events(store: ObjectStore, record: ArchivedEnvelope, pieces: li
             values = {piece.digest: piece.data for piece in pieces}
             for digest in blobs.references(record.data):
                 if digest not in values:
-                    found = await asyncio.wait_for(store.get(blobs.object_name(record.session_id, digest)),
-                                                   CALL_TIMEOUT_S)
-                    values[digest] = found.data or b""
+                    found = await store.get(record.session_id, digest)
+                    if found is None:
+                        raise ArchiveError(f"session {record.session_id}: envelope {record.stream_seq} does not "
+                                           f"decode (piece {blobs.object_name(record.session_id, digest)} is in "
+                                           "neither the file nor the log)")
+                    values[digest] = found
             events = blobs.decode_with(record.data, values, schema)
-    except (FoldError, NotFoundError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (FoldError, msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ArchiveError(f"session {record.session_id}: envelope {record.stream_seq} does not decode ({exc})") \
             from exc
     if not events or any(event.session_id != record.session_id for event in events):

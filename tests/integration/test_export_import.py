@@ -19,10 +19,11 @@ from nats.js.client import JetStreamContext
 from eventlog.publisher import JetStreamLog
 from eventlog.reader import iter_messages, last_stream_seq, read_session
 from rollbus.cli import build_parser, main
-from rollbus.commands.archive_io import read_archive
+from rollbus.commands.archive_io import IncompleteLog, read_archive
 from rollbus.commands.export import _first_seq, export_main
 from rollbus.commands.importing import import_main
 from rollbus.commands.replay import replay_main
+from schemas import blobs
 from schemas.archive import ArchivedEnvelope, ArchivedMarker, ArchivedPiece, ArchiveHeader, to_json_line
 from schemas.bodies import rebuild
 from schemas.log import HDR_BLOBS, HDR_MSG_ID, LogConfig
@@ -240,6 +241,32 @@ async def test_a_crafted_archive_is_refused_and_stream_control_headers_are_not_r
     stored = await target_js.get_msg(TARGET.stream, 1)
     assert "Nats-Rollup" not in (stored.headers or {}) and "X-Extra" not in (stored.headers or {})
     assert (stored.headers or {})[HDR_MSG_ID] == first.headers[HDR_MSG_ID]
+
+
+async def test_a_missing_piece_refuses_the_export_and_an_import_that_lacks_it(nc, js, log_config, target, tmp_path):
+    """A piece the log lost: the export says which and leaves no file; an import of its envelope without the piece
+    (neither in the file nor in the target's object store) is refused: nothing from that envelope on is stored."""
+    big = _script(50, body=BIG)
+    await _log_sessions(nc, log_config, [big])
+    whole = tmp_path / "whole.jsonl"
+    assert await export_main(js, log_config, _args("export", big.session_id, "-o", str(whole))) == 0
+    header, *records = read_archive(whole)
+    piece = next(r for r in records if isinstance(r, ArchivedPiece))
+    await (await js.object_store(log_config.pieces_bucket)).delete(blobs.object_name(big.session_id, piece.digest))
+
+    path = tmp_path / "lost.jsonl"
+    with pytest.raises(IncompleteLog, match=f"piece {blobs.object_name(big.session_id, piece.digest)} is missing"):
+        await export_main(js, log_config, _args("export", big.session_id, "-o", str(path)))
+    assert list(tmp_path.glob("lost.jsonl*")) == []
+
+    without = tmp_path / "without.jsonl"
+    without.write_bytes(b"".join(to_json_line(r) for r in (header, *records) if not isinstance(r, ArchivedPiece)))
+    target_nc, target_js = target
+    with pytest.raises(UserError, match=r"does not decode \(piece \S+ is in neither the file nor the log\)"):
+        await import_main(target_nc, TARGET, _args("import", str(without)))
+    archived = [r for r in records if isinstance(r, ArchivedEnvelope)]
+    before = next(i for i, r in enumerate(archived) if HDR_BLOBS in r.headers)
+    assert await _messages(target_js, TARGET) == before
 
 
 def test_the_command_line_round_trip_through_an_embedded_store(tmp_path: Path, capsys) -> None:

@@ -8,6 +8,12 @@ live beside it); ``session_projector``, ``edge``, ``materializer`` and ``reward`
 one another only without a circle); ``stack`` (the parts composed into one process,
 the embedded NATS server, provisioning); ``agent_framework`` (the verl side); ``rollbus`` (the
 CLI). ``rollbus.testing`` holds the scripted engines: only tests and benchmarks import it.
+
+Three more rules, read from the source too: only ``eventlog`` reaches JetStream (publishes, binds or creates a
+bucket, reads a message; ``stack.provision`` creates the streams and buckets), neither the edge nor the
+materializer imports the projector, and inside the edge the layers run one way (:data:`EDGE_LAYERS`, from the
+bottom: ``edge.engines``; the wire, ``edge.codec`` with ``edge.http_errors``; the edge's core modules;
+``edge.routes``; the app assembled, ``edge.app``, ``edge.openapi``, ``edge.assemble``).
 """
 
 from __future__ import annotations
@@ -146,35 +152,119 @@ def test_the_edge_and_the_materializer_do_not_import_the_projector() -> None:
     assert arrows == []
 
 
-# What writes to JetStream or binds a KV bucket, read from the source: a ``publish`` (or ``publish_async``) called on
-# a NATS client or JetStream context (named, by this code's convention, ``nc``/``js`` or ``....jetstream()``), or
-# any ``key_value``/``create_key_value`` call. Only ``eventlog`` may (and ``stack.provision``, which creates buckets).
-_NATS_RECEIVERS = ("nc", "_nc", "js", "_js", "jetstream()", "client")
-_KV_CALLS = ("key_value", "create_key_value")
-_MAY_CREATE_BUCKETS = ("stack.provision",)
+# What reaches JetStream itself, read from the source. Outside ``eventlog`` no module calls JetStream's API (binds,
+# creates or deletes a KV bucket, an object store or a stream; looks up, gets or deletes a message; makes a consumer),
+# and nothing publishes, subscribes or sends a request but through the log port: a ``publish``/``subscribe`` whose
+# receiver is the port (named, by this code's convention, ``log``, ``_log``, ``writer`` or ``port``; any other
+# receiver, a nats-py client ``nc`` or JetStream context ``js`` among them, is refused). The edge uses no core NATS
+# of its own. ``stack.provision`` creates and reconciles the streams and buckets (its one job; the design puts
+# provisioning in ``stack``): it may call the provisioning calls and nothing else. ``rollbus.testing`` is held to
+# the rule too; ``tests/`` and ``ops/`` (whose benchmarks time raw JetStream calls on purpose) are not scanned.
+_JETSTREAM_API = frozenset({
+    "key_value", "create_key_value", "delete_key_value", "object_store", "create_object_store", "delete_object_store",
+    "add_stream", "update_stream", "delete_stream", "purge_stream", "stream_info", "streams_info",
+    "find_stream_name_by_subject", "get_msg", "get_last_msg", "delete_msg", "add_consumer", "delete_consumer",
+    "consumer_info", "consumers_info", "pull_subscribe", "pull_subscribe_bind", "subscribe_bind",
+})
+_MESSAGING = frozenset({"publish", "publish_async", "subscribe", "request"})
+_PORT_RECEIVERS = ("log", "_log", "writer", "port")
+_PROVISIONING = frozenset({"add_stream", "update_stream", "stream_info", "create_key_value", "create_object_store"})
+_MAY_PROVISION = "stack.provision"
 
 
-def _jetstream_writes(path: Path) -> Iterator[str]:
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+def _jetstream_calls(source: str) -> Iterator[tuple[str, str]]:
+    """(the call's name, ``receiver.name (line n)``) of each call that reaches JetStream itself."""
+    for node in ast.walk(ast.parse(source)):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             continue
-        receiver = ast.unparse(node.func.value)
-        publish = node.func.attr in ("publish", "publish_async") and receiver.split(".")[-1] in _NATS_RECEIVERS
-        if publish or node.func.attr in _KV_CALLS:
-            yield f"{receiver}.{node.func.attr} (line {node.lineno})"
+        receiver, name = ast.unparse(node.func.value), node.func.attr
+        through_port = receiver.split(".")[-1] in _PORT_RECEIVERS
+        if name in _JETSTREAM_API or (name in _MESSAGING and not through_port):
+            yield name, f"{receiver}.{name} (line {node.lineno})"
+
+
+def _jetstream_writes(module: str, source: str) -> list[str]:
+    """What ``module`` may not call of JetStream (see above)."""
+    return [call for name, call in _jetstream_calls(source)
+            if not (module == _MAY_PROVISION and name in _PROVISIONING)]
 
 
 def test_the_write_check_sees_a_write() -> None:
-    assert list(_jetstream_writes(ROOT / "eventlog" / "acks.py"))  # AckedPublisher: nc.publish
-    assert list(_jetstream_writes(ROOT / "eventlog" / "kv.py"))  # KvStore binds its bucket
+    source = """
+async def f(nc, js, self, writer):
+    await nc.publish("s", b"")
+    await self._js.publish("s", b"")
+    await nc.request("s", b"")
+    await js.key_value("b")
+    await self._js.get_last_msg("stream", "s")
+    await js.create_key_value(bucket="b")
+    await writer.publish("s", b"", {})
+    await self._log.publish("s", b"", {})
+    await self._log.subscribe("stream", "s", "durable", ack_wait=1.0, max_ack_pending=1)
+"""
+    found = [call.split(" ")[0] for call in _jetstream_writes("edge.x", source)]
+    assert found == ["nc.publish", "self._js.publish", "nc.request", "js.key_value", "self._js.get_last_msg",
+                     "js.create_key_value"]
+    assert [c.split(" ")[0] for c in _jetstream_writes(_MAY_PROVISION, source)] == found[:5]  # creating: its job
+    assert _jetstream_writes("eventlog.kv", (ROOT / "eventlog" / "kv.py").read_text(encoding="utf-8"))  # binds
+    assert _jetstream_writes("eventlog.acks", (ROOT / "eventlog" / "acks.py").read_text(encoding="utf-8"))  # publish
+    provision = (ROOT / "stack" / "provision.py").read_text(encoding="utf-8")
+    assert {name for name, _ in _jetstream_calls(provision)} == _PROVISIONING  # what the exception is for
 
 
-def test_only_the_eventlog_writes_to_jetstream() -> None:
+def test_only_the_eventlog_reaches_jetstream() -> None:
     """Every append, quarantine event, imported envelope and ready signal goes through
-    ``eventlog.publisher.JetStreamLog``, every KV bucket through ``eventlog.kv.KvStore``: NATS's errors are
-    mapped in one place."""
+    ``eventlog.publisher.JetStreamLog`` (the port), every KV bucket through ``eventlog.kv.KvStore``, the object
+    store's pieces through ``eventlog.pieces``, every read through ``eventlog.reader``: NATS's errors are mapped
+    there, once."""
     writes = [f"{module}: {write}" for module, path in MODULES.items()
-              if not module.startswith(("eventlog", TEST_DOUBLES))
-              for write in _jetstream_writes(path)
-              if not (module in _MAY_CREATE_BUCKETS and ".create_key_value" in write)]
+              if module.split(".")[0] != "eventlog"
+              for write in _jetstream_writes(module, path.read_text(encoding="utf-8"))]
     assert writes == []
+
+
+# Inside the edge, from the bottom: each layer imports only its own and the ones below it.
+#   0 edge.engines: the engine protocol (GenerateRequest, Constraint, ...) and its clients, the local models
+#   1 the wire: edge.codec (chat templates, incremental encoding, tool parsers, wire adapters) and edge.http_errors,
+#     the error table the wire adapters encode errors with (it names two errors of the codec's own)
+#   2 the edge's core: settings, live sessions and turns, ownership, the session index, streaming, the service
+#   3 edge.routes: one router module per wire, over the service
+#   4 the app assembled: edge.app, edge.openapi, edge.assemble
+EDGE_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("edge.engines",),
+    ("edge.codec", "edge.http_errors"),
+    ("edge", "edge.settings", "edge.metrics", "edge.engine_input", "edge.forks", "edge.idempotency", "edge.stored",
+     "edge.ownership", "edge.session_index", "edge.live", "edge.turns", "edge.streaming", "edge.service",
+     "edge.keeper"),
+    ("edge.routes",),
+    ("edge.app", "edge.openapi", "edge.assemble"),
+)
+
+
+def _edge_layer(module: str) -> int | None:
+    """The layer of an edge module: the one whose unit is the module or a package above it (None: in none)."""
+    for level, units in enumerate(EDGE_LAYERS):
+        if any(module == unit or (unit != "edge" and module.startswith(unit + ".")) for unit in units):
+            return level
+    return None
+
+
+def _edge_upward(graph: dict[str, list[str]]) -> list[str]:
+    return [f"{module} -> {target}" for module, targets in graph.items() if module.split(".")[0] == "edge"
+            for target in targets if target.split(".")[0] == "edge"
+            and (_edge_layer(target) or 0) > (_edge_layer(module) or 0)]
+
+
+def test_every_edge_module_has_a_layer() -> None:
+    assert [module for module in GRAPH if module.split(".")[0] == "edge" and _edge_layer(module) is None] == []
+    assert _edge_layer("edge.codec.parsers.hermes") == 1 and _edge_layer("edge.routes.sse") == 3
+
+
+def test_the_edge_check_sees_an_arrow_back_up() -> None:
+    assert _edge_upward({"edge.codec.openai_wire": ["edge.service", "edge.engines.base", "schemas.errors"],
+                         "edge.routes.model": ["edge.service", "edge.app"], "edge.service": ["edge.codec.digest"]}) \
+        == ["edge.codec.openai_wire -> edge.service", "edge.routes.model -> edge.app"]
+
+
+def test_imports_inside_the_edge_run_one_way() -> None:
+    assert _edge_upward(GRAPH) == []

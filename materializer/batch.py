@@ -60,7 +60,7 @@ from materializer.ledger import Markers, PromptLedger
 from materializer.parquet import ParquetSink, StagedBatch
 from materializer.prompts import TERMINAL, PromptProgress, SessionOutcome
 from materializer.quarantine import METRIC, METRIC_HELP, Counters, Quarantine, QuarantineLog
-from materializer.reading import Ended, NotEnded, Orphan, SessionReader, StateLoader
+from materializer.reading import Ended, Orphan, SessionReader, StateLoader
 from materializer.records import RecordOptions
 from reward.scorer import RewardScorer
 from schemas.errors import FoldError
@@ -69,7 +69,7 @@ from schemas.records import MaterializedMarker, TrajectoryRecord, record_digest
 if TYPE_CHECKING:  # importing it loads torch, Ray and TransferQueue
     from materializer.transfer_queue import TransferQueueSink
 
-__all__ = ["BatchWriter", "Ended", "NotEnded", "StateLoader"]
+__all__ = ["BatchWriter", "Ended", "StateLoader"]
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import NotFoundError
 
 from schemas.archive import (
-    ArchiveError,
     ArchiveHeader,
     ArchiveRecord,
     check_header,
@@ -24,15 +23,11 @@ from schemas.archive import (
     to_batch,
     to_json_line,
 )
-from schemas.errors import LogUnavailable, RollbusError
+from schemas.errors import ArchiveError, IncompleteLog, LogUnavailable
 
 CALL_TIMEOUT_S = 30.0
 PARQUET_ROWS, PARQUET_BYTES = 4096, 64 << 20  # a row group holds at most this many rows, or about this many bytes
 T = TypeVar("T")
-
-
-class IncompleteLog(RollbusError):
-    """A bucket of the log, or a piece an envelope references, is missing: it cannot be exported whole."""
 
 
 class Counts(msgspec.Struct, kw_only=True):

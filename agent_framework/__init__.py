@@ -4,9 +4,10 @@
 (see :mod:`agent_framework.adapter`; configuration in :mod:`agent_framework.config`).
 """
 
-from agent_framework.adapter import AgentFrameworkRolloutAdapter, BatchResult, RolloutFailed, SessionResult
-from agent_framework.config import AgentFrameworkConfig, ConfigError, RunnerConfig, load_config
+from agent_framework.adapter import AgentFrameworkRolloutAdapter, BatchResult, SessionResult
+from agent_framework.config import AgentFrameworkConfig, RunnerConfig, load_config
 from agent_framework.session import SessionHandle
+from schemas.errors import ConfigError, RolloutFailed
 
 __all__ = [
     "AgentFrameworkConfig",

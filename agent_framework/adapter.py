@@ -39,20 +39,17 @@ from typing import Any, Self, TypeVar
 
 import msgspec
 
-from agent_framework.config import AgentFrameworkConfig, ConfigError, RunnerConfig, load_config
+from agent_framework.config import AgentFrameworkConfig, RunnerConfig, load_config
 from agent_framework.dispatch import Dispatcher
-from agent_framework.pool import EdgeError, EdgePool, Placement
+from agent_framework.pool import EdgePool, Placement
 from agent_framework.samples import Prompt, prompts_of
 from agent_framework.session import SessionHandle
+from schemas.errors import ConfigError, EdgeError, RolloutFailed
 from schemas.metadata import SessionSettings
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class RolloutFailed(RuntimeError):
-    """Every rollout of a batch failed (raised by ``generate_sequences_and_wait``)."""
 
 
 class SessionResult(msgspec.Struct, frozen=True, kw_only=True):

@@ -42,15 +42,12 @@ from typing import Any, Literal
 
 import msgspec
 
+from schemas.errors import ConfigError
 from schemas.metadata import StatusRule, TrajectorySelection
 
 CUSTOM_KEY = "actor_rollout_ref.rollout.custom.agent_framework"
 
 DispatchMode = Literal["inline_async", "ray_task"]
-
-
-class ConfigError(ValueError):
-    """A configuration value the adapter cannot run with; the message names the key."""
 
 
 class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -27,12 +27,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from agent_framework.config import RunnerConfig
+from schemas.errors import RunnerLoadError
 
 Runner = Callable[..., Awaitable[Any]]
-
-
-class RunnerLoadError(ValueError):
-    """The runner's ``runner_fqn`` does not import, or names nothing callable."""
 
 
 def load_runner(config: RunnerConfig) -> Runner:

@@ -23,18 +23,11 @@ from tenacity import (
 )
 
 from agent_framework.session import SessionHandle
+from schemas.errors import EdgeError
 
 log = logging.getLogger(__name__)
 
 _RETRIABLE = {429, 500, 502, 503, 504}
-
-
-class EdgeError(RuntimeError):
-    """An edge refused or could not take an admin call (``retriable``: it may take it later, or another may)."""
-
-    def __init__(self, message: str, *, retriable: bool) -> None:
-        super().__init__(message)
-        self.retriable = retriable
 
 
 class Placement:

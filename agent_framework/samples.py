@@ -19,13 +19,11 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from schemas.errors import BatchError
+
 TASK_FIELDS = ("data_source", "reward_model", "extra_info")
 _CONTROL = ("uid", "raw_prompt", "tools_kwargs", "index", "agent_name", "__do_sample__", "__rollout_n__",
             "global_steps", "validate")
-
-
-class BatchError(ValueError):
-    """A batch the adapter cannot run (a missing or malformed field); names the field and row."""
 
 
 class Prompt(msgspec.Struct, frozen=True, kw_only=True):

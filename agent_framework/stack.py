@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_framework.actors import RunnerWorker, StackActor
-from agent_framework.config import AgentFrameworkConfig, ConfigError
+from agent_framework.config import AgentFrameworkConfig
 from agent_framework.export import write_session
 from agent_framework.samples import Prompt
 from eventlog.kv import KvStore
@@ -30,7 +30,7 @@ from materializer.ledger import PromptLedger
 from materializer.prompts import TERMINAL, PromptProgress
 from materializer.records import RecordOptions
 from materializer.service import MaterializerOptions
-from schemas.errors import RollbusError, SinkUnavailable
+from schemas.errors import ConfigError, RollbusError, SinkUnavailable
 from schemas.log import LogConfig
 from stack.nats_server import EmbeddedNats
 from stack.provision import connect, provision

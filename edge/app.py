@@ -29,14 +29,14 @@ from edge.codec.incremental import TemplateMode
 from edge.codec.openai_wire import OpenAIWire
 from edge.codec.reasoning_refs import ReasoningRefs, stack_key
 from edge.codec.responses_wire import ResponsesWire
-from edge.http_errors import MethodNotAllowed, RouteNotFound, http_error
+from edge.http_errors import http_error
 from edge.openapi import document_bytes
 from edge.routes import admin, count_tokens, responses, reward
 from edge.routes.model import ModelRoutes, is_anthropic_path
 from edge.routes.wire import ErrorEncoder, json_response
 from edge.service import EdgeService
 from observability.registry import Metrics
-from schemas.errors import MalformedRequest, RollbusError
+from schemas.errors import MalformedRequest, MethodNotAllowed, RollbusError, RouteNotFound
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 

@@ -43,10 +43,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from edge.codec.incremental import TemplateNotIncremental
-from edge.codec.template import ChatTemplateError
 from schemas.errors import (
     CapacityExceeded,
+    ChatTemplateError,
     Conflict,
     ContextTooLong,
     EngineError,
@@ -57,26 +56,21 @@ from schemas.errors import (
     IdempotencyKeyReused,
     LogUnavailable,
     MalformedRequest,
+    MethodNotAllowed,
     OutOfOrderEvent,
     OwnershipLost,
     PayloadTooLarge,
     ResponseNotFound,
     RevisionConflict,
     RollbusError,
+    RouteNotFound,
     SessionClosed,
     SessionNotFound,
     SessionOwned,
     SinkUnavailable,
+    TemplateNotIncremental,
     Unauthorized,
 )
-
-
-class RouteNotFound(RollbusError):
-    """No route serves the path (Starlette's 404), answered in the shape of the wire it belongs to."""
-
-
-class MethodNotAllowed(RollbusError):
-    """A route serves the path but not the method (Starlette's 405)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ import msgspec
 from edge.codec.constraint import MARKERS, derive_constraint
 from edge.codec.conversation import Conversation, Message, TurnOutcome
 from edge.codec.digest import extend, prefix_digests, tools_digest
-from edge.codec.incremental import NoRoom, TemplateCodec, TemplateNotIncremental
+from edge.codec.incremental import TemplateCodec
 from edge.codec.parsers import make_reasoning
 from edge.codec.parsers.base import ParsedOutput, ToolParser
 from edge.codec.reasoning import opens_reasoning
@@ -39,7 +39,7 @@ from edge.stored import with_reasoning
 from eventlog.publisher import EventLog
 from observability.registry import Metrics
 from schemas import tokens
-from schemas.errors import EngineError, RollbusError
+from schemas.errors import EngineError, NoRoom, RollbusError, TemplateNotIncremental
 from schemas.events import TurnCompleted, body_digest
 from session.chains import Continue, Exhausted, NewChain, Rollback, Selection, select_chain
 from session.fold import SessionState

@@ -47,6 +47,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import MaxPayloadError
 
+from schemas.errors import NoResponders, PublishRefused, PublishRejected
+
 NO_RESPONDERS = "503"
 PROBE_S = 0.05  # how often waiting publishes look for a refusal (nothing is looked at while none waits)
 _PERMISSIONS_VIOLATION = "permissions violation"  # nats-py lower-cases the server's -ERR text
@@ -63,23 +65,6 @@ class Ack(msgspec.Struct, frozen=True, kw_only=True):
     seq: int = 0
     duplicate: bool = False
     error: ApiError | None = None
-
-
-class PublishRejected(Exception):
-    """JetStream answered with an API error."""
-
-    def __init__(self, error: ApiError) -> None:
-        super().__init__(f"{error.code} {error.err_code}: {error.description}")
-        self.error = error
-
-
-class NoResponders(Exception):
-    """Nothing listens on the subject: no stream takes it (JetStream down or not provisioned)."""
-
-
-class PublishRefused(Exception):
-    """The server refused this connection the publish's subject (or the reply subscription): a
-    permissions violation, which no retry changes."""
 
 
 decode_ack = msgspec.json.Decoder(Ack).decode

@@ -75,10 +75,18 @@ from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_incrementing
 
-from eventlog.acks import Ack, AckedPublisher, NoResponders, PublishRefused, PublishRejected
+from eventlog.acks import Ack, AckedPublisher
 from eventlog.retrying import replay_first
 from schemas import envelope
-from schemas.errors import LogUnavailable, OwnershipLost, PayloadTooLarge, RollbusError
+from schemas.errors import (
+    LogUnavailable,
+    NoResponders,
+    OwnershipLost,
+    PayloadTooLarge,
+    PublishRefused,
+    PublishRejected,
+    RollbusError,
+)
 from schemas.events import SCHEMA_VERSION, Event
 from schemas.log import (
     HDR_MSG_ID,
@@ -146,6 +154,9 @@ REFUSALS: tuple[tuple[type[BaseException] | str, str], ...] = (
 RETRY_WAIT_S = 0.05  # an append's retries wait 0.05 s, 0.1 s, 0.15 s, ...
 
 
+# Not in schemas.errors with every other exception, and no RollbusError: a private signal from one attempt to
+# JetStreamLog.publish's retry loop, raised and caught inside that class only. Were it a RollbusError, an
+# ``except RollbusError`` could take a retry signal for a failure.
 class _Again(Exception):
     """An attempt of :meth:`JetStreamLog.publish` that may be retried (the failure is its ``__cause__``)."""
 

@@ -61,7 +61,7 @@ from materializer.metrics import MaterializerMetrics
 from materializer.parquet import ParquetSink, StagedBatch
 from materializer.prompts import TERMINAL, PromptProgress, SessionOutcome
 from materializer.quarantine import Quarantine, QuarantineLog
-from materializer.reading import Ended, NotEnded, Orphan, SessionReader, StateLoader
+from materializer.reading import Ended, Orphan, SessionReader, StateLoader
 from materializer.records import RecordOptions
 from reward.scorer import RewardScorer
 from schemas.errors import FoldError
@@ -70,7 +70,7 @@ from schemas.records import MaterializedMarker, TrajectoryRecord, record_digest
 if TYPE_CHECKING:  # importing it loads torch, Ray and TransferQueue
     from materializer.transfer_queue import TransferQueueSink
 
-__all__ = ["BatchWriter", "Ended", "NotEnded", "StateLoader"]
+__all__ = ["BatchWriter", "Ended", "StateLoader"]
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,8 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
-from schemas.errors import RollbusError
+from schemas.errors import RecordTooLong
 from schemas.records import TrajectoryRecord
-
-
-class RecordTooLong(RollbusError):
-    """Records longer than the padded lengths, under ``overflow="error"``."""
 
 
 class Padding(msgspec.Struct, frozen=True, kw_only=True):

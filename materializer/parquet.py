@@ -50,8 +50,9 @@ import pyarrow.parquet as pq
 from filelock import BaseFileLock, FileLock, Timeout
 
 from materializer.dataset import read_dataset
-from materializer.padding import Padding, RecordTooLong, pad_records
+from materializer.padding import Padding, pad_records
 from materializer.validation import bounded
+from schemas.errors import RecordTooLong
 from schemas.records import MaterializedMarker, TrajectoryRecord, records_to_table
 
 MARKERS_METADATA = b"rollbus.markers"

@@ -42,9 +42,8 @@ from nats.errors import Error as NatsError
 
 from eventlog.port import LogPort
 from eventlog.reader import LogMessage
-from reward.scorer import ScorerError
 from schemas import envelope
-from schemas.errors import Conflict, FoldError, LogUnavailable, OwnershipLost, SinkUnavailable
+from schemas.errors import Conflict, FoldError, LogUnavailable, OwnershipLost, ScorerError, SinkUnavailable
 from schemas.events import SCHEMA_VERSION, SUBJECT_KINDS, Event, SessionQuarantined
 from schemas.log import HDR_BLOBS, HDR_SCHEMA, HDR_SEQ
 from session.fold import SessionState, fold

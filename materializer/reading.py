@@ -32,7 +32,7 @@ from materializer.records import RecordOptions, derive_scored
 from materializer.validation import bounded, session_problem
 from reward.precedence import RewardDecision
 from reward.scorer import RewardScorer
-from schemas.errors import FoldError, SessionNotFound
+from schemas.errors import FoldError, NotEnded, SessionNotFound
 from schemas.records import TrajectoryRecord
 from session.fold import SessionState
 
@@ -42,10 +42,6 @@ StateLoader = Callable[[str], Awaitable[tuple[SessionState, int]]]
 # What bad data makes pure code raise (a derivation that meets values it cannot take).
 DATA_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, ArithmeticError, LookupError, UnicodeError,
                                             msgspec.EncodeError)
-
-
-class NotEnded(FoldError):
-    """A ready signal for a session the log does not show ended (yet)."""
 
 
 class Ended(msgspec.Struct, frozen=True, kw_only=True):

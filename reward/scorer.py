@@ -23,13 +23,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
-from schemas.errors import RollbusError
+from schemas.errors import ScorerError
 from schemas.events import RewardInfo
 from schemas.records import TrajectoryRecord
-
-
-class ScorerError(RollbusError):
-    """The reward scorer failed or answered nonsense; the session is retried later."""
 
 
 class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):

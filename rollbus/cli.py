@@ -36,10 +36,10 @@ import msgspec
 
 from edge.settings import SEND_TIMEOUT_S, EdgeSettings
 from rollbus.tools import EXIT_ERROR, LOG_LEVEL_HELP, check_nats, duration, number, size
-from schemas.errors import RollbusError
+from schemas.errors import RollbusError, UserError
 from schemas.log import COMPONENTS, MAX_PAYLOAD, LogConfig
 from stack.nats_server import FSYNC_MODES
-from stack.user_error import UserError, one_line
+from stack.user_error import one_line
 
 if TYPE_CHECKING:  # the rest is imported where it is used: `rollbus --help` answers without loading the stack
     from materializer.service import MaterializerOptions

@@ -10,7 +10,7 @@ which creates a fresh one. A store another process has open is refused in one li
 takes one server: :meth:`stack.nats_server.EmbeddedNats.start`).
 
 A mistake the user can fix (a busy port, no NATS server where ``--nats`` points, an
-unwritable ``--data-dir``) is a :class:`~stack.user_error.UserError`: the CLI prints its
+unwritable ``--data-dir``) is a :class:`~schemas.errors.UserError`: the CLI prints its
 message as one line on stderr and exits with :data:`EXIT_ERROR`, never with a traceback.
 """
 
@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from schemas.errors import RollbusError
+from schemas.errors import RollbusError, UserError
 from schemas.log import LogConfig
-from stack.user_error import UserError, check_writable_dir, one_line
+from stack.user_error import check_writable_dir, one_line
 
 if TYPE_CHECKING:  # (the CLI's parser is built without NATS: `--help` answers at once)
     from nats.js.client import JetStreamContext

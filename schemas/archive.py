@@ -25,11 +25,9 @@ from collections.abc import Iterator, Sequence
 import msgspec
 import pyarrow as pa
 
+from schemas.errors import ArchiveError
+
 ARCHIVE_VERSION = 1
-
-
-class ArchiveError(ValueError):
-    """A file that is not an archive this version can read, or whose contents do not check out."""
 
 
 class ArchiveHeader(msgspec.Struct, frozen=True, kw_only=True, tag="archive", tag_field="kind"):

@@ -120,7 +120,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Literal, Self
 from urllib.parse import urlsplit
 
-from schemas.errors import RollbusError
+from schemas.errors import EmbeddedNatsError, NatsServerNotFound
 
 if TYPE_CHECKING:
     import httpx
@@ -222,14 +222,6 @@ def _die_with_parent() -> Callable[[], None] | None:
             os._exit(1)
 
     return preexec
-
-
-class EmbeddedNatsError(RollbusError):
-    """The embedded server could not be found, started, or made ready."""
-
-
-class NatsServerNotFound(EmbeddedNatsError):
-    """No ``nats-server`` binary where we looked."""
 
 
 def find_nats_server() -> Path:

@@ -52,7 +52,7 @@ from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnav
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from eventlog.publisher import refusal
-from schemas.errors import LogUnavailable, RollbusError
+from schemas.errors import LogUnavailable, ProvisionError
 from schemas.log import MAX_PAYLOAD, LogConfig
 
 log = logging.getLogger(__name__)
@@ -82,10 +82,6 @@ _UNAVAILABLE = (
     ConnectionClosedError,
     ConnectionDrainingError,
 )
-
-
-class ProvisionError(RollbusError):
-    """A stream or bucket exists with settings provision may not change."""
 
 
 @dataclass(frozen=True)

@@ -53,14 +53,15 @@ from materializer.service import Materializer, MaterializerOptions
 from observability.lag import LAG_INTERVAL_S, watch_lag
 from observability.registry import Metrics, MetricsServer
 from reward.scorer import RewardScorer, load_scorer
+from schemas.errors import ProvisionError, StartupError
 from schemas.log import COMPONENTS, LogConfig
 from session_projector.projections import current_summary, iter_projections
 from session_projector.service import Projector
 from stack.heap import HeapKeeper
 from stack.locks import BaseFileLock, Timeout, lock_holder, pid_lock, release_pid_lock
 from stack.nats_server import EmbeddedNats, Fsync, NatsSupervisor
-from stack.provision import ProvisionError, Retention, connect, provision
-from stack.user_error import UserError, check_writable_dir, one_line
+from stack.provision import Retention, connect, provision
+from stack.user_error import check_writable_dir, one_line
 
 if TYPE_CHECKING:
     from materializer.transfer_queue import TransferQueueConnection
@@ -80,11 +81,6 @@ EDGE_ANSWER_TIMEOUT_S = 60.0  # start(): how long the edge may take to answer GE
 
 def _quiet(_what: str) -> AbstractContextManager[object]:
     return contextlib.nullcontext()
-
-
-class StartupError(UserError):
-    """The stack cannot start for a reason the user can fix (a busy port, a missing model, an unwritable
-    ``--data-dir``); its message is one line naming the problem and the flag."""
 
 
 class DataDirLock:

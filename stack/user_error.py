@@ -9,9 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-
-class UserError(Exception):
-    """A mistake the user can fix; its message is one line that names the problem."""
+from schemas.errors import UserError
 
 
 def one_line(text: str) -> str:

@@ -24,7 +24,7 @@ class Viewer:
         self.url = ""
 
     def start(self) -> str:
-        """Listen (raises :class:`stack.runtime.StartupError` when the address cannot be had) and serve."""
+        """Listen (raises :class:`schemas.errors.StartupError` when the address cannot be had) and serve."""
         sock = bind(self._host, self._port)
         host, port = sock.getsockname()[:2]
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"

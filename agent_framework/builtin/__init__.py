@@ -20,24 +20,22 @@ shipped examples and their Parquet layout), :mod:`~agent_framework.builtin.runne
 
 from agent_framework.builtin import agents, sandbox, tasks, tools
 from agent_framework.builtin.agents import AGENTS, Agent, AnthropicReAct, Episode, OpenAIReAct, register_agent
-from agent_framework.builtin.config import AgentConfig, TaskConfigError, TaskSpec, load_task_file, resolve_spec
+from agent_framework.builtin.config import AgentConfig, TaskSpec, load_task_file, resolve_spec
 from agent_framework.builtin.datasets import example_rows, write_examples, write_parquet
 from agent_framework.builtin.registry import Registry
-from agent_framework.builtin.runner import RewardPostError, RunTask, run_task
+from agent_framework.builtin.runner import RunTask, run_task
 from agent_framework.builtin.sandbox import (
     SANDBOXES,
     ExecResult,
     LocalSandbox,
     Sandbox,
     SandboxConfig,
-    SandboxError,
-    SandboxPathError,
-    SandboxUnavailable,
     register_sandbox,
 )
 from agent_framework.builtin.tasks import Score, Task
 from agent_framework.builtin.tasks.base import TASKS, register_task
 from agent_framework.builtin.tools import TOOLS, Tool, ToolOutcome, call_tool, register_tool
+from schemas.errors import RewardPostError, SandboxError, SandboxPathError, SandboxUnavailable, TaskConfigError
 
 __all__ = [
     "AGENTS", "SANDBOXES", "TASKS", "TOOLS", "Agent", "AgentConfig", "AnthropicReAct", "Episode", "ExecResult",

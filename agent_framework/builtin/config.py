@@ -35,13 +35,10 @@ from typing import Any
 import msgspec
 
 from agent_framework.builtin.sandbox import SandboxConfig
+from schemas.errors import TaskConfigError
 
 CONFIG_KEYS = frozenset({"name", "agent", "sandbox", "tools", "system_prompt", "max_turns", "max_tokens"})
 AGENT_SHORTCUTS = ("max_turns", "max_tokens")
-
-
-class TaskConfigError(ValueError):
-    """A task config file or a row's tools_kwargs the runner cannot run with."""
 
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -35,17 +35,14 @@ from typing import Any
 import httpx
 
 from agent_framework.builtin.agents import AGENTS, Episode
-from agent_framework.builtin.config import TaskConfigError, TaskFile, TaskSpec, load_task_file, plain, resolve_spec
+from agent_framework.builtin.config import TaskFile, TaskSpec, load_task_file, plain, resolve_spec
 from agent_framework.builtin.sandbox import SANDBOXES
 from agent_framework.builtin.tasks.base import TASKS, Message, Score, Task
 from agent_framework.builtin.tools import build_tools
 from agent_framework.session import SessionHandle
+from schemas.errors import RewardPostError, TaskConfigError
 
 log = logging.getLogger(__name__)
-
-
-class RewardPostError(RuntimeError):
-    """The session's reward endpoint did not take the reward."""
 
 
 def normalize_prompt(raw_prompt: Any) -> list[Message]:

@@ -57,24 +57,13 @@ from typing import Literal, Protocol
 import msgspec
 
 from agent_framework.builtin.registry import Registry
+from schemas.errors import SandboxError, SandboxPathError, SandboxUnavailable
 
 KilledReason = Literal["cpu", "memory", "wall", "file_size", "signal"]
 CLONE_NEWNET = 0x40000000
 # BLAS pools reserve address space per thread: one thread keeps ``import numpy`` inside RLIMIT_AS
 _ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 _MEMORY_MARKERS = re.compile(rb"MemoryError|Cannot allocate memory|bad_alloc|out of memory", re.IGNORECASE)
-
-
-class SandboxError(Exception):
-    """A sandbox could not do what was asked."""
-
-
-class SandboxUnavailable(SandboxError):
-    """The sandbox cannot confine as configured (e.g. no network namespace without root)."""
-
-
-class SandboxPathError(SandboxError, ValueError):
-    """A path that leaves the sandbox root."""
 
 
 class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -23,6 +23,7 @@ import msgspec
 
 from agent_framework.builtin.registry import Registry
 from agent_framework.builtin.sandbox import ExecResult, Sandbox
+from schemas.errors import ToolArgumentError
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +35,6 @@ _REASONS = {"cpu": "killed: CPU time limit exceeded", "memory": "out of memory (
             "signal": "killed by a signal"}
 _EDITOR_ARGUMENTS = {"view": {"view_range"}, "create": {"file_text"}, "str_replace": {"old_str", "new_str"},
                      "insert": {"insert_line", "new_str"}}
-
-
-class ToolArgumentError(ValueError):
-    """Arguments that do not fit the tool's schema."""
 
 
 class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True):

@@ -46,7 +46,7 @@ from typing import Any
 from edge.codec.conversation import NamedTool, OutputFormat, ToolChoice, ToolSpec
 from edge.codec.parsers.schema_values import schema_types
 from edge.engines.base import Constraint
-from schemas.errors import MalformedRequest
+from schemas.errors import Unconstrainable
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
 """llguidance's JSON options: the templates' separators, no free whitespace, unknown keywords ignored."""
@@ -54,10 +54,6 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 FORMATS = ("hermes", "llama3", "smollm2", "qwen3_coder")
 MARKERS = ("<tool_call>", "</tool_call>", "</think>")
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
-
-
-class Unconstrainable(MalformedRequest):
-    """The request forces a reply the session's tool format cannot be constrained to."""
 
 
 def derive_constraint(tool_format: str, tools: Sequence[ToolSpec], choice: ToolChoice, *,
@@ -198,4 +194,4 @@ def _xml_value(rules: _Rules, schema: Any) -> str:
     return rules.add("value", " | ".join(options))
 
 
-__all__ = ["FORMATS", "JSON_OPTIONS", "MARKERS", "Unconstrainable", "derive_constraint", "output_schema"]
+__all__ = ["FORMATS", "JSON_OPTIONS", "MARKERS", "derive_constraint", "output_schema"]

@@ -45,12 +45,17 @@ import msgspec
 
 from edge.codec.conversation import Message, ToolSpec
 from edge.codec.digest import canonical_arguments
-from edge.codec.incremental import CONTINUOUS_MODE, TemplateCodec, TemplateMode, TemplateNotIncremental
+from edge.codec.incremental import CONTINUOUS_MODE, TemplateCodec, TemplateMode
 from edge.codec.parsers import make_parser
 from edge.codec.parsers.base import ToolParser
-from edge.codec.template import ChatTemplateError
 from edge.codec.tokenizer import Tokenizer, load_tokenizer
-from schemas.errors import MalformedRequest
+from schemas.errors import (
+    ChatTemplateError,
+    CodecMismatch,
+    MalformedRequest,
+    TemplateNotIncremental,
+    UnfaithfulTemplate,
+)
 from schemas.events import ToolCall
 
 
@@ -60,14 +65,6 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def ok(self) -> bool:
         return not self.problems
-
-
-class CodecMismatch(ValueError):
-    """The configured template and tool format cannot record exact trajectories."""
-
-
-class UnfaithfulTemplate(Exception):
-    """Rendering an assistant turn does not continue the generation prompt as a model would."""
 
 
 _VERDICTS: dict[tuple[str, ...], Verdict] = {}

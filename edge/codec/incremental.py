@@ -51,9 +51,8 @@ import msgspec
 
 from edge.codec.cache import BoundedCache
 from edge.codec.conversation import Message, ToolSpec, template_message, template_tools
-from edge.codec.template import ChatTemplateError
 from edge.codec.tokenizer import Tokenizer
-from schemas.errors import MalformedRequest
+from schemas.errors import ChatTemplateError, MalformedRequest, NoRoom, TemplateNotIncremental
 
 _BASE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
 _REPLY = {"role": "assistant", "content": "\x01rollbus-reply\x01"}  # (found in a render by its text)
@@ -91,15 +90,6 @@ class TemplateMode(msgspec.Struct, frozen=True, kw_only=True):
 
 
 PREFIX_STABLE = TemplateMode()
-
-
-class TemplateNotIncremental(MalformedRequest):
-    """The chat template is not prefix-stable for these messages: increments would be wrong."""
-
-
-class NoRoom(Exception):
-    """The text needs more tokens than the room left: known from its lower bound
-    (:meth:`Tokenizer.min_tokens`), before it is encoded."""
 
 
 def _parting(before: str, after: str) -> str:

@@ -23,14 +23,10 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from edge.codec.cache import BoundedCache
-from schemas.errors import MalformedRequest
+from schemas.errors import ChatTemplateError
 
 _TEMPLATES_PACKAGE = "edge.codec"
 _TEMPLATES_DIR = "templates"
-
-
-class ChatTemplateError(MalformedRequest):
-    """The chat template does not compile, or refused to render these messages."""
 
 
 _TOJSON_CACHE: BoundedCache[tuple[bytes, bool, int | None, tuple[str, str] | None, bool], str] = BoundedCache(

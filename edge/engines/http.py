@@ -61,7 +61,7 @@ import httpx
 
 from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult
 from edge.engines.pool import DEFAULT_MAX_SESSIONS, ServerPool, session_of
-from schemas.errors import EngineError, EngineRefused, EngineTimeout, EngineUnavailable
+from schemas.errors import Dropped, EngineError, EngineRefused, EngineTimeout, EngineUnavailable, Refused
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -69,15 +69,6 @@ _T = TypeVar("_T")
 JSON_HEADERS = {"content-type": "application/json"}
 MIN_HEALTH_INTERVAL, MAX_HEALTH_INTERVAL = 0.05, 60.0
 REFUSAL_CHARS = 1000  # how much of an engine's refusal message reaches the agent
-
-
-class Refused(EngineUnavailable):
-    """The connection was refused or timed out while connecting: nothing reached the server."""
-
-
-class Dropped(EngineError):
-    """The server closed the connection before its reply was whole (an HTTP protocol error: no
-    status line, or a body cut short)."""
 
 
 KEEPALIVE_S = 2.0  # how long an idle pooled connection is reused (the engines' servers close theirs after 5 s)
@@ -452,7 +443,6 @@ __all__ = [
     "Assembler",
     "Call",
     "HttpEngine",
-    "Refused",
     "error_message",
     "new_items",
     "raise_for_status",

@@ -46,17 +46,13 @@ import httpx
 import msgspec
 
 from edge.engines.base import Constraint, FinishReason, GenerateChunk, GenerateRequest, GenerateResult, id_list
-from edge.engines.http import Call, HttpEngine, Refused, raise_for_status
-from schemas.errors import EngineError, EngineRefused
+from edge.engines.http import Call, HttpEngine, raise_for_status
+from schemas.errors import EngineError, EngineRefused, Refused, RouteMissing
 
 Api = Literal["generate", "completions"]
 LABEL = "vLLM"
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 _PREFIX: dict[Api, str] = {"generate": "generate-tokens-", "completions": "cmpl-"}
-
-
-class RouteMissing(EngineError):
-    """``/inference/v1/generate`` answered 404: nothing was generated, use completions instead."""
 
 
 class _Content(msgspec.Struct):
@@ -270,4 +266,4 @@ def _finish(reason: str) -> FinishReason:
         raise EngineError(f"{LABEL} finished with {reason!r}") from None
 
 
-__all__ = ["RouteMissing", "VLLMEngine", "structured_outputs"]
+__all__ = ["VLLMEngine", "structured_outputs"]

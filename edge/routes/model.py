@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from edge.codec.adapter import WireAdapter
-from edge.http_errors import MethodNotAllowed, http_error
+from edge.http_errors import http_error
 from edge.idempotency import retry_count
 from edge.metrics import EdgeMetrics
 from edge.routes.sse import SSEReply
@@ -32,6 +32,7 @@ from edge.routes.wire import bearer, error_answer, json_response, receive_body
 from edge.service import EdgeService
 from edge.turns import Disconnect, TurnRequest
 from observability.registry import Metrics, Tallied
+from schemas.errors import MethodNotAllowed
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

@@ -14,7 +14,6 @@ from nats.js.client import JetStreamContext
 
 from eventlog.pieces import PieceStore, open_pieces
 from schemas.archive import (
-    ArchiveError,
     ArchiveHeader,
     ArchiveRecord,
     check_header,
@@ -23,15 +22,11 @@ from schemas.archive import (
     to_batch,
     to_json_line,
 )
-from schemas.errors import RollbusError
+from schemas.errors import ArchiveError, IncompleteLog
 from schemas.log import LogConfig
 
 CALL_TIMEOUT_S = 30.0
 PARQUET_ROWS, PARQUET_BYTES = 4096, 64 << 20  # a row group holds at most this many rows, or about this many bytes
-
-
-class IncompleteLog(RollbusError):
-    """A bucket of the log, or a piece an envelope references, is missing: it cannot be exported whole."""
 
 
 class Counts(msgspec.Struct, kw_only=True):

@@ -38,8 +38,9 @@ from openai import AsyncOpenAI
 from materializer.dataset import session_rows
 from rollbus.progress import Progress, Stages, summary
 from rollbus.tools import LOG_LEVEL_HELP, number
+from schemas.errors import UserError
 from stack.runtime import Stack, StackOptions, check_options, engine_summary, model_defaults
-from stack.user_error import UserError, one_line
+from stack.user_error import one_line
 
 TOOLS = [{
     "type": "function",

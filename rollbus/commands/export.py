@@ -44,7 +44,6 @@ from rollbus.commands.archive_io import (
     CALL_TIMEOUT_S,
     ArchiveWriter,
     Counts,
-    IncompleteLog,
     check_archive,
     piece_store,
 )
@@ -52,11 +51,10 @@ from rollbus.commands.importing import import_target
 from rollbus.progress import Progress, rate_text, summary
 from rollbus.tools import EXIT_OK, add_connection_args, duration, run_tool
 from schemas import blobs
-from schemas.archive import ArchivedEnvelope, ArchivedMarker, ArchivedPiece, ArchiveError, ArchiveHeader
-from schemas.errors import LogUnavailable
+from schemas.archive import ArchivedEnvelope, ArchivedMarker, ArchivedPiece, ArchiveHeader
+from schemas.errors import ArchiveError, IncompleteLog, LogUnavailable, UserError
 from schemas.log import HDR_BLOBS, LogConfig, check_session_id
 from stack.provision import bytes_text
-from stack.user_error import UserError
 
 # --- the command line ---------------------------------------------------------------------
 

@@ -30,8 +30,8 @@ from rollbus.commands.archive_io import CALL_TIMEOUT_S, Counts, piece_store, rea
 from rollbus.progress import Progress, summary
 from rollbus.tools import EXIT_ERROR, EXIT_OK, find_log, opened_log
 from schemas import blobs, envelope
-from schemas.archive import ArchivedEnvelope, ArchivedMarker, ArchivedPiece, ArchiveError, ArchiveHeader
-from schemas.errors import FoldError, LogUnavailable, OwnershipLost, RevisionConflict
+from schemas.archive import ArchivedEnvelope, ArchivedMarker, ArchivedPiece, ArchiveHeader
+from schemas.errors import ArchiveError, FoldError, LogUnavailable, OwnershipLost, RevisionConflict, UserError
 from schemas.events import SCHEMA_VERSION
 from schemas.log import (
     HDR_BLOBS,
@@ -44,7 +44,7 @@ from schemas.log import (
     LogConfig,
 )
 from stack.provision import connect, provision
-from stack.user_error import UserError, one_line
+from stack.user_error import one_line
 
 # What an import republishes of an envelope's headers (the expected-last-sequence pair is the target's;
 # anything else, e.g. a Nats-Rollup in a crafted file, is dropped).

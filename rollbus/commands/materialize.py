@@ -38,9 +38,10 @@ from reward.scorer import RewardScorer, load_scorer
 from rollbus.progress import Progress as Shown
 from rollbus.progress import rate_text, summary
 from rollbus.tools import LOG_LEVEL_HELP, find_log, opened_log
+from schemas.errors import UserError
 from schemas.log import LogConfig
 from stack.provision import connect
-from stack.user_error import UserError, check_writable_dir
+from stack.user_error import check_writable_dir
 
 EXIT_STATUS = ("exit status: 0 when every session was read, whether or not --diff found differences (its last "
                "line says identical or different); 1 when some sessions were unreadable; 2 for a mistake (a "

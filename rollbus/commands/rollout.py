@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent_framework.config import ConfigError
 from rollbus.progress import Progress
+from schemas.errors import ConfigError, RunnerLoadError
 
 if TYPE_CHECKING:
     from agent_framework.config import AgentFrameworkConfig
@@ -170,7 +170,6 @@ def to_batch(rows: list[dict[str, Any]], *, global_steps: int, validate: bool) -
 
 def _rollout(args: argparse.Namespace, settings: AgentFrameworkConfig, rows: list[dict[str, Any]]) -> int:
     from agent_framework import AgentFrameworkRolloutAdapter
-    from agent_framework.dispatch import RunnerLoadError
 
     _join_ray(args.ray_address)
     started = time.monotonic()

@@ -22,8 +22,8 @@ import sys
 from nats.js.client import JetStreamContext
 
 from rollbus.tools import EXIT_ERROR, EXIT_OK, add_connection_args, number, run_tool
+from schemas.errors import UserError
 from schemas.log import LogConfig
-from stack.user_error import UserError
 from viewer.server import Viewer
 
 

@@ -5,7 +5,8 @@ import time
 import msgspec
 import pytest
 
-from stack.provision import ProvisionError, provision
+from schemas.errors import ProvisionError
+from stack.provision import provision
 
 
 async def test_replicas_one_is_applied_and_none_leaves_them_as_they_are(js, log_config):

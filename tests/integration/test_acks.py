@@ -9,9 +9,9 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 
-from eventlog.acks import Ack, AckedPublisher, NoResponders, PublishRejected
+from eventlog.acks import Ack, AckedPublisher
 from eventlog.publisher import JetStreamLog
-from schemas.errors import OwnershipLost
+from schemas.errors import NoResponders, OwnershipLost, PublishRejected
 from schemas.log import HDR_EXPECTED_LAST_SUBJECT_SEQ, HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT, HDR_MSG_ID, LogConfig
 from tests.helpers import SessionScript
 

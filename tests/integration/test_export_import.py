@@ -26,11 +26,11 @@ from rollbus.commands.replay import replay_main
 from schemas import blobs
 from schemas.archive import ArchivedEnvelope, ArchivedMarker, ArchivedPiece, ArchiveHeader, to_json_line
 from schemas.bodies import rebuild
+from schemas.errors import UserError
 from schemas.log import HDR_BLOBS, HDR_MSG_ID, LogConfig
 from session.fold import fold
 from stack.nats_server import EmbeddedNats
 from stack.provision import connect, provision
-from stack.user_error import UserError
 from tests.helpers import SessionScript, append_all, envelopes
 from tests.integration.test_replay_cli import write_marker
 

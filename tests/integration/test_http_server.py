@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from stack.runtime import EdgeServer, StartupError, bind
+from schemas.errors import StartupError
+from stack.runtime import EdgeServer, bind
 
 Seen = dict[str, Any]
 TIMEOUT_S = 1.0  # the server's header read timeout here (idle and half-sent requests)

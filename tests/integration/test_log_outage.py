@@ -24,11 +24,11 @@ from edge.codec.tokenizer import load_tokenizer
 from edge.ownership import KvLeases
 from edge.service import OpenSession
 from edge.session_index import KvSessionIndex, index_key
-from eventlog.acks import AckedPublisher, PublishRejected
+from eventlog.acks import AckedPublisher
 from eventlog.publisher import JetStreamLog
 from eventlog.reader import last_stream_seq, load_state, read_session
 from rollbus.testing.scripted import ScriptedEngineServer
-from schemas.errors import FoldError, LogUnavailable
+from schemas.errors import FoldError, LogUnavailable, PublishRejected
 from schemas.events import TurnCompleted
 from schemas.log import LogConfig
 from session_projector.projections import read_projection

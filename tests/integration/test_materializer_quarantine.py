@@ -23,9 +23,10 @@ from materializer.parquet import ParquetSink
 from materializer.records import derive_records
 from materializer.service import Materializer, MaterializerOptions
 from observability.registry import Metrics
-from reward.scorer import FunctionScorer, ScoreRequest, ScorerError
+from reward.scorer import FunctionScorer, ScoreRequest
 from rollbus.cli import build_parser
 from rollbus.commands.sessions import sessions_main
+from schemas.errors import ScorerError
 from schemas.events import SessionQuarantined
 from schemas.log import LogConfig
 from session.fold import fold

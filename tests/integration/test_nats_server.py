@@ -18,14 +18,13 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
+from schemas.errors import EmbeddedNatsError, NatsServerNotFound
 from schemas.log import HDR_MSG_ID, LogConfig
 from stack.nats_server import (
     DEFAULT_MEMORY_LIMIT,
     ENV_BINARY,
     ENV_GO_MEMORY_LIMIT,
     EmbeddedNats,
-    EmbeddedNatsError,
-    NatsServerNotFound,
 )
 from stack.provision import connect, provision
 

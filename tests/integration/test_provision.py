@@ -10,7 +10,7 @@ from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType
 from nats.js.errors import BadRequestError
 
-from schemas.errors import LogUnavailable
+from schemas.errors import LogUnavailable, ProvisionError
 from schemas.log import (
     HDR_EXPECTED_LAST_SUBJECT_SEQ,
     HDR_EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
@@ -20,7 +20,7 @@ from schemas.log import (
     msg_id,
 )
 from stack.nats_server import EmbeddedNats
-from stack.provision import ProvisionError, connect, provision
+from stack.provision import connect, provision
 
 SESSION = "0123456789abcdef"
 OTHER_SESSION = "fedcba9876543210"

@@ -11,9 +11,10 @@ from nats.js.api import DiscardPolicy
 from nats.js.errors import APIError
 
 from rollbus.cli import _announce, main
+from schemas.errors import ProvisionError
 from schemas.log import LogConfig
 from stack.nats_server import EmbeddedNats
-from stack.provision import ProvisionError, Retention, connect, provision
+from stack.provision import Retention, connect, provision
 from stack.runtime import Stack, StackOptions
 
 DAY = 86400.0

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from eventlog.acks import PROBE_S, Ack, AckWaits, PublishRefused
+from eventlog.acks import PROBE_S, Ack, AckWaits
+from schemas.errors import PublishRefused
 
 
 async def _timed_out(waits: AckWaits, timeout: float) -> float:

@@ -9,9 +9,10 @@ import pytest
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 
-from agent_framework.config import ConfigError, load_config
-from agent_framework.dispatch import RunnerLoadError, load_runner
-from agent_framework.samples import BatchError, prompts_of
+from agent_framework.config import load_config
+from agent_framework.dispatch import load_runner
+from agent_framework.samples import prompts_of
+from schemas.errors import BatchError, ConfigError, RunnerLoadError
 
 BASE = {
     "actor_rollout_ref": {

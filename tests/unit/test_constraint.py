@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from edge.codec.constraint import JSON_OPTIONS, Unconstrainable, derive_constraint
+from edge.codec.constraint import JSON_OPTIONS, derive_constraint
 from edge.codec.conversation import NamedTool, OutputFormat, ToolSpec
+from schemas.errors import Unconstrainable
 
 WEATHER = ToolSpec(name="get_weather", parameters={
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1},

@@ -14,8 +14,8 @@ import pytest
 
 from edge.app import health
 from edge.codec.conversation import Message
-from edge.codec.fidelity import CodecMismatch, choose_mode, load_codec, probe_continuous, sampled_text
-from edge.codec.incremental import TemplateCodec, TemplateMode, TemplateNotIncremental
+from edge.codec.fidelity import choose_mode, load_codec, probe_continuous, sampled_text
+from edge.codec.incremental import TemplateCodec, TemplateMode
 from edge.codec.parsers import make_parser
 from edge.codec.tokenizer import Tokenizer, load_tokenizer
 from edge.service import OpenSession
@@ -23,6 +23,7 @@ from edge.settings import EdgeSettings
 from rollbus.cli import main
 from rollbus.testing.engine import HandlerEngine
 from rollbus.testing.memory_log import InMemoryLog, in_memory_service
+from schemas.errors import CodecMismatch, TemplateNotIncremental
 from schemas.events import SessionOpened, ToolCall
 from tests import continuous_templates as templates
 from tests.continuous_templates import tokenizer_dir

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 import edge.codec.fidelity as fidelity
-from edge.codec.fidelity import CodecMismatch, check_codec, load_codec, probe_incremental, probe_tool_format
-from edge.codec.incremental import TemplateCodec, TemplateNotIncremental
+from edge.codec.fidelity import check_codec, load_codec, probe_incremental, probe_tool_format
+from edge.codec.incremental import TemplateCodec
 from edge.codec.parsers import make_parser
 from edge.codec.template import builtin_template_source
 from edge.codec.tokenizer import Tokenizer, load_tokenizer
 from edge.settings import EdgeSettings
 from rollbus.cli import main
+from schemas.errors import CodecMismatch, TemplateNotIncremental
 from stack.runtime import build_edge_service
 
 QWEN3 = builtin_template_source("qwen3")

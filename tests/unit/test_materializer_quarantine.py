@@ -7,7 +7,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from materializer.padding import Padding, RecordTooLong
+from materializer.padding import Padding
 from materializer.parquet import ParquetSink
 from materializer.reading import Ended, Orphan, SessionReader
 from materializer.records import RecordOptions, derive_records
@@ -16,7 +16,7 @@ from materializer.validation import bounded, record_problems, session_problem
 from materializer.verify import compare
 from rollbus.commands.sessions import shown_status, table
 from schemas import envelope
-from schemas.errors import FoldError, LogUnavailable, SessionNotFound
+from schemas.errors import FoldError, LogUnavailable, RecordTooLong, SessionNotFound
 from schemas.events import SessionQuarantined
 from schemas.records import MaterializedMarker, TrajectoryRecord, records_to_table
 from session.fold import SessionState, fold, release_buffers

@@ -14,8 +14,9 @@ from edge.codec.conversation import Message
 from edge.codec.fidelity import MID_SYSTEM, check_codec, load_codec, probe_incremental, replay
 from edge.codec.incremental import TemplateCodec
 from edge.codec.parsers import make_parser
-from edge.codec.template import ChatTemplateError, builtin_template_source
+from edge.codec.template import builtin_template_source
 from edge.codec.tokenizer import load_tokenizer
+from schemas.errors import ChatTemplateError
 from tests.unit.test_fidelity import with_template
 
 QWEN25 = builtin_template_source("qwen2.5")

@@ -5,8 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from materializer.padding import Jagged, Padding, RecordTooLong, pad, pad_records
+from materializer.padding import Jagged, Padding, pad, pad_records
 from materializer.records import derive_records
+from schemas.errors import RecordTooLong
 from session.fold import fold
 from tests.helpers import SessionScript
 

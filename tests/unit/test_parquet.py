@@ -13,9 +13,10 @@ import pytest
 
 from materializer.dataset import iter_padded_batches, read_dataset
 from materializer.diff import diff_tables, render
-from materializer.padding import Padding, RecordTooLong
+from materializer.padding import Padding
 from materializer.parquet import ParquetSink, batch_name
 from materializer.records import RecordOptions, derive_records
+from schemas.errors import RecordTooLong
 from schemas.records import TRAJECTORY_SCHEMA, MaterializedMarker
 from session.fold import fold
 from tests.helpers import SessionScript

@@ -15,8 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_fixed
 
-from agent_framework.pool import EdgeError, EdgePool
+from agent_framework.pool import EdgePool
 from eventlog.retrying import replay_first, until_stopped
+from schemas.errors import EdgeError
 
 log = logging.getLogger("test_retrying")
 

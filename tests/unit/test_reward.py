@@ -6,8 +6,8 @@ import pytest
 
 from reward.intake import parse_reward_info
 from reward.precedence import decide_reward, resolve_reward
-from reward.scorer import FunctionScorer, RewardLoopScorer, ScorerError, ScoreResult, load_scorer
-from schemas.errors import MalformedRequest
+from reward.scorer import FunctionScorer, RewardLoopScorer, ScoreResult, load_scorer
+from schemas.errors import MalformedRequest, ScorerError
 from schemas.events import RewardReported
 
 

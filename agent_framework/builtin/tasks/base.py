@@ -1,7 +1,7 @@
 """The :class:`Task` contract: a task builds the episode's messages and scores its outcome.
 
 A task is built from its :class:`~agent_framework.builtin.config.TaskSpec` (and refuses
-data it cannot use, raising :class:`~agent_framework.builtin.config.TaskConfigError`),
+data it cannot use, raising :class:`~schemas.errors.TaskConfigError`),
 names its default tools, may prepare the sandbox, and scores the finished
 :class:`~agent_framework.builtin.agents.Episode` into a :class:`Score` whose ``extra``
 travels with the reward as reward extra info (numbers only, as verl aggregates them).
@@ -20,9 +20,10 @@ from typing import Any, ClassVar, TypeVar
 import msgspec
 
 from agent_framework.builtin.agents import Episode
-from agent_framework.builtin.config import TaskConfigError, TaskSpec
+from agent_framework.builtin.config import TaskSpec
 from agent_framework.builtin.registry import Registry
 from agent_framework.builtin.sandbox import Sandbox
+from schemas.errors import TaskConfigError
 
 Message = dict[str, Any]
 D = TypeVar("D", bound=msgspec.Struct)

@@ -38,6 +38,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from edge.engines.base import Engine, GenerateChunk, GenerateRequest, GenerateResult
+from edge.settings import LAG_INTERVAL_S
 from eventlog.lag import Watched, consumer_lag
 from eventlog.publisher import Appended, EventLog
 from schemas.errors import RollbusError
@@ -49,7 +50,6 @@ log = logging.getLogger(__name__)
 G = TypeVar("G")
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-LAG_INTERVAL_S = 5.0  # how often watch_lag samples the consumers
 
 # rollbus_turns_total's status label
 OK, REFUSED, ENGINE_ERROR, ABANDONED = "ok", "refused", "engine_error", "abandoned"

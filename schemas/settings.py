@@ -42,7 +42,12 @@ def read(value: Any, struct: type[S], path: str = "", *,
     cleaned, problems = _section(value, struct, path, extra_keys)
     if problems:
         return None, tuple(problems)
-    return msgspec.convert(cleaned, struct), ()
+    try:
+        return msgspec.convert(cleaned, struct), ()
+    except msgspec.ValidationError as exc:  # a check of the struct's own (__post_init__), at msgspec's path
+        where = re.fullmatch(r"(.*) - at `\$(.*)`", str(exc))
+        words, inner = (where.group(1), where.group(2)) if where else (str(exc), "")
+        return None, (f"{path or 'the config'}{inner}: {words}",)
 
 
 def _join(path: str, key: object) -> str:

@@ -75,3 +75,16 @@ def test_a_shared_sections_other_keys_are_checked_against_what_the_other_program
 ])
 def test_describe_says_what_a_value_must_be(kind, value, words):
     assert describe(kind, value) == words
+
+
+class Checked(msgspec.Struct, kw_only=True):
+    low: int = 0
+    high: int = 1
+
+    def __post_init__(self) -> None:
+        if self.low > self.high:
+            raise ValueError("low must not exceed high")
+
+
+def test_a_structs_own_check_is_a_problem_too():
+    assert read({"low": 2}, Checked, "range") == (None, ("range: low must not exceed high",))

@@ -31,44 +31,161 @@ Where verl puts it (``actor_rollout_ref.rollout`` is ``R``)::
     R.multi_turn.format (the tool parser), R.prompt_length, R.response_length, R.calculate_log_probs
     actor_rollout_ref.model.path      the tokenizer and chat template (a local Hugging Face directory)
 
-Every problem is a :class:`ConfigError` whose message names the full key.
+Each section is a typed struct below, its constraints in its types, read by
+:func:`schemas.settings.read`: every problem at once, each named by its full dotted key, in
+one :class:`ConfigError` (one line, the problems separated by ``; ``). Unknown keys: the
+``agent_framework`` section is rollbus's own, so a key that is not one of its fields is
+refused. verl's sections that rollbus reads keys of (``actor_rollout_ref.model``,
+``actor_rollout_ref.rollout``, its ``val_kwargs`` and ``multi_turn``) hold many keys
+rollbus does not read; a key there is refused when it is not a field of verl's own
+dataclass for the section (``RolloutConfig``, ...), so ``rollout.nn: 2`` is named rather
+than running with n = 1. Without verl installed those sections' other keys are not checked
+(only the keys rollbus reads are). The rest of verl's config is verl's to check.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import functools
+import importlib
+import importlib.util
+import logging
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
+from msgspec import Meta
 
 from schemas.errors import ConfigError
 from schemas.metadata import StatusRule, TrajectorySelection
+from schemas.settings import read
 
 CUSTOM_KEY = "actor_rollout_ref.rollout.custom.agent_framework"
 
+log = logging.getLogger(__name__)
+
 DispatchMode = Literal["inline_async", "ray_task"]
+Engine = Literal["local", "sglang", "vllm"]
+PositiveInt = Annotated[int, Meta(ge=1)]
+NonNegativeInt = Annotated[int, Meta(ge=0)]
+Probability = Annotated[float, Meta(gt=0, le=1)]
+TopK = Annotated[int, Meta(ge=-1)]  # -1 (off) or >= 1: 0 is refused after conversion
+QualifiedName = Annotated[str, Meta(pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$",
+                                    description="a class or function named as module.attr")]
 
 
-class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    runner_fqn: str
+# ---------------------------------------------------------------------- rollbus's own section
+
+
+class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``agent_framework.agent_runners.<name>``."""
+
+    runner_fqn: QualifiedName
     runner_kwargs: dict[str, Any] = {}
     tool_config_path: str | None = None
     dispatch_mode: DispatchMode = "inline_async"
-    max_concurrent_sessions: int = 0
+    max_concurrent_sessions: NonNegativeInt = 0  # 0: unlimited
     trajectory_selection: TrajectorySelection = "all"
 
 
+class RunnerConfig(RunnerSettings, frozen=True, kw_only=True):
+    """A runner's settings and its name (its key under ``agent_runners``)."""
+
+    name: str
+
+
+class AgentFrameworkSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``actor_rollout_ref.rollout.custom.agent_framework``: the adapter's own section."""
+
+    agent_runners: Annotated[dict[str, RunnerSettings],
+                             Meta(min_length=1, description="a mapping of at least one runner name to its settings")]
+    default_agent: str | None = None  # None: the only runner, or the one named "default"
+    gateway_count: PositiveInt = 1
+    num_workers: NonNegativeInt = 0
+    log_dir: str | None = None
+    use_reward_loop_worker: bool = False
+    mask_unfinished_episode: bool = False
+    enable_last_assistant_rollback: bool = True
+    prompt_status_rule: StatusRule = "any_success"
+    data_dir: str = "rollbus-data"
+    nats_url: str | None = None
+    actor_num_cpus: Annotated[float, Meta(ge=0)] = 0.0
+    session_timeout: Annotated[float, Meta(gt=0)] = 3600.0  # seconds
+    log_namespace: str | None = None
+    engine: Engine = "local"
+    engine_urls: tuple[str, ...] = ()
+    engine_model: str | None = None
+
+
+# ---------------------------------------------------------------------- verl's keys that rollbus reads
+# ``verl_config``: verl's dataclass for the section; a key that is none of its fields is unknown.
+
+
 class Sampling(msgspec.Struct, frozen=True, kw_only=True):
-    n: int
-    temperature: float
-    top_p: float
-    top_k: int
+    """verl's sampling keys, of ``rollout`` (training) and of ``rollout.val_kwargs`` (validation)."""
+
+    verl_config: ClassVar[str] = "verl.workers.config.rollout.SamplingConfig"
+
+    n: PositiveInt = 1
+    temperature: Annotated[float, Meta(ge=0)] = 1.0
+    top_p: Probability = 1.0
+    top_k: TopK = -1
     do_sample: bool = True
 
 
-class AgentFrameworkConfig(msgspec.Struct, frozen=True, kw_only=True):
+class MultiTurnKeys(msgspec.Struct, frozen=True, kw_only=True):
+    verl_config: ClassVar[str] = "verl.workers.config.rollout.MultiTurnConfig"
+
+    format: str = "hermes"  # the tool parser
+
+
+class CustomKeys(msgspec.Struct, frozen=True, kw_only=True):
+    """``rollout.custom``: verl's free-form map; other frameworks' keys may sit beside ours."""
+
+    agent_framework: AgentFrameworkSettings
+
+
+class RolloutKeys(Sampling, frozen=True, kw_only=True):
+    verl_config: ClassVar[str] = "verl.workers.config.rollout.RolloutConfig"
+
+    prompt_length: PositiveInt = 512
+    response_length: PositiveInt = 512
+    calculate_log_probs: bool = True  # verl's default is false; rollbus records log probs unless told not to
+    val_kwargs: Sampling = msgspec.field(default_factory=Sampling)
+    multi_turn: MultiTurnKeys = msgspec.field(default_factory=MultiTurnKeys)
+    custom: CustomKeys
+
+
+class ModelKeys(msgspec.Struct, frozen=True, kw_only=True):
+    verl_config: ClassVar[str] = "verl.workers.config.model.HFModelConfig"
+
+    path: str | None = None
+    tokenizer_path: str | None = None  # verl's: the tokenizer's own directory, else path's
+
+
+class ActorRolloutRefKeys(msgspec.Struct, frozen=True, kw_only=True):
+    model: ModelKeys = msgspec.field(default_factory=ModelKeys)
+    rollout: RolloutKeys
+
+
+class TransferQueueKeys(msgspec.Struct, frozen=True, kw_only=True):
+    enable: bool | None = None
+
+
+class VerlKeys(msgspec.Struct, frozen=True, kw_only=True):
+    """The keys of verl's whole config that rollbus reads."""
+
+    actor_rollout_ref: ActorRolloutRefKeys
+    transfer_queue: TransferQueueKeys = msgspec.field(default_factory=TransferQueueKeys)
+
+
+# ---------------------------------------------------------------------- what the adapter runs with
+
+
+class AgentFrameworkConfig(AgentFrameworkSettings, frozen=True, kw_only=True):
+    """The ``agent_framework`` section, its runners named and its default resolved, and verl's keys it reads."""
+
     agent_runners: dict[str, RunnerConfig]
     default_agent: str
     tokenizer: str  # a local Hugging Face directory, or builtin:NAME (standalone use)
@@ -78,21 +195,6 @@ class AgentFrameworkConfig(msgspec.Struct, frozen=True, kw_only=True):
     prompt_length: int = 512
     response_length: int = 512
     calculate_log_probs: bool = True
-    gateway_count: int = 1
-    num_workers: int = 0
-    log_dir: str | None = None
-    use_reward_loop_worker: bool = False
-    mask_unfinished_episode: bool = False
-    enable_last_assistant_rollback: bool = True
-    prompt_status_rule: StatusRule = "any_success"
-    data_dir: str = "rollbus-data"
-    nats_url: str | None = None
-    actor_num_cpus: float = 0.0
-    session_timeout: float = 3600.0
-    log_namespace: str | None = None
-    engine: str = "local"
-    engine_urls: tuple[str, ...] = ()
-    engine_model: str | None = None
 
     @property
     def max_trajectory_length(self) -> int:
@@ -105,6 +207,115 @@ class AgentFrameworkConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"agent_name {name!r} names no runner in {CUSTOM_KEY}.agent_runners "
                               f"(known: {', '.join(sorted(self.agent_runners))})")
         return runner
+
+
+def load_config(config: Any) -> AgentFrameworkConfig:
+    """The adapter's configuration from verl's whole (resolved) config; raises :class:`ConfigError`."""
+    config = _plain(config)
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"the config must be a mapping (verl's DictConfig), got {type(config).__name__}")
+    rollout = _get(config, "actor_rollout_ref.rollout")
+    if not isinstance(rollout, Mapping):
+        raise ConfigError("actor_rollout_ref.rollout is missing")
+    if not isinstance(_get(rollout, "custom.agent_framework"), Mapping):
+        raise ConfigError(f"{CUSTOM_KEY} is missing: it must hold at least agent_runners")
+    keys, problems = read(config, VerlKeys, extra_keys=_verl_fields)
+    if keys is None:
+        raise ConfigError("; ".join(problems))
+    r = keys.actor_rollout_ref.rollout
+    section = r.custom.agent_framework
+    problems = [*_checks(keys), *_namespace(section.log_namespace)]
+    default_agent = _default_agent(section, problems)
+    tokenizer = _tokenizer(keys.actor_rollout_ref.model, problems)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return AgentFrameworkConfig(**{
+        **msgspec.structs.asdict(section),
+        "agent_runners": {name: RunnerConfig(name=name, **msgspec.structs.asdict(runner))
+                          for name, runner in section.agent_runners.items()},
+        "default_agent": default_agent, "tokenizer": tokenizer, "tool_format": r.multi_turn.format,
+        "train": Sampling(**{name: getattr(r, name) for name in Sampling.__struct_fields__}), "val": r.val_kwargs,
+        "prompt_length": r.prompt_length, "response_length": r.response_length,
+        "calculate_log_probs": r.calculate_log_probs,
+    })
+
+
+# ---------------------------------------------------------------------- checks beyond one value's type
+
+
+def _checks(keys: VerlKeys) -> list[str]:
+    problems = []
+    if keys.transfer_queue.enable is False:
+        problems.append("transfer_queue.enable is false: the adapter delivers records only through TransferQueue")
+    rollout = keys.actor_rollout_ref.rollout
+    for prefix, sampling in (("actor_rollout_ref.rollout", rollout),
+                             ("actor_rollout_ref.rollout.val_kwargs", rollout.val_kwargs)):
+        if sampling.top_k == 0:
+            problems.append(f"{prefix}.top_k must be -1 (off) or >= 1, got 0")
+    return problems
+
+
+def _default_agent(section: AgentFrameworkSettings, problems: list[str]) -> str:
+    runners, name = section.agent_runners, section.default_agent
+    if name is None:
+        if len(runners) == 1:
+            return next(iter(runners))
+        if "default" in runners:
+            return "default"
+        problems.append(f"{CUSTOM_KEY}.default_agent must name one of {', '.join(sorted(runners))} "
+                        "(several runners and none named 'default')")
+    elif name not in runners:
+        problems.append(f"{CUSTOM_KEY}.default_agent {name!r} is not in {CUSTOM_KEY}.agent_runners")
+    return name or ""
+
+
+def _tokenizer(model: ModelKeys, problems: list[str]) -> str:
+    path = model.tokenizer_path or model.path
+    if not path:
+        problems.append("actor_rollout_ref.model.path must name the model's local Hugging Face directory")
+        return ""
+    if path.startswith("builtin:"):
+        return path
+    directory = Path(path).expanduser()
+    if not (directory / "tokenizer.json").is_file() or not (directory / "tokenizer_config.json").is_file():
+        problems.append(f"actor_rollout_ref.model.path {path!r} is not a local directory with tokenizer.json "
+                        "and tokenizer_config.json (nothing is downloaded: copy the model there first)")
+    return str(directory)
+
+
+def _namespace(name: str | None) -> list[str]:
+    if name is None:
+        return []
+    from schemas.log import LogConfig
+
+    try:
+        LogConfig.namespaced(name)
+    except ValueError as exc:
+        return [f"{CUSTOM_KEY}.log_namespace: {exc}"]
+    return []
+
+
+# ---------------------------------------------------------------------- verl's config as plain data
+
+
+def _verl_fields(section: type[msgspec.Struct]) -> Collection[str] | None:
+    """The keys a verl section may hold beside those rollbus reads: its dataclass's fields
+    (``None``, any key, where the section has none or verl is not installed)."""
+    name: str | None = getattr(section, "verl_config", None)
+    return None if name is None else _dataclass_fields(name)
+
+
+@functools.cache
+def _dataclass_fields(qualified_name: str) -> frozenset[str] | None:
+    if importlib.util.find_spec("verl") is None:
+        return None
+    module, _, name = qualified_name.rpartition(".")
+    try:  # imported only when a section holds a key rollbus does not read (verl imports torch: seconds)
+        return frozenset(field.name for field in dataclasses.fields(getattr(importlib.import_module(module), name)))
+    except (ImportError, AttributeError, TypeError) as exc:  # another verl: its keys unchecked, not refused
+        log.warning("cannot check keys against verl's %s (%s): keys rollbus does not read are not checked",
+                    qualified_name, exc)
+        return None
 
 
 def _plain(value: Any) -> Any:
@@ -124,181 +335,3 @@ def _get(node: Any, path: str) -> Any:
             return None
         node = node[part]
     return node
-
-
-def _typed(value: Any, kind: type | tuple[type, ...], key: str, *, default: Any = None) -> Any:
-    if value is None:
-        return default
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds:
-        raise ConfigError(f"{key} must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}")
-    if float in kinds and isinstance(value, int):
-        return float(value)
-    if not isinstance(value, kinds):
-        raise ConfigError(f"{key} must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}")
-    return value
-
-
-def _positive(value: int, key: str, *, allow_zero: bool = False) -> int:
-    if value < (0 if allow_zero else 1):
-        raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '>= 1'}, got {value}")
-    return value
-
-
-def _choice(value: Any, choices: tuple[str, ...], key: str, default: str) -> str:
-    value = default if value is None else value
-    if value not in choices:
-        raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
-    return str(value)
-
-
-def _runner(name: str, raw: Any) -> RunnerConfig:
-    key = f"{CUSTOM_KEY}.agent_runners.{name}"
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{key} must be a mapping with runner_fqn, got {raw!r}")
-    unknown = set(raw) - set(RunnerConfig.__struct_fields__) - {"name"}
-    if unknown:
-        raise ConfigError(f"{key}: unknown keys {', '.join(sorted(unknown))}")
-    fqn = _typed(raw.get("runner_fqn"), str, f"{key}.runner_fqn")
-    if not fqn or "." not in fqn:
-        raise ConfigError(f"{key}.runner_fqn must name a class or function as module.attr, got {fqn!r}")
-    kwargs = _typed(raw.get("runner_kwargs"), dict, f"{key}.runner_kwargs", default={})
-    return RunnerConfig(
-        name=name, runner_fqn=fqn, runner_kwargs={str(k): v for k, v in kwargs.items()},
-        tool_config_path=_typed(raw.get("tool_config_path"), str, f"{key}.tool_config_path"),
-        dispatch_mode=_choice(raw.get("dispatch_mode"), ("inline_async", "ray_task"), f"{key}.dispatch_mode",
-                              "inline_async"),  # type: ignore[arg-type]
-        max_concurrent_sessions=_positive(_typed(raw.get("max_concurrent_sessions"), int,
-                                                 f"{key}.max_concurrent_sessions", default=0),
-                                          f"{key}.max_concurrent_sessions", allow_zero=True),
-        trajectory_selection=_choice(raw.get("trajectory_selection"), ("all", "longest"),
-                                     f"{key}.trajectory_selection", "all"),  # type: ignore[arg-type]
-    )
-
-
-def _sampling(node: Any, prefix: str, *, n_default: int = 1) -> Sampling:
-    n = _positive(_typed(_get(node, "n"), int, f"{prefix}.n", default=n_default), f"{prefix}.n")
-    temperature = _typed(_get(node, "temperature"), float, f"{prefix}.temperature", default=1.0)
-    top_p = _typed(_get(node, "top_p"), float, f"{prefix}.top_p", default=1.0)
-    top_k = _typed(_get(node, "top_k"), int, f"{prefix}.top_k", default=-1)
-    if temperature < 0:
-        raise ConfigError(f"{prefix}.temperature must be >= 0, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise ConfigError(f"{prefix}.top_p must be in (0, 1], got {top_p}")
-    if top_k < -1 or top_k == 0:
-        raise ConfigError(f"{prefix}.top_k must be -1 (off) or >= 1, got {top_k}")
-    do_sample = _typed(_get(node, "do_sample"), bool, f"{prefix}.do_sample", default=True)
-    return Sampling(n=n, temperature=temperature, top_p=top_p, top_k=top_k, do_sample=do_sample)
-
-
-def _tokenizer(config: Any) -> str:
-    path = _get(config, "actor_rollout_ref.model.tokenizer_path") or _get(config, "actor_rollout_ref.model.path")
-    if not isinstance(path, str) or not path:
-        raise ConfigError("actor_rollout_ref.model.path must name the model's local Hugging Face directory")
-    if path.startswith("builtin:"):
-        return path
-    directory = Path(path).expanduser()
-    if not (directory / "tokenizer.json").is_file() or not (directory / "tokenizer_config.json").is_file():
-        raise ConfigError(f"actor_rollout_ref.model.path {path!r} is not a local directory with tokenizer.json "
-                          "and tokenizer_config.json (nothing is downloaded: copy the model there first)")
-    return str(directory)
-
-
-def _default_agent(raw: Any, runners: dict[str, RunnerConfig]) -> str:
-    name = _typed(raw, str, f"{CUSTOM_KEY}.default_agent")
-    if name is None:
-        if len(runners) == 1:
-            return next(iter(runners))
-        if "default" in runners:
-            return "default"
-        raise ConfigError(f"{CUSTOM_KEY}.default_agent must name one of {', '.join(sorted(runners))} "
-                          "(several runners and none named 'default')")
-    if name not in runners:
-        raise ConfigError(f"{CUSTOM_KEY}.default_agent {name!r} is not in {CUSTOM_KEY}.agent_runners")
-    return name
-
-
-_KNOWN = {"gateway_count", "num_workers", "agent_runners", "default_agent", "log_dir", "use_reward_loop_worker",
-          "mask_unfinished_episode", "enable_last_assistant_rollback", "prompt_status_rule", "data_dir", "nats_url",
-          "actor_num_cpus", "session_timeout", "log_namespace", "engine", "engine_urls", "engine_model"}
-
-
-def load_config(config: Any) -> AgentFrameworkConfig:
-    """The adapter's configuration from verl's whole (resolved) config; raises :class:`ConfigError`."""
-    config = _plain(config)
-    if not isinstance(config, Mapping):
-        raise ConfigError(f"the config must be a mapping (verl's DictConfig), got {type(config).__name__}")
-    rollout = _get(config, "actor_rollout_ref.rollout")
-    if not isinstance(rollout, Mapping):
-        raise ConfigError("actor_rollout_ref.rollout is missing")
-    custom = _get(rollout, "custom.agent_framework")
-    if not isinstance(custom, Mapping):
-        raise ConfigError(f"{CUSTOM_KEY} is missing: it must hold at least agent_runners")
-    unknown = set(custom) - _KNOWN
-    if unknown:
-        raise ConfigError(f"{CUSTOM_KEY}: unknown keys {', '.join(sorted(unknown))}")
-    raw_runners = custom.get("agent_runners")
-    if not isinstance(raw_runners, Mapping) or not raw_runners:
-        raise ConfigError(f"{CUSTOM_KEY}.agent_runners must map at least one runner name to its settings")
-    runners = {str(name): _runner(str(name), raw) for name, raw in raw_runners.items()}
-    p = "actor_rollout_ref.rollout"
-    enable_tq = _get(config, "transfer_queue.enable")
-    if enable_tq is False:
-        raise ConfigError("transfer_queue.enable is false: the adapter delivers records only through TransferQueue")
-
-    def flag(name: str, default: bool) -> bool:
-        return bool(_typed(custom.get(name), bool, f"{CUSTOM_KEY}.{name}", default=default))
-
-    return AgentFrameworkConfig(
-        agent_runners=runners,
-        default_agent=_default_agent(custom.get("default_agent"), runners),
-        tokenizer=_tokenizer(config),
-        tool_format=_typed(_get(rollout, "multi_turn.format"), str, f"{p}.multi_turn.format", default="hermes"),
-        train=_sampling(rollout, p),
-        val=_sampling(_get(rollout, "val_kwargs") or {}, f"{p}.val_kwargs"),
-        prompt_length=_positive(_typed(rollout.get("prompt_length"), int, f"{p}.prompt_length", default=512),
-                                f"{p}.prompt_length"),
-        response_length=_positive(_typed(rollout.get("response_length"), int, f"{p}.response_length",
-                                         default=512), f"{p}.response_length"),
-        calculate_log_probs=bool(_typed(rollout.get("calculate_log_probs"), bool, f"{p}.calculate_log_probs",
-                                        default=True)),
-        gateway_count=_positive(_typed(custom.get("gateway_count"), int, f"{CUSTOM_KEY}.gateway_count", default=1),
-                                f"{CUSTOM_KEY}.gateway_count"),
-        num_workers=_positive(_typed(custom.get("num_workers"), int, f"{CUSTOM_KEY}.num_workers", default=0),
-                              f"{CUSTOM_KEY}.num_workers", allow_zero=True),
-        log_dir=_typed(custom.get("log_dir"), str, f"{CUSTOM_KEY}.log_dir"),
-        use_reward_loop_worker=flag("use_reward_loop_worker", False),
-        mask_unfinished_episode=flag("mask_unfinished_episode", False),
-        enable_last_assistant_rollback=flag("enable_last_assistant_rollback", True),
-        prompt_status_rule=_choice(custom.get("prompt_status_rule"), ("any_success", "all_success"),
-                                   f"{CUSTOM_KEY}.prompt_status_rule", "any_success"),  # type: ignore[arg-type]
-        data_dir=_typed(custom.get("data_dir"), str, f"{CUSTOM_KEY}.data_dir", default="rollbus-data"),
-        nats_url=_typed(custom.get("nats_url"), str, f"{CUSTOM_KEY}.nats_url"),
-        actor_num_cpus=_typed(custom.get("actor_num_cpus"), (int, float), f"{CUSTOM_KEY}.actor_num_cpus", default=0.0),
-        session_timeout=_positive_float(custom.get("session_timeout"), f"{CUSTOM_KEY}.session_timeout", 3600.0),
-        log_namespace=_namespace(custom.get("log_namespace")),
-        engine=_choice(custom.get("engine"), ("local", "sglang", "vllm"), f"{CUSTOM_KEY}.engine", "local"),
-        engine_urls=tuple(_typed(u, str, f"{CUSTOM_KEY}.engine_urls[]")
-                          for u in _typed(custom.get("engine_urls"), list, f"{CUSTOM_KEY}.engine_urls", default=[])),
-        engine_model=_typed(custom.get("engine_model"), str, f"{CUSTOM_KEY}.engine_model"),
-    )
-
-
-def _positive_float(value: Any, key: str, default: float) -> float:
-    number = _typed(value, (int, float), key, default=default)
-    if not number > 0:
-        raise ConfigError(f"{key} must be > 0 seconds, got {number}")
-    return float(number)
-
-
-def _namespace(value: Any) -> str | None:
-    key = f"{CUSTOM_KEY}.log_namespace"
-    name = _typed(value, str, key)
-    if name is not None:
-        from schemas.log import LogConfig
-
-        try:
-            LogConfig.namespaced(name)
-        except ValueError as exc:
-            raise ConfigError(f"{key}: {exc}") from exc
-    return name

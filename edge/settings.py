@@ -13,6 +13,7 @@ Clock = Callable[[], float]
 """Where the edge reads the time (``time.time``; a test's own clock in tests)."""
 
 
+LAG_INTERVAL_S = 5.0  # how often the consumers' lag is sampled (observability.lag.watch_lag)
 SEND_TIMEOUT_S = 60.0  # a connection whose client takes none of its reply for this long is closed (TCP_USER_TIMEOUT)
 
 

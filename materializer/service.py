@@ -49,10 +49,9 @@ from eventlog.retrying import until_stopped
 from materializer.batch import BatchWriter
 from materializer.ledger import Markers, PromptLedger
 from materializer.metrics import MaterializerMetrics
-from materializer.padding import Padding
+from materializer.options import MaterializerOptions
 from materializer.parquet import ParquetSink
 from materializer.quarantine import TRANSIENT, QuarantineLog
-from materializer.records import RecordOptions
 from materializer.validation import bounded
 from observability.registry import Metrics
 from reward.scorer import RewardScorer
@@ -64,25 +63,6 @@ if TYPE_CHECKING:  # importing it loads torch, Ray and TransferQueue
 log = logging.getLogger(__name__)
 
 _ready = msgspec.json.Decoder(ReadySignal)
-
-
-class MaterializerOptions(msgspec.Struct, frozen=True, kw_only=True):
-    records: RecordOptions = RecordOptions()
-    rollout_n: int = 1  # sessions per prompt when a session's metadata has no "rollout_n"
-    padding: Padding | None = None  # Parquet rows padded to fixed lengths
-    transfer_queue: bool = False
-    ray_address: str | None = None  # join this Ray cluster's TransferQueue; None: host one
-    tq_partition: str = "train"  # for the prompts whose sessions name none (metadata "tq_partition")
-    tq_storage_units: int = 2
-    reward_scorer: str | None = None  # module:attr
-    # TransferQueue costs ~20 ms a call whatever its size: a burst of ended sessions (the end of a
-    # rollout step) goes out in few large puts; a quiet edge's batch leaves after max_delay.
-    max_batch: int = 1024
-    max_delay: float = 0.5
-    ack_wait: float = 30.0
-    retry_delay: float = 0.5  # the first backoff after a batch that failed whole and transiently
-    max_retry_delay: float = 30.0
-    durable: str = "rollbus-materializer"
 
 
 class Materializer:

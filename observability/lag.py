@@ -1,4 +1,5 @@
-"""Consumer lag as metrics: :func:`watch_lag` samples the JetStream consumers' lag every few seconds into
+"""Consumer lag as metrics: :func:`watch_lag` samples the JetStream consumers' lag every ``interval`` seconds
+(``--lag-interval``, default ``edge.settings.LAG_INTERVAL_S``) into
 ``rollbus_consumer_pending_messages`` and ``rollbus_consumer_lag_seconds``."""
 
 from __future__ import annotations
@@ -17,11 +18,8 @@ from schemas.errors import RollbusError
 
 log = logging.getLogger(__name__)
 
-LAG_INTERVAL_S = 5.0  # how often watch_lag samples the consumers
-
-
 async def watch_lag(metrics: Metrics, js: JetStreamContext, watched: Sequence[Watched], stop: asyncio.Event, *,
-                    interval: float = LAG_INTERVAL_S, clock: Callable[[], float] = time.time) -> None:
+                    interval: float, clock: Callable[[], float] = time.time) -> None:
     """Every ``interval`` seconds until ``stop``, each watched consumer's lag into the lag gauges (a consumer
     not created yet, or JetStream not answering, leaves its gauges as they were)."""
     while not stop.is_set():

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 import msgspec
 
-from edge.settings import SEND_TIMEOUT_S, EdgeSettings
+from edge.settings import EdgeSettings
 from rollbus.tools import EXIT_ERROR, LOG_LEVEL_HELP, check_nats, duration, number, size
 from schemas.errors import RollbusError, UserError
 from schemas.log import COMPONENTS, MAX_PAYLOAD, LogConfig
@@ -87,60 +87,78 @@ class EdgeInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool) -> None:
-    parser.add_argument("--data-dir", type=Path, default=Path("rollbus-data"),
-                        help="NATS store and Parquet output (trajectories/) [./rollbus-data]")
+    """The stack commands' flags; each default is :class:`~stack.options.StackOptions`' (``[...]`` in its help)."""
+    from stack.options import StackOptions
+
+    d = StackOptions()
+    parser.add_argument("--data-dir", type=Path, default=d.data_dir,
+                        help=f"NATS store and Parquet output (trajectories/) [./{d.data_dir}]")
     parser.add_argument("--nats", metavar="URL", required=nats_required, default=None,
                         help="the log's NATS server (required)" if nats_required else
                              "use this NATS server instead of starting an embedded one")
     parser.add_argument("--log-level", default="INFO", metavar="LEVEL", help=LOG_LEVEL_HELP)
-    parser.add_argument("--replicas", type=number(int, at_least=1, at_most=5), default=None, metavar="N",
+    parser.add_argument("--replicas", type=number(int, at_least=1, at_most=5), default=d.replicas, metavar="N",
                         help="cluster nodes that keep the log's streams and buckets (3 on a three-node NATS "
                              "cluster, see docs/operations.md); applied to existing ones too [new: 1; existing: as is]")
     if not edge:
         return
-    parser.add_argument("--host", default="127.0.0.1", help="address the edge listens on [127.0.0.1]")
-    parser.add_argument("--port", type=number(int, at_least=0, at_most=65535), default=8000,
-                        help="port the edge listens on; 0: any free port [8000]")
-    parser.add_argument("--engine", choices=["local", "sglang", "vllm"], default="local",
-                        help="local: an in-process CPU model (--model); sglang, vllm: servers at --engine-url [local]")
-    parser.add_argument("--engine-url", action="append", default=[], metavar="URL",
+    parser.add_argument("--host", default=d.host, help=f"address the edge listens on [{d.host}]")
+    parser.add_argument("--port", type=number(int, at_least=0, at_most=65535), default=d.port,
+                        help=f"port the edge listens on; 0: any free port [{d.port}]")
+    parser.add_argument("--engine", choices=["local", "sglang", "vllm"], default=d.engine,
+                        help=f"local: an in-process CPU model (--model); sglang, vllm: servers at --engine-url "
+                             f"[{d.engine}]")
+    parser.add_argument("--engine-url", action="append", default=list(d.engine_urls), metavar="URL",
                         help="engine server URL (repeatable; sessions are spread over them and stick)")
-    parser.add_argument("--model", default=None, metavar="NAME|PATH",
+    parser.add_argument("--model", default=d.model, metavar="NAME|PATH",
                         help="local engine's model: tiny-qwen2 (default), smollm2, a model dir or a .gguf file")
-    parser.add_argument("--engine-timeout", type=number(float, above=0), default=300.0, metavar="SECONDS",
+    parser.add_argument("--engine-timeout", type=number(float, above=0), default=d.engine_timeout, metavar="SECONDS",
                         help="sglang/vllm: the longest wait for the engine's reply, or its next byte or streamed "
-                             "event; past it the turn is 504 [300]")
-    parser.add_argument("--engine-deadline", type=number(float, above=0), default=1800.0, metavar="SECONDS",
+                             f"event; past it the turn is 504 [{d.engine_timeout:g}]")
+    parser.add_argument("--engine-deadline", type=number(float, above=0), default=d.engine_deadline, metavar="SECONDS",
                         help="sglang/vllm: the longest one engine call may take, its whole reply, streamed or "
-                             "not (set it above your longest generation); past it the turn is 504 [1800]")
-    parser.add_argument("--health-interval", type=number(float, above=0), default=5.0, metavar="SECONDS",
-                        help="sglang/vllm: probe each server's /health this often [5]")
-    parser.add_argument("--tokenizer", default=None,
+                             f"not (set it above your longest generation); past it the turn is 504 "
+                             f"[{d.engine_deadline:g}]")
+    parser.add_argument("--health-interval", type=number(float, above=0), default=d.health_interval,
+                        metavar="SECONDS", help=f"sglang/vllm: probe each server's /health this often "
+                                                f"[{d.health_interval:g}]")
+    parser.add_argument("--tokenizer", default=None,  # None: the model's (stack.runtime.model_defaults)
                         help="builtin:qwen2.5, builtin:qwen3 (thinking), builtin:qwen3-coder, builtin:smollm2 "
                              "or a local HF tokenizer dir [the model's, else qwen2.5]")
     parser.add_argument("--tool-format", default=None,
                         help="tool-call parser: hermes, qwen3_coder, llama3, smollm2, none or sglang:NAME; must "
                              "match the chat template (checked at startup) [the model's, else hermes]")
-    parser.add_argument("--reasoning-format", default="think",
+    parser.add_argument("--reasoning-format", default=d.reasoning_format,
                         help="reasoning parser: think (<think> ... </think>) or sglang:NAME (SGLang's reasoning "
-                             "parser NAME: qwen3, deepseek-r1, kimi_k2, gpt-oss, ...) [think]")
-    parser.add_argument("--max-trajectory-length", type=number(int, at_least=2), default=32768, metavar="TOKENS",
-                        help="prompt + response tokens per chain; past it the chain is closed [32768]")
-    parser.add_argument("--admin-token", default=os.environ.get("ROLLBUS_ADMIN_TOKEN", ""),
+                             f"parser NAME: qwen3, deepseek-r1, kimi_k2, gpt-oss, ...) [{d.reasoning_format}]")
+    parser.add_argument("--max-trajectory-length", type=number(int, at_least=2), default=d.max_trajectory_length,
+                        metavar="TOKENS", help="prompt + response tokens per chain; past it the chain is closed "
+                                               f"[{d.max_trajectory_length}]")
+    parser.add_argument("--admin-token", default=os.environ.get("ROLLBUS_ADMIN_TOKEN", d.admin_token),
                         help="admin bearer token [$ROLLBUS_ADMIN_TOKEN; generated when absent]")
-    parser.add_argument("--edge-id", default="",
+    parser.add_argument("--edge-id", default=d.edge_id,
                         help="unique among running edges; a restarted edge with the same id takes its sessions "
                              "back at once [<hostname>:<port>]")
-    parser.add_argument("--lease-ttl", type=number(float, above=0), default=15.0, metavar="SECONDS",
-                        help="session lease: another edge may take over a dead edge's sessions after it [15]")
-    parser.add_argument("--idle-timeout", type=number(float, at_least=0), default=3600.0, metavar="SECONDS",
-                        help="abort open sessions nothing touched for this long; 0: never [3600]")
-    parser.add_argument("--send-timeout", type=number(float, above=0), default=SEND_TIMEOUT_S, metavar="SECONDS",
+    parser.add_argument("--lease-ttl", type=number(float, above=0), default=d.lease_ttl, metavar="SECONDS",
+                        help=f"session lease: another edge may take over a dead edge's sessions after it "
+                             f"[{d.lease_ttl:g}]")
+    parser.add_argument("--idle-timeout", type=number(float, at_least=0), default=d.idle_timeout, metavar="SECONDS",
+                        help=f"abort open sessions nothing touched for this long; 0: never [{d.idle_timeout:g}]")
+    parser.add_argument("--send-timeout", type=number(float, above=0), default=d.send_timeout, metavar="SECONDS",
                         help="disconnect a client that takes none of its reply (its receive window closed) for "
-                             f"this long [{SEND_TIMEOUT_S:g}]")
-    parser.add_argument("--body-min-rate", type=_rate, default=EdgeSettings().body_min_rate, metavar="SIZE",
+                             f"this long [{d.send_timeout:g}]")
+    parser.add_argument("--body-min-rate", type=_rate, default=d.body_min_rate, metavar="SIZE",
                         help="bytes a second a request body must arrive at: refused (400) past "
-                             f"{EdgeSettings().body_base_s:g} s + its size at this rate [64KiB]")
+                             f"{EdgeSettings().body_base_s:g} s + its size at this rate "
+                             f"[{_size_text(d.body_min_rate)}]")
+
+
+def _size_text(count: float) -> str:
+    """A byte count as ``--body-min-rate`` is written: ``64KiB``, ``1MiB``, else plain bytes."""
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= factor and count % factor == 0:
+            return f"{int(count // factor)}{unit}"
+    return f"{count:g}"
 
 
 def _rate(text: str) -> int:
@@ -152,28 +170,31 @@ def _rate(text: str) -> int:
 
 
 def _materializer_flags(parser: argparse.ArgumentParser) -> None:
-    from materializer.service import MaterializerOptions
+    from materializer.options import MaterializerOptions
     from rollbus.commands import materialize
 
+    d = MaterializerOptions()
     group = parser.add_argument_group("materializer")
     group.add_argument("--transfer-queue", action="store_true",
                        help="also write records to TransferQueue (verl's data plane), beside Parquet")
-    group.add_argument("--ray-address", help="join the TransferQueue of this Ray cluster (e.g. verl's trainer's); "
-                                             "default: host one in this process")
-    group.add_argument("--tq-partition", default="train", help="the TransferQueue partition to write [train]")
-    group.add_argument("--rollout-n", type=number(int, at_least=1), default=1,
-                       help="sessions per prompt when a session's metadata has no rollout_n [1]")
-    group.add_argument("--batch-size", type=number(int, at_least=1), default=MaterializerOptions().max_batch,
-                       help=f"ready sessions per materialized batch [{MaterializerOptions().max_batch}]")
-    group.add_argument("--batch-delay", type=number(float, at_least=0), default=0.5,
-                       help="seconds a batch waits for more sessions after its first [0.5]")
-    group.add_argument("--ack-wait", type=number(float, above=0), default=30.0,
-                       help="seconds before JetStream redelivers a batch nobody acknowledged [30]")
+    group.add_argument("--ray-address", default=d.ray_address,
+                       help="join the TransferQueue of this Ray cluster (e.g. verl's trainer's); default: host one in "
+                            "this process")
+    group.add_argument("--tq-partition", default=d.tq_partition,
+                       help=f"the TransferQueue partition to write [{d.tq_partition}]")
+    group.add_argument("--rollout-n", type=number(int, at_least=1), default=d.rollout_n,
+                       help=f"sessions per prompt when a session's metadata has no rollout_n [{d.rollout_n}]")
+    group.add_argument("--batch-size", type=number(int, at_least=1), default=d.max_batch,
+                       help=f"ready sessions per materialized batch [{d.max_batch}]")
+    group.add_argument("--batch-delay", type=number(float, at_least=0), default=d.max_delay,
+                       help=f"seconds a batch waits for more sessions after its first [{d.max_delay:g}]")
+    group.add_argument("--ack-wait", type=number(float, above=0), default=d.ack_wait,
+                       help=f"seconds before JetStream redelivers a batch nobody acknowledged [{d.ack_wait:g}]")
     materialize.add_record_flags(parser)
 
 
 def _materializer_options(args: argparse.Namespace) -> MaterializerOptions:
-    from materializer.service import MaterializerOptions
+    from materializer.options import MaterializerOptions
     from rollbus.commands import materialize
 
     return MaterializerOptions(
@@ -229,8 +250,10 @@ def _metrics_flags(parser: argparse.ArgumentParser, default: int) -> None:
     group.add_argument("--metrics-port", type=_metrics_port, default=default, metavar="PORT",
                        help=f"serve Prometheus metrics at http://HOST:PORT/metrics; 0: any free port (printed); "
                             f"off: none [{default}]")
-    group.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
-                       help="address /metrics listens on [127.0.0.1]")
+    from stack.options import StackOptions
+
+    host = StackOptions().metrics_host
+    group.add_argument("--metrics-host", default=host, metavar="HOST", help=f"address /metrics listens on [{host}]")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -268,41 +291,28 @@ def _command_of(argv: list[str]) -> str:
 
 
 def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOptions:
-    from materializer.service import MaterializerOptions
+    """The stack's options from the flags; what a command has no flag for keeps StackOptions' default."""
     from stack.runtime import StackOptions, model_defaults
 
-    edge = "edge" in components
-    tokenizer, tool_format = (model_defaults(args.engine, args.model, args.tokenizer, args.tool_format) if edge
-                              else ("builtin:qwen2.5", "hermes"))
-    return StackOptions(
-        host=args.host if edge else "127.0.0.1",
-        port=args.port if edge else 0,
-        data_dir=args.data_dir,
-        nats_url=args.nats,
-        engine=args.engine if edge else "local",
-        engine_urls=tuple(args.engine_url) if edge else (),
-        model=args.model if edge else None,
-        engine_timeout=args.engine_timeout if edge else 300.0,
-        engine_deadline=args.engine_deadline if edge else 1800.0,
-        health_interval=args.health_interval if edge else 5.0,
-        tokenizer=tokenizer,
-        tool_format=tool_format,
-        reasoning_format=args.reasoning_format if edge else "think",
-        admin_token=(args.admin_token or secrets.token_urlsafe(18)) if edge else "",
-        max_trajectory_length=args.max_trajectory_length if edge else 32768,
-        components=components,
-        edge_id=args.edge_id if edge else "",
-        lease_ttl=args.lease_ttl if edge else 15.0,
-        idle_timeout=args.idle_timeout if edge else 3600.0,
-        body_min_rate=args.body_min_rate if edge else EdgeSettings().body_min_rate,
-        send_timeout=args.send_timeout if edge else SEND_TIMEOUT_S,
-        materializer=_materializer_options(args) if "materializer" in components else MaterializerOptions(),
-        metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
-        metrics_port=None if edge else getattr(args, "metrics_port", None),  # the edge serves its own
-        retention=_retention(args),
-        replicas=args.replicas,
-        fsync=getattr(args, "fsync", "default"),
-    )
+    given: dict[str, object] = {}
+    if "edge" in components:
+        tokenizer, tool_format = model_defaults(args.engine, args.model, args.tokenizer, args.tool_format)
+        given.update(
+            host=args.host, port=args.port, engine=args.engine, engine_urls=tuple(args.engine_url), model=args.model,
+            engine_timeout=args.engine_timeout, engine_deadline=args.engine_deadline,
+            health_interval=args.health_interval, tokenizer=tokenizer, tool_format=tool_format,
+            reasoning_format=args.reasoning_format, admin_token=args.admin_token or secrets.token_urlsafe(18),
+            max_trajectory_length=args.max_trajectory_length, edge_id=args.edge_id, lease_ttl=args.lease_ttl,
+            idle_timeout=args.idle_timeout, body_min_rate=args.body_min_rate, send_timeout=args.send_timeout)
+    else:  # no edge: no port of its own; /metrics where --metrics-port says (the edge serves its own)
+        given.update(port=0, metrics_port=getattr(args, "metrics_port", None))
+    if "materializer" in components:
+        given["materializer"] = _materializer_options(args)
+    for flag, field in (("metrics_host", "metrics_host"), ("fsync", "fsync")):
+        if hasattr(args, flag):
+            given[field] = getattr(args, flag)
+    return StackOptions(data_dir=args.data_dir, nats_url=args.nats, components=components,
+                        retention=_retention(args), replicas=args.replicas, **given)  # type: ignore[arg-type]
 
 
 def _announce(stack: Stack) -> None:

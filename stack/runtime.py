@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import msgspec
 from granian._granian import SocketHolder
 from granian.constants import HTTPModes, Interfaces
 from granian.http import HTTP1Settings
@@ -49,18 +48,18 @@ from edge.turns import Clock
 from eventlog.jetstream import JetStreamPort
 from eventlog.lag import Watched
 from materializer.parquet import ParquetSink
-from materializer.service import Materializer, MaterializerOptions
-from observability.lag import LAG_INTERVAL_S, watch_lag
+from materializer.service import Materializer
+from observability.lag import watch_lag
 from observability.registry import Metrics, MetricsServer
 from reward.scorer import RewardScorer, load_scorer
 from schemas.errors import ProvisionError, StartupError
-from schemas.log import COMPONENTS, LogConfig
 from session_projector.projections import current_summary, iter_projections
 from session_projector.service import Projector
 from stack.heap import HeapKeeper
 from stack.locks import BaseFileLock, Timeout, lock_holder, pid_lock, release_pid_lock
-from stack.nats_server import EmbeddedNats, Fsync, NatsSupervisor
-from stack.provision import Retention, connect, provision
+from stack.nats_server import EmbeddedNats, NatsSupervisor
+from stack.options import EDGE, StackOptions
+from stack.provision import connect, provision
 from stack.user_error import check_writable_dir, one_line
 
 if TYPE_CHECKING:
@@ -116,46 +115,12 @@ class DataDirLock:
             release_pid_lock(lock)  # names no holder once free
 
 
-class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
-    host: str = "127.0.0.1"
-    port: int = 8000
-    data_dir: Path = Path("rollbus-data")
-    nats_url: str | None = None  # None: start an embedded nats-server in <data_dir>/nats
-    engine: str = "local"
-    engine_urls: tuple[str, ...] = ()
-    model: str | None = None  # the local engine's model: None (tiny-qwen2), "smollm2", or a path
-    engine_timeout: float = 300.0  # HTTP engines: seconds to wait for the reply, or its next byte or streamed event
-    engine_deadline: float = 1800.0  # HTTP engines: seconds one engine call may take, its whole reply
-    health_interval: float = 5.0  # HTTP engines: seconds between /health probes of each server
-    tokenizer: str = "builtin:qwen2.5"
-    tool_format: str = "hermes"
-    reasoning_format: str = "think"
-    admin_token: str = ""
-    max_trajectory_length: int = 32768
-    components: tuple[str, ...] = COMPONENTS
-    log: LogConfig = LogConfig()
-    edge_id: str = ""  # "": <hostname>:<port>, so an edge restarted on its port takes its sessions back at once
-    lease_ttl: float = 15.0
-    idle_timeout: float = 3600.0
-    disconnect_grace: float = 10.0
-    body_min_rate: float = EdgeSettings().body_min_rate  # bytes a second a request body must arrive at
-    send_timeout: float = SEND_TIMEOUT_S  # seconds a client may take none of its reply before it is disconnected
-    rollback_rewritten_turns: bool = True
-    materializer: MaterializerOptions = MaterializerOptions()
-    metrics_host: str = "127.0.0.1"  # a projector or materializer run alone: where it serves /metrics
-    metrics_port: int | None = None  # None: no /metrics (the edge serves its own); 0: any free port
-    lag_interval: float = LAG_INTERVAL_S  # seconds between samples of the consumers' lag
-    retention: Retention | None = None  # the log's limits, applied at start; None: a new log's defaults, kept
-    replicas: int | None = None  # cluster nodes per stream and bucket, applied at start; None: 1 or as they are
-    fsync: Fsync = "default"  # the embedded nats-server's sync_interval ("always": every write, before its ack)
-
-
 def model_defaults(engine: str, model: str | None, tokenizer: str | None,
                    tool_format: str | None) -> tuple[str, str]:
     """The tokenizer and tool format to use: the given ones, else the local model's, else Qwen2.5's."""
     spec = local_model(model) if engine == "local" else None
-    return (tokenizer or (spec.tokenizer if spec else "builtin:qwen2.5"),
-            tool_format or (spec.tool_format if spec else "hermes"))
+    return (tokenizer or (spec.tokenizer if spec else EDGE.tokenizer),
+            tool_format or (spec.tool_format if spec else EDGE.tool_format))
 
 
 def engine_summary(options: StackOptions) -> str:

@@ -114,6 +114,11 @@ def test_mistakes_are_one_line(tmp_path):
     wrong = rollout(tmp_path, "--config", str(bad), "--data", "builtin:arithmetic")
     assert wrong.returncode == 2 and "actor_rollout_ref.rollout.n must be >= 1" in wrong.stderr
     assert "Traceback" not in wrong.stderr
+    bad.write_text(bad.read_text().replace("n: 0", "nn: 2, temperature: hot"))  # verl's n, mistyped: named
+    typo = rollout(tmp_path, "--config", str(bad), "--data", "builtin:arithmetic")
+    assert typo.returncode == 2 and typo.stderr.strip().count("\n") == 0, typo.stderr
+    assert typo.stderr.strip() == ("rollbus rollout: actor_rollout_ref.rollout.nn: unknown key (did you mean n?); "
+                                   "actor_rollout_ref.rollout.temperature must be float >= 0, got 'hot'")
 
 
 def test_the_evaluation_path_points_the_runner_at_any_openai_url_and_writes_no_records(tmp_path, stack):

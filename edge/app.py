@@ -22,19 +22,20 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from edge.codec import anthropic_wire, openai_wire
-from edge.codec.adapter import WireAdapter
-from edge.codec.anthropic_wire import AnthropicWire
-from edge.codec.incremental import TemplateMode
-from edge.codec.openai_wire import OpenAIWire
-from edge.codec.reasoning_refs import ReasoningRefs, stack_key
-from edge.codec.responses_wire import ResponsesWire
 from edge.http_errors import http_error
 from edge.openapi import document_bytes
 from edge.routes import admin, count_tokens, responses, reward
+from edge.routes.handling import ErrorEncoder, json_response
 from edge.routes.model import ModelRoutes, is_anthropic_path
-from edge.routes.wire import ErrorEncoder, json_response
 from edge.service import EdgeService
+from edge.tokens.incremental import TemplateMode
+from edge.wires import anthropic as anthropic_wire
+from edge.wires import openai as openai_wire
+from edge.wires.adapter import WireAdapter
+from edge.wires.anthropic import AnthropicWire
+from edge.wires.openai import OpenAIWire
+from edge.wires.reasoning_refs import ReasoningRefs, stack_key
+from edge.wires.responses import ResponsesWire
 from observability.registry import Metrics
 from schemas.errors import MalformedRequest, MethodNotAllowed, RollbusError, RouteNotFound
 

@@ -12,9 +12,6 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from edge.codec.fidelity import load_codec
-from edge.codec.incremental import TemplateCodec
-from edge.codec.parsers.base import ToolParser
 from edge.engines.base import Engine
 from edge.live import Registry, Summaries
 from edge.metrics import TimedEngine, TimedLog
@@ -22,6 +19,9 @@ from edge.ownership import KvLeases
 from edge.service import EdgeService
 from edge.session_index import SessionIndex
 from edge.settings import Clock, EdgeSettings
+from edge.tokens.fidelity import load_codec
+from edge.tokens.incremental import TemplateCodec
+from edge.tokens.parsers.base import ToolParser
 from edge.turns import TurnRunner
 from eventlog.publisher import Appended
 from eventlog.reader import SessionLog

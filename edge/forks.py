@@ -31,7 +31,7 @@ whose history shares the longest message prefix with the request (ties: the earl
 request that is a chain's whole history with only such re-serialised replies (the text differs,
 the conversation does not) continues that chain with its logged tokens instead of forking.
 
-Messages are compared in the canonical form chains are matched with (:mod:`edge.codec.digest`:
+Messages are compared in the canonical form chains are matched with (:mod:`edge.chat.digest`:
 tool-call ids, argument JSON formatting and reasoning fields do not count).
 """
 
@@ -42,8 +42,8 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
-from edge.codec.conversation import Conversation, Message, ToolSpec
-from edge.codec.digest import extend, tools_digest
+from edge.chat.conversation import Conversation, Message, ToolSpec
+from edge.chat.digest import extend, tools_digest
 from schemas.bodies import rebuild
 from schemas.errors import RollbusError
 from schemas.events import FORK_CAUSES, ForkPoint, RequestReceived

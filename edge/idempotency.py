@@ -34,7 +34,7 @@ from typing import Protocol
 
 import msgspec
 
-from edge.codec.conversation import TurnOutcome
+from edge.chat.conversation import TurnOutcome
 from schemas import tokens
 from schemas.errors import IdempotencyKeyReused, MalformedRequest
 from schemas.events import body_digest

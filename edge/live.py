@@ -96,7 +96,7 @@ class LiveSession:
         self.verified_key: str | None = None  # the api key once checked against its digest
         self.inflight = InFlight()  # requests in flight, by identity (edge.idempotency)
         self.bodies = StoredBodies()  # latest acknowledged request bodies (what new ones are stored against)
-        self.known: dict[str, object] = {}  # by wire: the last request's decoded history (edge.codec.prefix)
+        self.known: dict[str, object] = {}  # by wire: the last request's decoded history (edge.wires.prefix)
         self.stored = StoredConversations()  # conversations requests may continue (edge.stored)
         # the chains' latest histories, to tell where a new chain forks (edge.forks); a session loaded with chains
         # (taken over) has them recovered from the log when a request would fork

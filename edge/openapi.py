@@ -1,6 +1,6 @@
 """``GET /openapi.json``: an OpenAPI 3.1 document of every route the edge serves.
 
-The routes read their bodies themselves (:mod:`edge.routes.wire`) and decode them with the wires'
+The routes read their bodies themselves (:mod:`edge.routes.handling`) and decode them with the wires'
 msgspec structs, so FastAPI's generated schema would say nothing of them; this document is built
 from those same structs instead (``msgspec.json.schema_components``): the requests as the routes
 decode them, the answers as they encode them, the errors in each wire's shape (OpenAI's
@@ -11,7 +11,7 @@ Two structs leave part of a request as raw JSON (the edge decodes only the histo
 before): their documented twins (:func:`_documented`) name what that raw JSON must decode to.
 
 Security: a model or reward route takes the session's key (``Authorization: Bearer`` or
-``x-api-key``, both read by :func:`edge.routes.wire.bearer`); an admin route the admin token the
+``x-api-key``, both read by :func:`edge.routes.handling.bearer`); an admin route the admin token the
 same way (none when the edge runs without one); ``HEAD /sessions/{id}``, ``/healthz``,
 ``/metrics`` and this document take nothing. The document is built once per app, on its first
 request, and holds no secret: only the shapes of the wires, which docs/wires.md documents too.
@@ -39,7 +39,7 @@ SSE = "text/event-stream"
 
 
 class ChatTemplateMode(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """``/healthz``' ``chat_template`` (:class:`edge.codec.incremental.TemplateMode`)."""
+    """``/healthz``' ``chat_template`` (:class:`edge.tokens.incremental.TemplateMode`)."""
 
     mode: str  # "prefix-stable" or "continuous tokens"
     reason: str = ""  # with "continuous tokens": the probe that found the template not prefix-stable, and how

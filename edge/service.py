@@ -32,9 +32,7 @@ from typing import Any
 
 import msgspec
 
-from edge.codec.conversation import Conversation
-from edge.codec.incremental import TemplateMode
-from edge.codec.strict import check_sampling
+from edge.chat.conversation import Conversation
 from edge.forks import recover_histories
 from edge.idempotency import RequestIdentity, identify, recorded_outcome, repeated_request
 from edge.live import LiveSession, Registry
@@ -44,7 +42,9 @@ from edge.session_index import NO_CLAIM, IndexClaim, SessionIndex, attempt_of
 from edge.settings import EdgeSettings, body_limits
 from edge.stored import Decode, Stored, held, resolve
 from edge.streaming import Item, RecordedStream, TurnStream
+from edge.tokens.incremental import TemplateMode
 from edge.turns import Clock, TurnOutcome, TurnRequest, TurnRunner
+from edge.wires.strict import check_sampling
 from eventlog.publisher import EventLog
 from eventlog.reader import SessionLog
 from reward.intake import parse_reward_info

@@ -4,7 +4,7 @@ The Responses API lets an agent continue a response it got (``previous_response_
 sending the history again, and send a reasoning item back as an opaque reference. Both are
 resolved here, against the session the request was sent to, before its turn is planned; the
 adapter has decoded them wire-neutrally (:attr:`Conversation.continues`, :attr:`Message.reasoning_ref`)
-and checked the references' authenticity (:mod:`edge.codec.reasoning_refs`).
+and checked the references' authenticity (:mod:`edge.wires.reasoning_refs`).
 
 **Stored conversations.** A turn whose request asked to be stored (``store``, the Responses API's
 default) leaves, on its live session, its conversation without the request's own head (its
@@ -33,8 +33,8 @@ from typing import Any
 
 import msgspec
 
-from edge.codec.conversation import Conversation, Message
-from edge.codec.digest import extend, prefix_digests, tools_digest
+from edge.chat.conversation import Conversation, Message
+from edge.chat.digest import extend, prefix_digests, tools_digest
 from eventlog.reader import SessionLog
 from schemas.bodies import rebuild
 from schemas.errors import MalformedRequest, ResponseNotFound, RollbusError

@@ -1,15 +1,15 @@
 """Streamed turns: deltas reach the client as the engine samples; the turn is committed at the end.
 
 A :class:`TurnStream` runs the turn on a task of its own (so that a client going away
-cannot cancel an append halfway) and hands wire-neutral events (:mod:`edge.codec.deltas`)
+cannot cancel an append halfway) and hands wire-neutral events (:mod:`edge.chat.deltas`)
 to the route through a mailbox, which the route empties one batch (one write) at a time;
 :mod:`edge.routes.sse` writes them:
 
 1. :meth:`TurnStream.open` selects and plans the turn (the chain stays busy until the
    stream ends) and waits for the engine's first tokens, so that a refused request or an
    engine that is down is still an HTTP error in the wire's shape;
-2. tokens are decoded incrementally (:mod:`edge.codec.detokenize`) and split into
-   reasoning, content and tool calls (:mod:`edge.codec.reply`); the exact token ids and
+2. tokens are decoded incrementally (:mod:`edge.tokens.detokenize`) and split into
+   reasoning, content and tool calls (:mod:`edge.tokens.reply`); the exact token ids and
    log probs are kept aside;
 3. when the engine is done, the turn is committed exactly as a plain request commits it
    (:meth:`TurnRunner.commit`: one envelope), and only once the log has acknowledged it
@@ -38,8 +38,8 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from edge.codec.conversation import TurnOutcome
-from edge.codec.deltas import (
+from edge.chat.conversation import TurnOutcome
+from edge.chat.deltas import (
     ContentDelta,
     ReasoningDelta,
     StreamEvent,
@@ -47,10 +47,10 @@ from edge.codec.deltas import (
     StreamStarted,
     ToolCallReady,
 )
-from edge.codec.detokenize import IncrementalDecoder
-from edge.codec.reply import ReplyStream, call_ids
 from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult
 from edge.live import LiveSession
+from edge.tokens.detokenize import IncrementalDecoder
+from edge.tokens.reply import ReplyStream, call_ids
 from edge.turns import DISCONNECTED, PreparedTurn, TurnRequest, TurnRunner
 from schemas.errors import EngineError, RollbusError
 

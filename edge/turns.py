@@ -2,7 +2,7 @@
 
 The turn is decided from the session's fold state, read and never changed while planning: the
 decisions are pure (:mod:`session.chains` selects the chain, :mod:`session.turn` plans the turn
-and gives its events, numbered), the encoding is the codec's (:mod:`edge.codec`).
+and gives its events, numbered), the encoding is :mod:`edge.tokens`'s.
 :meth:`TurnRunner.begin` loads and decides, the engine samples, :meth:`TurnRunner.commit`
 appends (:meth:`edge.live.LiveSession.commit`, which gets the events from
 :func:`session.turn.turn_events` for the state as it is then). :meth:`TurnRunner.run` does the
@@ -21,14 +21,8 @@ from typing import TypeVar, overload
 
 import msgspec
 
-from edge.codec.constraint import MARKERS, derive_constraint
-from edge.codec.conversation import Conversation, Message, TurnOutcome
-from edge.codec.digest import extend, prefix_digests, tools_digest
-from edge.codec.incremental import TemplateCodec
-from edge.codec.parsers import make_reasoning
-from edge.codec.parsers.base import ParsedOutput, ToolParser
-from edge.codec.reasoning import opens_reasoning
-from edge.codec.reply import ReplyParser, call_ids
+from edge.chat.conversation import Conversation, Message, TurnOutcome
+from edge.chat.digest import extend, prefix_digests, tools_digest
 from edge.engine_input import MIN_TOKENS, InputBuffer
 from edge.engines.base import Constraint, Engine, GenerateRequest, GenerateResult, SamplingParams
 from edge.forks import Histories, classify, reserialized_continuation
@@ -36,6 +30,12 @@ from edge.live import Decide, LiveSession
 from edge.metrics import ABANDONED, ENGINE_ERROR, OK, REFUSED, EdgeMetrics
 from edge.settings import Clock, EdgeSettings
 from edge.stored import with_reasoning
+from edge.tokens.constraint import MARKERS, derive_constraint
+from edge.tokens.incremental import TemplateCodec
+from edge.tokens.parsers import make_reasoning
+from edge.tokens.parsers.base import ParsedOutput, ToolParser
+from edge.tokens.reasoning import opens_reasoning
+from edge.tokens.reply import ReplyParser, call_ids
 from eventlog.publisher import EventLog
 from observability.registry import Metrics
 from schemas import tokens
@@ -260,7 +260,7 @@ class TurnRunner:
         A turn with much new text to tokenize (:data:`OFFLOAD_CHARS`) is planned on a worker
         thread, at most :data:`OFFLOADED` at a time, so that the event loop keeps serving every
         other session (tokenizing megabytes takes seconds; long pieces are encoded with the GIL
-        released, :data:`edge.codec.pieces.RELEASE_GIL_CHARS`).
+        released, :data:`edge.tokens.pieces.RELEASE_GIL_CHARS`).
         The codec's caches are only ever missed, never corrupted, by a planning thread."""
         conversation = request.conversation
         self.codec.check_system_placement(conversation.messages)

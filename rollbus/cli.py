@@ -428,8 +428,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from edge.codec.fidelity import load_codec
-    from edge.codec.parsers import make_reasoning
+    from edge.tokens.fidelity import load_codec
+    from edge.tokens.parsers import make_reasoning
     from stack.runtime import check_options
 
     level = _log_level(args.log_level)

@@ -59,7 +59,7 @@ class SessionOpened(Event, tag="session_opened", kw_only=True):
     tokenizer: str
     tool_format: str
     edge_id: str = ""
-    # --reasoning-format, and the template's mode (edge.codec.fidelity.choose_mode). UNSET (absent from the
+    # --reasoning-format, and the template's mode (edge.tokens.fidelity.choose_mode). UNSET (absent from the
     # encoded event, so the events written before them encode as they were): "think" and "prefix-stable",
     # the only ones then; read them through ``reasoning`` and ``template``.
     reasoning_format: str | msgspec.UnsetType = msgspec.UNSET
@@ -169,7 +169,7 @@ class TurnCompleted(Event, tag="turn_completed", kw_only=True):
     tip_digest: str  # digest of the message history including this assistant reply
     n_messages: int
     weight_version: str | None = None
-    # Sampled under a constraint (edge.codec.constraint): its label, e.g. "tool:required", "tool:get_weather",
+    # Sampled under a constraint (edge.tokens.constraint): its label, e.g. "tool:required", "tool:get_weather",
     # "json_object", "json_schema:<name>"; its log probs are the constrained distribution's. UNSET (absent from
     # the encoded event, so the events written before the field re-encode byte for byte): sampled free.
     constrained: str | msgspec.UnsetType = msgspec.UNSET

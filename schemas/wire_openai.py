@@ -83,7 +83,7 @@ class ChatCompletionRequest(msgspec.Struct, Generic[M, T], frozen=True, kw_only=
     seed: int | None = None
     parallel_tool_calls: bool | None = None
     user: str | None = None
-    response_format: Any = None  # text, json_object or json_schema (edge.codec.openai_wire checks the shape)
+    response_format: Any = None  # text, json_object or json_schema (edge.wires.openai checks the shape)
 
 
 # --- responses -----------------------------------------------------------------------

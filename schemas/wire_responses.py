@@ -229,7 +229,7 @@ class ResponseObject(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # --- stream events (text deltas and lifecycle events are written from byte templates:
-# edge.codec.responses_stream) -------------------------------------------------------------------
+# edge.wires.responses_stream) -------------------------------------------------------------------
 
 
 class ItemEvent(msgspec.Struct, frozen=True, kw_only=True):

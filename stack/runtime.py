@@ -34,9 +34,6 @@ from nats.js.client import JetStreamContext
 
 from edge.app import create_app
 from edge.assemble import build_edge
-from edge.codec.fidelity import load_codec
-from edge.codec.incremental import TemplateMode
-from edge.codec.tokenizer import load_tokenizer
 from edge.engines import LOCAL_MODELS, local_model, make_engine
 from edge.engines.base import Engine
 from edge.keeper import SessionKeeper
@@ -44,6 +41,9 @@ from edge.ownership import KvLeases
 from edge.service import EdgeService
 from edge.session_index import KvSessionIndex
 from edge.settings import SEND_TIMEOUT_S, EdgeSettings
+from edge.tokens.fidelity import load_codec
+from edge.tokens.incremental import TemplateMode
+from edge.tokens.tokenizer import load_tokenizer
 from edge.turns import Clock
 from eventlog.jetstream import JetStreamPort
 from eventlog.lag import Watched

@@ -25,7 +25,7 @@ from nats.errors import Error as NatsError
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from edge.codec.tokenizer import load_tokenizer
+from edge.tokens.tokenizer import load_tokenizer
 from eventlog.kv import KvStore
 from eventlog.reader import iter_envelopes, last_stream_seq
 from schemas.bodies import Bodies

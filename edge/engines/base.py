@@ -29,7 +29,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
 
 class Constraint(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What the sampled text must be, for the engine's constrained decoding
-    (:func:`edge.codec.constraint.derive_constraint` says how it is derived).
+    (:func:`edge.tokens.constraint.derive_constraint` says how it is derived).
 
     ``grammar`` is in llguidance's Lark syntax (``%json {...}`` for JSON-schema parts, ``<name>`` for
     a marker that is one token of its own); ``json_schema`` is set when the whole text is one JSON

@@ -207,7 +207,7 @@ class LocalEngine:
         weight_version: str | None = None,
         tokenizer: Any = None,
     ) -> None:
-        """``tokenizer``: the session's (:class:`edge.codec.tokenizer.Tokenizer`), which constrained
+        """``tokenizer``: the session's (:class:`edge.tokens.tokenizer.Tokenizer`), which constrained
         decoding needs; without it a request with a constraint is refused."""
         import torch
 

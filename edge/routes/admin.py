@@ -6,10 +6,10 @@ from __future__ import annotations
 import msgspec
 from fastapi import APIRouter, Request, Response
 
-from edge.codec.openai_wire import encode_error
-from edge.codec.strict import decode_strict
-from edge.routes.wire import json_response, read_body, require_admin, wire_route
+from edge.routes.handling import json_response, read_body, require_admin, wire_route
 from edge.service import EdgeService, OpenSession
+from edge.wires.openai import encode_error
+from edge.wires.strict import decode_strict
 
 router = APIRouter(route_class=wire_route(encode_error))
 

@@ -1,7 +1,7 @@
 """``POST /sessions/{id}/v1/messages/count_tokens``: Anthropic's token counting, which Claude Code calls.
 
 The session's key is checked before the body is read. The body is a Messages request without
-``max_tokens`` (:func:`edge.codec.anthropic_wire.decode_count_request`, the same refusals as
+``max_tokens`` (:func:`edge.wires.anthropic.decode_count_request`, the same refusals as
 ``/v1/messages``); the answer, ``{"input_tokens": n}``, is the ``usage.input_tokens`` a turn for
 that conversation would report now: its chain's tokens and the increment when it continues one,
 else the template's render of it, tokenized (:meth:`edge.turns.TurnRunner.count_prompt`).
@@ -13,9 +13,9 @@ from __future__ import annotations
 import msgspec
 from fastapi import APIRouter, Request, Response
 
-from edge.codec.anthropic_wire import decode_count_request, encode_error
-from edge.routes.wire import bearer, json_response, receive_body, wire_route
+from edge.routes.handling import bearer, json_response, receive_body, wire_route
 from edge.service import EdgeService
+from edge.wires.anthropic import decode_count_request, encode_error
 
 router = APIRouter(route_class=wire_route(encode_error))
 

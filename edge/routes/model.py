@@ -3,7 +3,7 @@
 ``POST /sessions/{id}/v1/chat/completions`` (OpenAI) and ``POST /sessions/{id}/v1/messages``
 (Anthropic): authorize the request from its headers (:meth:`EdgeService.authorize`, before any
 of the body is read), read the body (at a minimum rate, decoded from its ``Content-Encoding``:
-:func:`edge.routes.wire.receive_body`), decode the wire's request with its adapter, run the turn
+:func:`edge.routes.handling.receive_body`), decode the wire's request with its adapter, run the turn
 (plain or streamed) in the authorized session, answer in the adapter's shape. Errors raised
 before a stream starts (no key, bad request, closed session, engine down) are HTTP errors in
 the wire's error shape; a failure after it started is the wire's in-stream
@@ -23,14 +23,14 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from edge.codec.adapter import WireAdapter
 from edge.http_errors import http_error
 from edge.idempotency import retry_count
 from edge.metrics import EdgeMetrics
+from edge.routes.handling import bearer, error_answer, json_response, receive_body
 from edge.routes.sse import SSEReply
-from edge.routes.wire import bearer, error_answer, json_response, receive_body
 from edge.service import EdgeService
 from edge.turns import Disconnect, TurnRequest
+from edge.wires.adapter import WireAdapter
 from observability.registry import Metrics, Tallied
 from schemas.errors import MethodNotAllowed
 

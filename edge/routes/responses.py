@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from edge.codec.openai_wire import encode_error
-from edge.codec.responses_encode import encode_response
-from edge.codec.responses_wire import ResponsesWire, parse_response_id
-from edge.routes.wire import bearer, json_response, wire_route
+from edge.routes.handling import bearer, json_response, wire_route
 from edge.service import EdgeService
+from edge.wires.openai import encode_error
+from edge.wires.responses import ResponsesWire, parse_response_id
+from edge.wires.responses_encode import encode_response
 from schemas.errors import ResponseNotFound
 
 router = APIRouter(route_class=wire_route(encode_error))

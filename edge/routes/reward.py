@@ -7,10 +7,10 @@ from typing import Any
 import msgspec
 from fastapi import APIRouter, Request, Response
 
-from edge.codec.openai_wire import encode_error
-from edge.codec.strict import decode_strict
-from edge.routes.wire import bearer, json_response, read_body, wire_route
+from edge.routes.handling import bearer, json_response, read_body, wire_route
 from edge.service import EdgeService
+from edge.wires.openai import encode_error
+from edge.wires.strict import decode_strict
 
 router = APIRouter(route_class=wire_route(encode_error))
 

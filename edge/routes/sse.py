@@ -21,8 +21,8 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
-from edge.codec.adapter import StreamEncoder
 from edge.streaming import Item
+from edge.wires.adapter import StreamEncoder
 from schemas.errors import RollbusError
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

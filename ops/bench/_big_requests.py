@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from edge.codec.tokenizer import load_tokenizer
+from edge.tokens.tokenizer import load_tokenizer
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
 from stack.heap import TRIM_ENV
 

@@ -84,8 +84,8 @@ def floor_app() -> FastAPI:
 
 async def edge_app(nats_url: str, max_trajectory_length: int = 32768) -> FastAPI:
     from edge.app import create_app
-    from edge.codec.tokenizer import load_tokenizer
     from edge.settings import EdgeSettings
+    from edge.tokens.tokenizer import load_tokenizer
     from schemas.log import LogConfig
     from stack.heap import settle_heap
     from stack.provision import connect, provision
@@ -106,8 +106,8 @@ async def memlog_edge_app(max_trajectory_length: int = 32768) -> Any:
     """The edge on the in-memory log: no leases and no session index either, which only opening a
     session touches (the benchmark opens its sessions before it counts)."""
     from edge.app import create_app
-    from edge.codec.fidelity import load_codec
     from edge.settings import EdgeSettings
+    from edge.tokens.fidelity import load_codec
     from rollbus.testing.memory_log import in_memory_service
     from stack.heap import settle_heap
 

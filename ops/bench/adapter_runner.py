@@ -89,7 +89,7 @@ async def eight_turns(*, session: Any, raw_prompt: list[dict[str, Any]], sample_
 
 def responder(turns: int) -> Any:
     """Replies by the number of tool results in the context: a tool call, until ``turns - 1`` of them."""
-    from edge.codec.tokenizer import load_tokenizer
+    from edge.tokens.tokenizer import load_tokenizer
     from rollbus.testing.scripted import ScriptedReply
 
     tokenizer = load_tokenizer("builtin:qwen2.5")

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import psutil
 
-from edge.codec.tokenizer import load_tokenizer
+from edge.tokens.tokenizer import load_tokenizer
 from eventlog.reader import load_state
 from materializer.records import derive_records
 from materializer.tq_fields import grouped

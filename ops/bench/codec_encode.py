@@ -16,9 +16,9 @@ import argparse
 import time
 from collections.abc import Callable
 
-from edge.codec.conversation import Message, ToolSpec
-from edge.codec.incremental import TemplateCodec
-from edge.codec.tokenizer import load_tokenizer
+from edge.chat.conversation import Message, ToolSpec
+from edge.tokens.incremental import TemplateCodec
+from edge.tokens.tokenizer import load_tokenizer
 
 _TOOLS = tuple(
     ToolSpec(name=name, description=f"{what} Returns JSON; use it before answering questions about {what.lower()}",

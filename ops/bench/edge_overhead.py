@@ -313,9 +313,9 @@ def _spread(values: list[float]) -> str:
 
 
 def prompt_tokens() -> int:
-    from edge.codec.conversation import template_message, template_tools
-    from edge.codec.openai_wire import decode_request
-    from edge.codec.tokenizer import load_tokenizer
+    from edge.chat.conversation import template_message, template_tools
+    from edge.tokens.tokenizer import load_tokenizer
+    from edge.wires.openai import decode_request
 
     tokenizer = load_tokenizer("builtin:qwen2.5")
     conversation = decode_request(bodies(1)[0])

@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import httpx
 
-from edge.codec.conversation import Message
-from edge.codec.incremental import TemplateCodec
-from edge.codec.tokenizer import load_tokenizer
+from edge.chat.conversation import Message
+from edge.tokens.incremental import TemplateCodec
+from edge.tokens.tokenizer import load_tokenizer
 
 SYSTEM = "You are a concise assistant. Answer in two or three sentences."
 TOPICS = ["the Moon", "honeybees", "volcanoes", "the Roman Empire", "prime numbers", "glaciers", "octopuses",

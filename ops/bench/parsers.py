@@ -14,10 +14,10 @@ import argparse
 import time
 from collections.abc import Callable
 
-from edge.codec.conversation import ToolSpec
-from edge.codec.parsers import make_parser
-from edge.codec.reply import ReplyParser, call_ids
-from edge.codec.tokenizer import load_tokenizer
+from edge.chat.conversation import ToolSpec
+from edge.tokens.parsers import make_parser
+from edge.tokens.reply import ReplyParser, call_ids
+from edge.tokens.tokenizer import load_tokenizer
 
 TOOLS = (ToolSpec(name="get_weather", parameters={"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}}}),)

@@ -42,11 +42,11 @@ from typing import Any
 import httpx
 
 from edge.app import create_app
-from edge.codec.incremental import TemplateCodec
-from edge.codec.parsers import make_parser
-from edge.codec.tokenizer import load_tokenizer
 from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult
 from edge.service import EdgeService, OpenedSession, OpenSession
+from edge.tokens.incremental import TemplateCodec
+from edge.tokens.parsers import make_parser
+from edge.tokens.tokenizer import load_tokenizer
 from rollbus.testing.memory_log import in_memory_service
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",

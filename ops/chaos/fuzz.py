@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import httpx
 from _big_requests import ADMIN, MIB, TARGET, Up, rss
 
-from edge.codec.tokenizer import load_tokenizer
+from edge.tokens.tokenizer import load_tokenizer
 from rollbus.testing.api_fuzz import ApiFuzz
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
 

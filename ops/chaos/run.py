@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from edge.codec.tokenizer import load_tokenizer
+from edge.tokens.tokenizer import load_tokenizer
 from rollbus.testing.burst import tool_responder
 from rollbus.testing.chaos import run
 from rollbus.testing.scripted import ScriptedEngineServer

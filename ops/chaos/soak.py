@@ -37,7 +37,7 @@ import httpx
 import psutil
 from PIL import Image, ImageDraw
 
-from edge.codec.tokenizer import load_tokenizer
+from edge.tokens.tokenizer import load_tokenizer
 from eventlog.lag import Watched, consumer_lag
 from materializer.service import MaterializerOptions
 from rollbus.testing.burst import (

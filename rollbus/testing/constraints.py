@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from edge.codec.tokenizer import Tokenizer
 from edge.engines.grammar import GrammarTokenizer
+from edge.tokens.tokenizer import Tokenizer
 from rollbus.testing.scripted import Checker
 
 

@@ -44,11 +44,11 @@ from collections.abc import AsyncIterator, Sequence
 import msgspec
 
 from edge.assemble import build_edge
-from edge.codec.incremental import TemplateCodec
-from edge.codec.parsers.base import ToolParser
 from edge.engines.base import Engine
 from edge.service import EdgeService
 from edge.settings import Clock, EdgeSettings
+from edge.tokens.incremental import TemplateCodec
+from edge.tokens.parsers.base import ToolParser
 from eventlog.acks import Ack
 from eventlog.port import Delivery
 from eventlog.publisher import Appended

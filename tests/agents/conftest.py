@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from edge.codec.tokenizer import Tokenizer, load_tokenizer
+from edge.tokens.tokenizer import Tokenizer, load_tokenizer
 from rollbus.testing.scripted import ScriptedEngineServer
 from rollbus.testing.tool_user import Call, Encoding, Policy, ToolUser
 from tests.agents import exact

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from edge.codec.tokenizer import load_tokenizer
+from edge.tokens.tokenizer import load_tokenizer
 from rollbus.testing.burst import tool_responder
 from rollbus.testing.scripted import ScriptedEngineServer
 from tests.integration.test_log_outage import private  # noqa: F401 - a fixture

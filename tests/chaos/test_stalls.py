@@ -27,7 +27,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion
 
-from edge.codec.tokenizer import Tokenizer
+from edge.tokens.tokenizer import Tokenizer
 from rollbus.testing.burst import Driver, Outcome, outcome, tool_responder, wait_marked
 from rollbus.testing.scripted import ScriptedEngineServer
 from schemas.events import EngineFailed, TurnAbandoned, TurnCompleted

@@ -31,7 +31,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from edge.codec.tokenizer import load_tokenizer
+from edge.tokens.tokenizer import load_tokenizer
 from eventlog.kv import KvStore
 from eventlog.reader import read_session
 from materializer.ledger import Markers

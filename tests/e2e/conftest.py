@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from edge.codec.tokenizer import Tokenizer, load_tokenizer
+from edge.tokens.tokenizer import Tokenizer, load_tokenizer
 from rollbus.testing.scripted import ScriptedEngineServer
 from schemas.log import LogConfig
 from stack.nats_server import EmbeddedNats

@@ -9,10 +9,10 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from edge.codec.anthropic_wire import decode_request as decode_anthropic
-from edge.codec.anthropic_wire import neutral_messages
-from edge.codec.conversation import Conversation, template_message, template_tools
-from edge.codec.openai_wire import decode_request as decode_openai
+from edge.chat.conversation import Conversation, template_message, template_tools
+from edge.wires.anthropic import decode_request as decode_anthropic
+from edge.wires.anthropic import neutral_messages
+from edge.wires.openai import decode_request as decode_openai
 from rollbus.testing.scripted import ScriptedReply
 from schemas.wire_anthropic import MessagesRequest
 from tests.e2e.test_openai_session import TOOLS, _expected_mask, call_text, reply, wait_for_parquet

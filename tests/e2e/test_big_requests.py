@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from edge.codec.conversation import Message
-from edge.codec.incremental import TemplateCodec
+from edge.chat.conversation import Message
+from edge.tokens.incremental import TemplateCodec
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
 from schemas.events import ChainClosed, ContextAppended, RequestReceived
 from tests.e2e.test_openai_session import open_session

@@ -18,8 +18,8 @@ import pytest
 from openai import BadRequestError as OpenAIBadRequest
 from openai import OpenAI
 
-from edge.codec.anthropic_wire import decode_request, neutral_messages
-from edge.codec.conversation import Conversation
+from edge.chat.conversation import Conversation
+from edge.wires.anthropic import decode_request, neutral_messages
 from rollbus.testing.scripted import ScriptedReply, default_logprobs
 from schemas.wire_anthropic import MessagesRequest
 from tests.e2e import scenario

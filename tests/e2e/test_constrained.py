@@ -18,9 +18,9 @@ import msgspec
 import openai
 import pytest
 
-from edge.codec.constraint import MARKERS, derive_constraint
-from edge.codec.conversation import NamedTool, ToolSpec
-from edge.codec.tokenizer import Tokenizer
+from edge.chat.conversation import NamedTool, ToolSpec
+from edge.tokens.constraint import MARKERS, derive_constraint
+from edge.tokens.tokenizer import Tokenizer
 from rollbus.testing.constraints import grammar_checker
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, default_logprobs
 from schemas import envelope
@@ -185,7 +185,7 @@ def test_the_local_random_model_is_forced_into_a_valid_call(nats_server, log_con
 
 
 def test_a_named_tool_choice_is_decoded_into_the_conversation():
-    from edge.codec.openai_wire import decode_request
+    from edge.wires.openai import decode_request
 
     body = {"messages": USER, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "search"}},
             "parallel_tool_calls": False}

@@ -17,9 +17,9 @@ import anthropic
 import httpx
 from openai import OpenAI
 
-from edge.codec.conversation import template_message, template_tools
-from edge.codec.openai_wire import decode_request
-from edge.codec.tokenizer import Tokenizer, load_tokenizer
+from edge.chat.conversation import template_message, template_tools
+from edge.tokens.tokenizer import Tokenizer, load_tokenizer
+from edge.wires.openai import decode_request
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply
 from tests.continuous_templates import DROPS_ANALYSIS, MARKS_LAST_USER, STRIPS_REASONING, tokenizer_dir
 from tests.e2e import scenario

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from edge.codec.tokenizer import Tokenizer
+from edge.tokens.tokenizer import Tokenizer
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply, ScriptedServer, default_logprobs
 from rollbus.testing.scripted_vllm import ScriptedVLLMServer
 from schemas.events import EngineFailed, TurnCompleted

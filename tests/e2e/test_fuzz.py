@@ -44,7 +44,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai import OpenAI
 
-from edge.codec.tokenizer import Tokenizer
+from edge.tokens.tokenizer import Tokenizer
 from materializer.verify import read_marker
 from rollbus.cli import build_parser
 from rollbus.commands.replay import replay_main

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from edge.codec.conversation import template_message, template_tools
-from edge.codec.openai_wire import decode_request
+from edge.chat.conversation import template_message, template_tools
+from edge.wires.openai import decode_request
 from materializer.dataset import session_rows
 from rollbus.testing.scripted import ScriptedReply, default_logprobs
 

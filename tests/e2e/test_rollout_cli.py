@@ -18,7 +18,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from agent_framework.builtin import example_rows, write_parquet
-from edge.codec.tokenizer import load_tokenizer
+from edge.tokens.tokenizer import load_tokenizer
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply
 
 IM_END = 151645

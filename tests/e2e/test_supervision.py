@@ -21,7 +21,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from edge.codec.tokenizer import Tokenizer
+from edge.tokens.tokenizer import Tokenizer
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply
 from stack.nats_server import EmbeddedNats, NatsSupervisor
 from tests.e2e.test_cli import Up

@@ -11,9 +11,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from edge.codec.conversation import template_message, template_tools
-from edge.codec.openai_wire import decode_request
-from edge.codec.tokenizer import load_tokenizer
+from edge.chat.conversation import template_message, template_tools
+from edge.tokens.tokenizer import load_tokenizer
+from edge.wires.openai import decode_request
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply
 from schemas.log import LogConfig
 from stack.nats_server import EmbeddedNats

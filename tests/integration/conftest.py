@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from edge.codec.tokenizer import Tokenizer, load_tokenizer
+from edge.tokens.tokenizer import Tokenizer, load_tokenizer
 from rollbus.testing.scripted import ScriptedEngineServer
 from tests.integration.edges import responder
 

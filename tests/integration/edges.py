@@ -8,12 +8,12 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from edge.codec.openai_wire import decode_request
-from edge.codec.tokenizer import Tokenizer
 from edge.engines.sglang import SGLangEngine
 from edge.service import EdgeService, OpenSession
 from edge.settings import EdgeSettings
+from edge.tokens.tokenizer import Tokenizer
 from edge.turns import TurnOutcome, TurnRequest
+from edge.wires.openai import decode_request
 from rollbus.testing.scripted import ScriptedReply
 from schemas.log import LogConfig
 from stack.runtime import build_edge_service

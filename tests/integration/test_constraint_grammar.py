@@ -1,4 +1,4 @@
-"""The derived constraints (edge.codec.constraint) against the chat templates' own renderings, with
+"""The derived constraints (edge.tokens.constraint) against the chat templates' own renderings, with
 llguidance (edge.engines.grammar) and the real tokenizers: a valid call in the model's format is
 admitted and parses; other tools, bad arguments, plain text and (when not allowed) parallel calls
 are not."""
@@ -10,12 +10,12 @@ from functools import cache
 
 import pytest
 
-from edge.codec.constraint import MARKERS, derive_constraint
-from edge.codec.conversation import Message, NamedTool, OutputFormat
-from edge.codec.fidelity import load_codec, sampled_text
-from edge.codec.incremental import TemplateCodec
-from edge.codec.parsers.base import ToolParser
+from edge.chat.conversation import Message, NamedTool, OutputFormat
 from edge.engines.grammar import GrammarTokenizer, TokenMatcher
+from edge.tokens.constraint import MARKERS, derive_constraint
+from edge.tokens.fidelity import load_codec, sampled_text
+from edge.tokens.incremental import TemplateCodec
+from edge.tokens.parsers.base import ToolParser
 from schemas.events import ToolCall
 from tests.unit.test_constraint import TOOLS
 

@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 import jsonschema
 import pytest
 
-from edge.codec.constraint import MARKERS, derive_constraint
-from edge.codec.conversation import NamedTool, OutputFormat, ToolSpec
-from edge.codec.parsers.hermes import HermesParser
-from edge.codec.tokenizer import Tokenizer, load_tokenizer
+from edge.chat.conversation import NamedTool, OutputFormat, ToolSpec
 from edge.engines import GenerateRequest, SamplingParams
 from edge.engines.grammar import GrammarTokenizer, constrain
 from edge.engines.local import LocalEngine, build_tiny_qwen2
+from edge.tokens.constraint import MARKERS, derive_constraint
+from edge.tokens.parsers.hermes import HermesParser
+from edge.tokens.tokenizer import Tokenizer, load_tokenizer
 from schemas.errors import EngineRefused
 
 torch = pytest.importorskip("torch")

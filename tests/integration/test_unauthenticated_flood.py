@@ -25,8 +25,9 @@ import pytest
 from nats.aio.client import Client
 from openai import OpenAI
 
-from edge.codec import anthropic_wire, openai_wire
 from edge.service import REFUSED
+from edge.wires import anthropic as anthropic_wire
+from edge.wires import openai as openai_wire
 from rollbus.testing.scripted import ScriptedEngineServer
 from schemas.errors import Unauthorized
 from schemas.log import LogConfig

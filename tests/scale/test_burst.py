@@ -14,7 +14,7 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
-from edge.codec.tokenizer import load_tokenizer
+from edge.tokens.tokenizer import load_tokenizer
 from rollbus.testing.burst import ConsumerPeak, Driver, Outcome, Step, nats_url, outcome, tool_responder, wait_marked
 from rollbus.testing.scripted import ScriptedEngineServer
 from tests.e2e.test_cli import Up

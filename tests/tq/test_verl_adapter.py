@@ -28,7 +28,7 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.utils.import_utils import load_class_from_fqn
 
-from edge.codec.tokenizer import load_tokenizer
+from edge.tokens.tokenizer import load_tokenizer
 from rollbus.testing.scripted import ScriptedEngineServer
 from tests.tq.verl_side import WEIGHTS, ScriptedLLMClient, peak_overlap, responder, rollout_batch, verl_config
 

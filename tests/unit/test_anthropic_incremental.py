@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge.codec import anthropic_wire as a
-from edge.codec import digest
-from edge.codec.cache import BoundedCache
-from edge.codec.conversation import Conversation, Message
-from edge.codec.digest import prefix_digests, tools_digest
+from edge.chat import digest
+from edge.chat.cache import BoundedCache
+from edge.chat.conversation import Conversation, Message
+from edge.chat.digest import prefix_digests, tools_digest
+from edge.wires import anthropic as a
 from schemas import wire_anthropic as w
 from schemas.errors import MalformedRequest
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from edge.codec.fidelity import load_codec
 from edge.service import REFUSED, EdgeService, OpenSession
+from edge.tokens.fidelity import load_codec
 from rollbus.testing.engine import HandlerEngine, result
 from rollbus.testing.memory_log import InMemoryLog, in_memory_service
 from schemas.errors import SessionClosed, Unauthorized

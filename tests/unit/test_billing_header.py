@@ -10,9 +10,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from edge.codec import anthropic_wire as a
-from edge.codec.conversation import Conversation
-from edge.codec.digest import prefix_digests, tools_digest
+from edge.chat.conversation import Conversation
+from edge.chat.digest import prefix_digests, tools_digest
+from edge.wires import anthropic as a
 from schemas.errors import MalformedRequest
 
 HEADER = "x-anthropic-billing-header: cc_version=2.0.14.abc; cc_entrypoint=cli; cch={};"

@@ -1,5 +1,5 @@
 """Request bodies: their Content-Encoding decoded with a bound on what they inflate to, and the time
-they may take to arrive (edge.routes.encoding, edge.routes.wire.receive_body)."""
+they may take to arrive (edge.routes.encoding, edge.routes.handling.receive_body)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import zstandard
 
 from edge.routes.encoding import decode_body
-from edge.routes.wire import Message, check_utf8, receive_body
+from edge.routes.handling import Message, check_utf8, receive_body
 from edge.settings import BodyLimits
 from schemas.errors import MalformedRequest, PayloadTooLarge
 

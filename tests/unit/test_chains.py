@@ -3,9 +3,9 @@
 import msgspec
 import pytest
 
-from edge.codec import digest
-from edge.codec.conversation import Message, ToolSpec
-from edge.codec.digest import prefix_digests, tools_digest
+from edge.chat import digest
+from edge.chat.conversation import Message, ToolSpec
+from edge.chat.digest import prefix_digests, tools_digest
 from schemas.events import ToolCall
 from session.chains import Continue, Exhausted, NewChain, Rollback, select_chain
 from session.fold import fold

@@ -10,9 +10,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from edge.codec import anthropic_wire as a
-from edge.codec.conversation import Conversation, Message
-from edge.codec.openai_wire import decode_request as decode_openai
+from edge.chat.conversation import Conversation, Message
+from edge.wires import anthropic as a
+from edge.wires.openai import decode_request as decode_openai
 from schemas.errors import MalformedRequest
 from schemas.events import ToolCall
 

@@ -1,4 +1,4 @@
-"""The constraint a request implies (edge.codec.constraint), derived purely: what the grammar holds.
+"""The constraint a request implies (edge.tokens.constraint), derived purely: what the grammar holds.
 How it fares against the templates' renderings: tests/integration/test_constraint_grammar.py."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from edge.codec.constraint import JSON_OPTIONS, derive_constraint
-from edge.codec.conversation import NamedTool, OutputFormat, ToolSpec
+from edge.chat.conversation import NamedTool, OutputFormat, ToolSpec
+from edge.tokens.constraint import JSON_OPTIONS, derive_constraint
 from schemas.errors import Unconstrainable
 
 WEATHER = ToolSpec(name="get_weather", parameters={

@@ -13,13 +13,13 @@ import msgspec
 import pytest
 
 from edge.app import health
-from edge.codec.conversation import Message
-from edge.codec.fidelity import choose_mode, load_codec, probe_continuous, sampled_text
-from edge.codec.incremental import TemplateCodec, TemplateMode
-from edge.codec.parsers import make_parser
-from edge.codec.tokenizer import Tokenizer, load_tokenizer
+from edge.chat.conversation import Message
 from edge.service import OpenSession
 from edge.settings import EdgeSettings
+from edge.tokens.fidelity import choose_mode, load_codec, probe_continuous, sampled_text
+from edge.tokens.incremental import TemplateCodec, TemplateMode
+from edge.tokens.parsers import make_parser
+from edge.tokens.tokenizer import Tokenizer, load_tokenizer
 from rollbus.cli import main
 from rollbus.testing.engine import HandlerEngine
 from rollbus.testing.memory_log import InMemoryLog, in_memory_service

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from edge.codec.fidelity import load_codec
-from edge.codec.openai_wire import decode_request
 from edge.engines.base import GenerateRequest, GenerateResult
 from edge.live import LiveSession
 from edge.service import OpenSession
+from edge.tokens.fidelity import load_codec
 from edge.turns import TurnRequest, TurnRunner
+from edge.wires.openai import decode_request
 from rollbus.testing.engine import HandlerEngine, result
 from rollbus.testing.memory_log import InMemoryLog
 from schemas import tokens

@@ -11,16 +11,16 @@ import msgspec
 import numpy as np
 import pytest
 
-from edge.codec.deltas import ContentDelta, StreamFinished, StreamStarted
-from edge.codec.fidelity import load_codec
-from edge.codec.incremental import TemplateCodec
-from edge.codec.openai_wire import decode_request
-from edge.codec.parsers.base import ToolParser
+from edge.chat.deltas import ContentDelta, StreamFinished, StreamStarted
 from edge.engines.base import Engine, GenerateRequest, GenerateResult, SamplingParams, id_list
 from edge.live import LiveSession, Registry
 from edge.service import EdgeService, OpenSession
 from edge.settings import EdgeSettings
+from edge.tokens.fidelity import load_codec
+from edge.tokens.incremental import TemplateCodec
+from edge.tokens.parsers.base import ToolParser
 from edge.turns import TurnOutcome, TurnRequest, TurnRunner
+from edge.wires.openai import decode_request
 from rollbus.testing.engine import HandlerEngine, replying, result
 from rollbus.testing.memory_log import InMemoryLog, in_memory_service
 from schemas.errors import (

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-import edge.codec.fidelity as fidelity
-from edge.codec.fidelity import check_codec, load_codec, probe_incremental, probe_tool_format
-from edge.codec.incremental import TemplateCodec
-from edge.codec.parsers import make_parser
-from edge.codec.template import builtin_template_source
-from edge.codec.tokenizer import Tokenizer, load_tokenizer
+import edge.tokens.fidelity as fidelity
 from edge.settings import EdgeSettings
+from edge.tokens.fidelity import check_codec, load_codec, probe_incremental, probe_tool_format
+from edge.tokens.incremental import TemplateCodec
+from edge.tokens.parsers import make_parser
+from edge.tokens.template import builtin_template_source
+from edge.tokens.tokenizer import Tokenizer, load_tokenizer
 from rollbus.cli import main
 from schemas.errors import CodecMismatch, TemplateNotIncremental
 from stack.runtime import build_edge_service

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.codec.conversation import Message, ToolSpec
+from edge.chat.conversation import Message, ToolSpec
 from edge.forks import (
     FORK_CAUSES,
     HISTORY_COMPACTED,

@@ -2,16 +2,16 @@
 
 import pytest
 
-from edge.codec.conversation import Message
-from edge.codec.incremental import TemplateCodec
-from edge.codec.template import ChatTemplate
-from edge.codec.tokenizer import Tokenizer, load_tokenizer
+from edge.chat.conversation import Message
+from edge.tokens.incremental import TemplateCodec
+from edge.tokens.template import ChatTemplate
+from edge.tokens.tokenizer import Tokenizer, load_tokenizer
 
 QWEN = load_tokenizer("builtin:qwen2.5")
 
 
 def rendered_increment(codec: TemplateCodec, messages: list[Message]) -> str:
-    from edge.codec.conversation import template_message
+    from edge.chat.conversation import template_message
 
     return codec.separator + codec._rendered_tail([template_message(m) for m in messages])
 

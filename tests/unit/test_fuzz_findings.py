@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from edge.codec import openai_wire
-from edge.codec.conversation import Message, template_message
-from edge.codec.template import ChatTemplate, builtin_template_source
+from edge.chat.conversation import Message, template_message
 from edge.idempotency import retry_count
+from edge.tokens.template import ChatTemplate, builtin_template_source
+from edge.wires import openai as openai_wire
 from schemas.errors import EngineError, MalformedRequest, PayloadTooLarge
 from schemas.events import ToolCall
 
@@ -88,7 +88,7 @@ def test_a_vllm_log_prob_named_with_a_superscript_digit_is_no_crash() -> None:
     ("0" * 5000 + "7", False), ("99999999999999999999", True), ("\xb2", False), ("100", False), ("101", True),
 ])
 def test_a_declared_content_length_int_cannot_read_is_no_error(declared: str, refused: bool) -> None:
-    from edge.routes.wire import check_declared_size
+    from edge.routes.handling import check_declared_size
 
     if refused:
         with pytest.raises(PayloadTooLarge):

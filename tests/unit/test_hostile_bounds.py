@@ -12,9 +12,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from edge.app import create_app
-from edge.codec import anthropic_wire, openai_wire
-from edge.codec.strict import MAX_STOP, MAX_STOP_CHARS, check_json_text, check_sampling, decode_strict
 from edge.service import EdgeService, OpenSession, _check_open_request
+from edge.wires import anthropic as anthropic_wire
+from edge.wires import openai as openai_wire
+from edge.wires.strict import MAX_STOP, MAX_STOP_CHARS, check_json_text, check_sampling, decode_strict
 from reward.intake import parse_reward_info
 from schemas.errors import MalformedRequest
 from schemas.events import SamplingDefaults

@@ -10,9 +10,10 @@ import re
 import pytest
 
 import schemas.errors as domain
-from edge.codec import anthropic_wire, openai_wire
 from edge.http_errors import ERRORS, HttpError, http_error, retry_after_headers
-from edge.routes.wire import error_response
+from edge.routes.handling import error_response
+from edge.wires import anthropic as anthropic_wire
+from edge.wires import openai as openai_wire
 from schemas.errors import (
     CapacityExceeded,
     EngineUnavailable,

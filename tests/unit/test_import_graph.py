@@ -12,8 +12,9 @@ CLI). ``rollbus.testing`` holds the scripted engines: only tests and benchmarks 
 Three more rules, read from the source too: only ``eventlog`` reaches JetStream (publishes, binds or creates a
 bucket, reads a message; ``stack.provision`` creates the streams and buckets), neither the edge nor the
 materializer imports the projector, and inside the edge the layers run one way (:data:`EDGE_LAYERS`, from the
-bottom: ``edge.engines``; the wire, ``edge.codec`` with ``edge.http_errors``; the edge's core modules;
-``edge.routes``; the app assembled, ``edge.app``, ``edge.openapi``, ``edge.assemble``).
+bottom: ``edge.engines``; ``edge.chat``, the wire-neutral conversation; ``edge.tokens``; the wires,
+``edge.wires`` with ``edge.http_errors``; the edge's core modules; ``edge.routes``; the app assembled,
+``edge.app``, ``edge.openapi``, ``edge.assemble``).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def _circles(graph: dict[str, list[str]]) -> list[list[str]]:
 def test_the_reader_sees_the_imports_it_must() -> None:
     """The checks below mean something only if the graph holds what the code imports."""
     assert "schemas.events" in GRAPH["edge.turns"]
-    assert "edge.codec.parsers.base" in GRAPH["edge.codec.parsers.hermes"]
+    assert "edge.tokens.parsers.base" in GRAPH["edge.tokens.parsers.hermes"]
     assert len(MODULES) > 120 and sum(map(len, GRAPH.values())) > 400
 
 
@@ -225,14 +226,18 @@ def test_only_the_eventlog_reaches_jetstream() -> None:
 
 # Inside the edge, from the bottom: each layer imports only its own and the ones below it.
 #   0 edge.engines: the engine protocol (GenerateRequest, Constraint, ...) and its clients, the local models
-#   1 the wire: edge.codec (chat templates, incremental encoding, tool parsers, wire adapters) and edge.http_errors,
-#     the error table the wire adapters encode errors with (it names two errors of the codec's own)
-#   2 the edge's core: settings, live sessions and turns, ownership, the session index, streaming, the service
-#   3 edge.routes: one router module per wire, over the service
-#   4 the app assembled: edge.app, edge.openapi, edge.assemble
+#   1 edge.chat: the wire-neutral conversation every wire decodes into, stream deltas, history digests
+#   2 edge.tokens: tokenizers, chat templates, incremental encoding and its probes, reply and tool-call parsing
+#   3 the wires: edge.wires (the OpenAI, Anthropic and Responses adapters) and edge.http_errors, the error table
+#     the wire adapters encode errors with
+#   4 the edge's core: settings, live sessions and turns, ownership, the session index, streaming, the service
+#   5 edge.routes: one router module per wire, over the service
+#   6 the app assembled: edge.app, edge.openapi, edge.assemble
 EDGE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("edge.engines",),
-    ("edge.codec", "edge.http_errors"),
+    ("edge.chat",),
+    ("edge.tokens",),
+    ("edge.wires", "edge.http_errors"),
     ("edge", "edge.settings", "edge.metrics", "edge.engine_input", "edge.forks", "edge.idempotency", "edge.stored",
      "edge.ownership", "edge.session_index", "edge.live", "edge.turns", "edge.streaming", "edge.service",
      "edge.keeper"),
@@ -257,13 +262,13 @@ def _edge_upward(graph: dict[str, list[str]]) -> list[str]:
 
 def test_every_edge_module_has_a_layer() -> None:
     assert [module for module in GRAPH if module.split(".")[0] == "edge" and _edge_layer(module) is None] == []
-    assert _edge_layer("edge.codec.parsers.hermes") == 1 and _edge_layer("edge.routes.sse") == 3
+    assert _edge_layer("edge.tokens.parsers.hermes") == 2 and _edge_layer("edge.routes.sse") == 5
 
 
 def test_the_edge_check_sees_an_arrow_back_up() -> None:
-    assert _edge_upward({"edge.codec.openai_wire": ["edge.service", "edge.engines.base", "schemas.errors"],
-                         "edge.routes.model": ["edge.service", "edge.app"], "edge.service": ["edge.codec.digest"]}) \
-        == ["edge.codec.openai_wire -> edge.service", "edge.routes.model -> edge.app"]
+    assert _edge_upward({"edge.wires.openai": ["edge.service", "edge.engines.base", "schemas.errors"],
+                         "edge.routes.model": ["edge.service", "edge.app"], "edge.service": ["edge.chat.digest"]}) \
+        == ["edge.wires.openai -> edge.service", "edge.routes.model -> edge.app"]
 
 
 def test_imports_inside_the_edge_run_one_way() -> None:

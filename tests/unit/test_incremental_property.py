@@ -24,9 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge.codec.conversation import Message, ToolSpec, template_message, template_tools
-from edge.codec.incremental import TemplateCodec
-from edge.codec.tokenizer import load_tokenizer
+from edge.chat.conversation import Message, ToolSpec, template_message, template_tools
+from edge.tokens.incremental import TemplateCodec
+from edge.tokens.tokenizer import load_tokenizer
 from schemas.events import ToolCall
 
 TEMPLATES = ["builtin:qwen2.5", "builtin:qwen3", "builtin:qwen3-coder"]

@@ -1,5 +1,5 @@
 """A body that starts with its session's last request's messages is parsed only past them
-(edge/codec/prefix.py), on both wires, and decodes to exactly what a decode from scratch gives:
+(edge/wires/prefix.py), on both wires, and decodes to exactly what a decode from scratch gives:
 the same messages, history digests, options and errors, and the sha256 of the whole body."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge.codec import anthropic_wire, openai_wire
-from edge.codec.conversation import Conversation
-from edge.codec.prefix import KnownPrefix, skip_known
+from edge.chat.conversation import Conversation
+from edge.wires import anthropic as anthropic_wire
+from edge.wires import openai as openai_wire
+from edge.wires.prefix import KnownPrefix, skip_known
 from schemas.errors import MalformedRequest
 
 STYLES: dict[str, dict[str, Any]] = {
@@ -122,7 +123,7 @@ def decode_session(wire: ModuleType, bodies: list[bytes], new: list[int]) -> lis
     known = None
     for i, (body, added) in enumerate(zip(bodies, new, strict=True)):
         got, calls = decode_both(wire, body, known)
-        if i and not added:  # a resend with no new message is decoded in full (edge.codec.prefix.skip_known)
+        if i and not added:  # a resend with no new message is decoded in full (edge.wires.prefix.skip_known)
             assert calls.cut == [False]
         elif i:  # the known path, to the end: only the new messages were parsed
             assert calls.cut == [True]

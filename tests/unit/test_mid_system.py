@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from edge.codec.conversation import Message
-from edge.codec.fidelity import MID_SYSTEM, check_codec, load_codec, probe_incremental, replay
-from edge.codec.incremental import TemplateCodec
-from edge.codec.parsers import make_parser
-from edge.codec.template import builtin_template_source
-from edge.codec.tokenizer import load_tokenizer
+from edge.chat.conversation import Message
+from edge.tokens.fidelity import MID_SYSTEM, check_codec, load_codec, probe_incremental, replay
+from edge.tokens.incremental import TemplateCodec
+from edge.tokens.parsers import make_parser
+from edge.tokens.template import builtin_template_source
+from edge.tokens.tokenizer import load_tokenizer
 from schemas.errors import ChatTemplateError
 from tests.unit.test_fidelity import with_template
 

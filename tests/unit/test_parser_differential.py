@@ -13,13 +13,13 @@ Checked, for every format:
   and the text before them;
 - a built-in parser of the same format reads the same calls and the same text;
 - SGLang's own stream (``parse_stream_chunk``, ``parse_stream_end``) gives the same calls;
-- a reply streamed through the edge (:class:`edge.codec.reply.ReplyStream` with
+- a reply streamed through the edge (:class:`edge.tokens.reply.ReplyStream` with
   ``sglang:NAME``) shows what it records, and records what the whole parse reads.
 
 Where they differ, by the family's documented format (decided here, once):
 
 - text before the calls: SGLang's detectors strip it, where the built-in parsers keep its leading
-  whitespace (the newlines after ``</think>``), as :class:`edge.codec.parsers.ToolParser` asks
+  whitespace (the newlines after ``</think>``), as :class:`edge.tokens.parsers.ToolParser` asks
   and as SGLang's streams show it. The adapter gives it back
   (``sglang_adapter._text_before``), so the text compares equal here, whitespace included.
 - SGLang's streams (``parse_stream_chunk``) are right a token a piece, as SGLang's server
@@ -48,11 +48,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from edge.codec.conversation import ToolSpec
-from edge.codec.deltas import ContentDelta, ToolCallReady
-from edge.codec.parsers import make_parser, make_reasoning
-from edge.codec.parsers.sglang_adapter import SGLangParser
-from edge.codec.reply import ReplyParser, call_ids
+from edge.chat.conversation import ToolSpec
+from edge.chat.deltas import ContentDelta, ToolCallReady
+from edge.tokens.parsers import make_parser, make_reasoning
+from edge.tokens.parsers.sglang_adapter import SGLangParser
+from edge.tokens.reply import ReplyParser, call_ids
 
 WEATHER = ToolSpec(name="get_weather", parameters={"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"}}})

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge.codec.conversation import Message, ToolSpec
-from edge.codec.incremental import TemplateCodec
-from edge.codec.parsers import BUILTIN, Llama3JsonParser, Qwen3CoderParser, make_parser
-from edge.codec.parsers.base import PlainParser
-from edge.codec.parsers.hermes import HermesParser
-from edge.codec.parsers.schema_values import convert, schema_types
-from edge.codec.tokenizer import load_tokenizer
+from edge.chat.conversation import Message, ToolSpec
+from edge.tokens.incremental import TemplateCodec
+from edge.tokens.parsers import BUILTIN, Llama3JsonParser, Qwen3CoderParser, make_parser
+from edge.tokens.parsers.base import PlainParser
+from edge.tokens.parsers.hermes import HermesParser
+from edge.tokens.parsers.schema_values import convert, schema_types
+from edge.tokens.tokenizer import load_tokenizer
 from schemas.events import ToolCall
 
 

@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge.codec.tokenizer import load_tokenizer
+from edge.tokens.tokenizer import load_tokenizer
 
 TOKENIZER = load_tokenizer("builtin:qwen2.5")
 ADDED = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "<think>", "<|endoftext|>"]
@@ -40,7 +40,7 @@ def test_a_long_piece_is_encoded_without_holding_the_gil():
     import threading
     import time
 
-    from edge.codec.pieces import RELEASE_GIL_CHARS, PiecewiseEncoder
+    from edge.tokens.pieces import RELEASE_GIL_CHARS, PiecewiseEncoder
 
     rng = random.Random(0)
     vocabulary = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyzäöüßé", k=rng.randint(2, 9))) for _ in range(4000)]
@@ -70,7 +70,7 @@ def test_a_long_piece_is_encoded_without_holding_the_gil():
 
 
 def test_cache_is_bounded():
-    from edge.codec.pieces import PiecewiseEncoder
+    from edge.tokens.pieces import PiecewiseEncoder
 
     encoder = PiecewiseEncoder(TOKENIZER._backend, capacity=8)
     for i in range(50):
@@ -92,7 +92,7 @@ def test_table_decoding_defers_on_ids_it_does_not_know():
 
 
 def test_bounded_cache_drops_everything_past_either_bound():
-    from edge.codec.cache import BoundedCache
+    from edge.chat.cache import BoundedCache
 
     by_items: BoundedCache[str, int] = BoundedCache(max_items=3, max_bytes=10**6)
     for key in "abcd":

@@ -1,8 +1,8 @@
 """A new chain's prompt is encoded once per exact (messages, tools): the cache never changes a token."""
 
-from edge.codec.conversation import Message, ToolSpec
-from edge.codec.incremental import TemplateCodec
-from edge.codec.tokenizer import load_tokenizer
+from edge.chat.conversation import Message, ToolSpec
+from edge.tokens.incremental import TemplateCodec
+from edge.tokens.tokenizer import load_tokenizer
 
 QWEN = load_tokenizer("builtin:qwen2.5")
 FIRST = [Message(role="system", content="You are terse."), Message(role="user", content="List the files.")]

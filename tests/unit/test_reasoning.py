@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.codec.reasoning import ReasoningStream, opens_reasoning, split_reasoning
+from edge.tokens.reasoning import ReasoningStream, opens_reasoning, split_reasoning
 
 
 @pytest.mark.parametrize(("text", "reasoning", "content"), [

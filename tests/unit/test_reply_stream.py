@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge.codec.deltas import ContentDelta, ReasoningDelta, ToolCallReady
-from edge.codec.detokenize import IncrementalDecoder
-from edge.codec.parsers.base import PlainParser
-from edge.codec.parsers.hermes import HermesParser
-from edge.codec.reasoning import split_reasoning
-from edge.codec.reply import ReplyParser, call_ids
-from edge.codec.tokenizer import load_tokenizer
+from edge.chat.deltas import ContentDelta, ReasoningDelta, ToolCallReady
+from edge.tokens.detokenize import IncrementalDecoder
+from edge.tokens.parsers.base import PlainParser
+from edge.tokens.parsers.hermes import HermesParser
+from edge.tokens.reasoning import split_reasoning
+from edge.tokens.reply import ReplyParser, call_ids
+from edge.tokens.tokenizer import load_tokenizer
 
 TOKENIZER = load_tokenizer("builtin:qwen2.5")
 IM_END = TOKENIZER.eos_token_id

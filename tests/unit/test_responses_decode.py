@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from edge.codec.conversation import (
+from edge.chat.conversation import (
     Continuation,
     Conversation,
     Message,
@@ -15,10 +15,10 @@ from edge.codec.conversation import (
     SamplingOverrides,
     ToolSpec,
 )
-from edge.codec.digest import prefix_digests, tools_digest
-from edge.codec.openai_wire import OpenAIWire
-from edge.codec.reasoning_refs import ReasoningRefs, stack_key
-from edge.codec.responses_wire import ResponsesWire, parse_response_id
+from edge.chat.digest import prefix_digests, tools_digest
+from edge.wires.openai import OpenAIWire
+from edge.wires.reasoning_refs import ReasoningRefs, stack_key
+from edge.wires.responses import ResponsesWire, parse_response_id
 from schemas.errors import MalformedRequest, ResponseNotFound
 from schemas.events import ToolCall
 

@@ -10,10 +10,10 @@ from openai._types import omit
 from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import ResponseStreamEvent
 
-from edge.codec.conversation import Conversation, TurnOutcome
-from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamFinished, StreamStarted, ToolCallReady
-from edge.codec.reasoning_refs import ReasoningRefs, stack_key
-from edge.codec.responses_wire import ResponsesWire
+from edge.chat.conversation import Conversation, TurnOutcome
+from edge.chat.deltas import ContentDelta, ReasoningDelta, StreamFinished, StreamStarted, ToolCallReady
+from edge.wires.reasoning_refs import ReasoningRefs, stack_key
+from edge.wires.responses import ResponsesWire
 from schemas.errors import EngineUnavailable, MalformedRequest
 from schemas.events import ToolCall
 

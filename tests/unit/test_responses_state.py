@@ -14,12 +14,12 @@ import pytest
 from openai import AsyncOpenAI
 
 from edge.app import create_app
-from edge.codec.conversation import Message
-from edge.codec.fidelity import load_codec
-from edge.codec.reasoning_refs import ReasoningRefs, stack_key
+from edge.chat.conversation import Message
 from edge.service import EdgeService, OpenSession
 from edge.settings import EdgeSettings
 from edge.stored import KEEP, with_reasoning
+from edge.tokens.fidelity import load_codec
+from edge.wires.reasoning_refs import ReasoningRefs, stack_key
 from rollbus.testing.engine import HandlerEngine, replying
 from rollbus.testing.memory_log import InMemoryLog, in_memory_service
 

@@ -12,13 +12,13 @@ from collections.abc import Iterator
 
 import pytest
 
-import edge.codec.parsers.sglang_adapter as sglang_adapter
-from edge.codec.conversation import ToolSpec
-from edge.codec.deltas import ContentDelta, ReasoningDelta
-from edge.codec.parsers import HermesParser, SGLangParser, make_parser, make_reasoning
-from edge.codec.parsers.sglang_adapter import SGLangReasoning, reasoning_parser_names, tool_parser_names
-from edge.codec.reasoning import ThinkReasoning
-from edge.codec.reply import ReplyParser, call_ids
+import edge.tokens.parsers.sglang_adapter as sglang_adapter
+from edge.chat.conversation import ToolSpec
+from edge.chat.deltas import ContentDelta, ReasoningDelta
+from edge.tokens.parsers import HermesParser, SGLangParser, make_parser, make_reasoning
+from edge.tokens.parsers.sglang_adapter import SGLangReasoning, reasoning_parser_names, tool_parser_names
+from edge.tokens.reasoning import ThinkReasoning
+from edge.tokens.reply import ReplyParser, call_ids
 
 WEATHER = ToolSpec(name="get_weather", parameters={"type": "object", "properties": {"city": {"type": "string"}}})
 

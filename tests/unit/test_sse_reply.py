@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from edge.app import create_app
-from edge.codec.fidelity import load_codec
 from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult
 from edge.service import OpenSession
+from edge.tokens.fidelity import load_codec
 from rollbus.testing.memory_log import InMemoryLog, in_memory_service
 from schemas.events import TurnAbandoned, TurnCompleted
 

@@ -1,5 +1,5 @@
-"""The streamed text deltas written from byte templates (edge.codec.openai_wire.OpenAIStream,
-edge.codec.anthropic_wire.AnthropicStream) are byte for byte what the wire structs encode to, for
+"""The streamed text deltas written from byte templates (edge.wires.openai.OpenAIStream,
+edge.wires.anthropic.AnthropicStream) are byte for byte what the wire structs encode to, for
 any text and any model name, in every block of a stream."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge.codec.adapter import sse
-from edge.codec.anthropic_wire import AnthropicWire
-from edge.codec.conversation import Conversation
-from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamStarted, ToolCallReady
-from edge.codec.openai_wire import OpenAIWire
+from edge.chat.conversation import Conversation
+from edge.chat.deltas import ContentDelta, ReasoningDelta, StreamStarted, ToolCallReady
+from edge.wires.adapter import sse
+from edge.wires.anthropic import AnthropicWire
+from edge.wires.openai import OpenAIWire
 from schemas import wire_anthropic as wa
 from schemas.events import ToolCall
 from schemas.wire_openai import ChatCompletionChunk, ChunkChoice, Delta

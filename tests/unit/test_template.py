@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge.codec.template import ChatTemplate, builtin_template_source
+from edge.tokens.template import ChatTemplate, builtin_template_source
 from schemas.errors import ChatTemplateError
 
 DEFAULT_SYSTEM = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"

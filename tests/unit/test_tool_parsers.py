@@ -3,8 +3,8 @@ import re
 
 import pytest
 
-from edge.codec.parsers import make_parser
-from edge.codec.parsers.hermes import HermesParser
+from edge.tokens.parsers import make_parser
+from edge.tokens.parsers.hermes import HermesParser
 
 
 def ids(i: int) -> str:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from edge.codec.tokenizer import load_tokenizer
+from edge.tokens.tokenizer import load_tokenizer
 from rollbus.testing.tool_user import (
     ECHO,
     Encoding,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge.codec.tokenizer import Tokenizer, load_tokenizer
+from edge.tokens.tokenizer import Tokenizer, load_tokenizer
 from schemas.errors import MalformedRequest
 from schemas.events import EngineFailed, ToolCall, TurnAbandoned, TurnCompleted
 from session.fold import fold

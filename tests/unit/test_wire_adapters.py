@@ -6,11 +6,11 @@ import json
 import msgspec
 import pytest
 
-from edge.codec.anthropic_wire import AnthropicWire
-from edge.codec.conversation import Conversation, Message, SamplingOverrides, TurnOutcome
-from edge.codec.deltas import ContentDelta, ReasoningDelta, StreamFinished, StreamStarted, ToolCallReady
-from edge.codec.digest import prefix_digests, tools_digest
-from edge.codec.openai_wire import OpenAIWire
+from edge.chat.conversation import Conversation, Message, SamplingOverrides, TurnOutcome
+from edge.chat.deltas import ContentDelta, ReasoningDelta, StreamFinished, StreamStarted, ToolCallReady
+from edge.chat.digest import prefix_digests, tools_digest
+from edge.wires.anthropic import AnthropicWire
+from edge.wires.openai import OpenAIWire
 from schemas.errors import EngineUnavailable, MalformedRequest, SessionClosed
 from schemas.events import ToolCall
 

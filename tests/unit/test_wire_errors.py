@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 
-from edge.codec.openai_wire import encode_error
-from edge.routes.wire import wire_route
+from edge.routes.handling import wire_route
+from edge.wires.openai import encode_error
 from observability.registry import Metrics
 from schemas.errors import OwnershipLost, SessionOwned
 

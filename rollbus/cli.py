@@ -171,7 +171,7 @@ def _rate(text: str) -> int:
 
 def _materializer_flags(parser: argparse.ArgumentParser) -> None:
     from materializer.options import MaterializerOptions
-    from rollbus.commands import materialize
+    from rollbus.commands import record_flags
 
     d = MaterializerOptions()
     group = parser.add_argument_group("materializer")
@@ -190,15 +190,15 @@ def _materializer_flags(parser: argparse.ArgumentParser) -> None:
                        help=f"seconds a batch waits for more sessions after its first [{d.max_delay:g}]")
     group.add_argument("--ack-wait", type=number(float, above=0), default=d.ack_wait,
                        help=f"seconds before JetStream redelivers a batch nobody acknowledged [{d.ack_wait:g}]")
-    materialize.add_record_flags(parser)
+    record_flags.add_record_flags(parser)
 
 
 def _materializer_options(args: argparse.Namespace) -> MaterializerOptions:
     from materializer.options import MaterializerOptions
-    from rollbus.commands import materialize
+    from rollbus.commands import record_flags
 
     return MaterializerOptions(
-        records=materialize.record_options(args), rollout_n=args.rollout_n, padding=materialize.padding(args),
+        records=record_flags.record_options(args), rollout_n=args.rollout_n, padding=record_flags.padding(args),
         transfer_queue=args.transfer_queue, ray_address=args.ray_address, tq_partition=args.tq_partition,
         reward_scorer=args.reward_scorer, max_batch=args.batch_size, max_delay=args.batch_delay,
         ack_wait=args.ack_wait)

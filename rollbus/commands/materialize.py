@@ -16,7 +16,7 @@ Exit status (:data:`EXIT_STATUS`): 0 when every session was read, whether or not
 found differences (read its last line); 1 when some sessions' events were unreadable; 2
 for a mistake (a missing ``--diff`` dataset, an ``--out`` that holds one, no log, no NATS).
 
-The record flags (:func:`add_record_flags`) are shared with ``rollbus up`` and
+The record flags (:mod:`rollbus.commands.record_flags`) are shared with ``rollbus up`` and
 ``rollbus materializer``.
 """
 
@@ -30,11 +30,10 @@ from pathlib import Path
 
 from materializer.dataset import dataset_files, read_dataset
 from materializer.diff import diff_tables, render
-from materializer.padding import Padding
 from materializer.parquet import ParquetSink
-from materializer.records import RecordOptions
 from materializer.rematerialize import Progress, Rematerializer
 from reward.scorer import RewardScorer, load_scorer
+from rollbus.commands.record_flags import add_record_flags, padding, record_options
 from rollbus.progress import Progress as Shown
 from rollbus.progress import rate_text, summary
 from rollbus.tools import LOG_LEVEL_HELP, find_log, opened_log
@@ -46,35 +45,6 @@ from stack.user_error import check_writable_dir
 EXIT_STATUS = ("exit status: 0 when every session was read, whether or not --diff found differences (its last "
                "line says identical or different); 1 when some sessions were unreadable; 2 for a mistake (a "
                "missing --diff dataset, an --out that holds one, no log, no NATS server)")
-
-
-def add_record_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("records")
-    group.add_argument("--mask-unfinished-episode", action="store_true",
-                       help="records of sessions whose task posted finished=false train nothing (masks zero)")
-    group.add_argument("--trajectory-selection", choices=["all", "longest"], default="all",
-                       help="every chain of a session, or only its longest [all]")
-    group.add_argument("--reward-scorer", metavar="MODULE:ATTR",
-                       help="score sessions whose task posted no reward (else their reward is 0)")
-    group.add_argument("--prompt-length", type=int, help="write padded rows: prompts left-padded to this length")
-    group.add_argument("--response-length", type=int, help="... and responses right-padded to this length")
-    group.add_argument("--pad-token-id", type=int, default=0, help="the token id of padding [0]")
-    group.add_argument("--overflow", choices=["truncate", "error"], default="truncate",
-                       help="a record longer than the padded lengths: cut it (recorded per row) or refuse [truncate]")
-
-
-def record_options(args: argparse.Namespace) -> RecordOptions:
-    return RecordOptions(mask_unfinished_episode=args.mask_unfinished_episode,
-                         trajectory_selection=args.trajectory_selection)
-
-
-def padding(args: argparse.Namespace) -> Padding | None:
-    if args.prompt_length is None and args.response_length is None:
-        return None
-    if args.prompt_length is None or args.response_length is None:
-        raise UserError("--prompt-length and --response-length go together")
-    return Padding(prompt_length=args.prompt_length, response_length=args.response_length,
-                   pad_token_id=args.pad_token_id, overflow=args.overflow)
 
 
 def register(parsers: dict[str, argparse.ArgumentParser]) -> None:

@@ -37,10 +37,11 @@ import msgspec
 
 from rollbus.tools import EXIT_OK, add_connection_args, run_tool
 from schemas.log import LogConfig
-from session.summary import ChainSummary, SessionSummary, summarize
 
-if TYPE_CHECKING:  # (NATS and the projections are imported when the command runs: its --help answers at once)
+if TYPE_CHECKING:  # (NATS, the projections and the fold are imported when the command runs: --help answers at once)
     from nats.js.client import JetStreamContext
+
+    from session.summary import ChainSummary, SessionSummary
 
 STATUSES = ("open", "finalized", "aborted", "quarantined")
 
@@ -63,6 +64,7 @@ def register(parsers: dict[str, argparse.ArgumentParser]) -> None:
 
 
 async def sessions_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Namespace) -> int:
+    from session.summary import summarize
     from session_projector.projections import iter_projections
 
     summaries = [summarize(p.state) async for p in iter_projections(js, cfg)]

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from eventlog.acks import Ack
 from eventlog.kv import Kv
 from eventlog.publisher import Appended
-from eventlog.reader import LogMessage, SessionLog
+from eventlog.reader import LogMessage, SessionLog, Stored
 from schemas.events import AnyEvent, Event
 from schemas.log import LogConfig
 from session.fold import SessionState
@@ -45,15 +45,10 @@ class DeliveryMetadata(Protocol):
     def num_delivered(self) -> int: ...  # 1 on its first delivery
 
 
-class Delivery(Protocol):
-    """A message a durable consumer delivered (a ``nats.aio.msg.Msg`` on JetStream)."""
+class Delivery(Stored, Protocol):
+    """A message a durable consumer delivered (a ``nats.aio.msg.Msg`` on JetStream): what decoding reads of
+    it, and its delivery's metadata."""
 
-    @property
-    def subject(self) -> str: ...
-    @property
-    def data(self) -> bytes: ...
-    @property
-    def headers(self) -> dict[str, str] | None: ...
     @property
     def metadata(self) -> DeliveryMetadata: ...
 

@@ -199,18 +199,27 @@ def probe_incremental(codec: TemplateCodec, probes: Sequence[Probe] | None = Non
     allows one call a turn) is skipped: the edge answers such requests with a 400 anyway.
     At least one probe must run.
     """
+    return _replayed(codec, probes, replay, (UnfaithfulTemplate, TemplateNotIncremental), "not prefix-stable")
+
+
+def _replayed(codec: TemplateCodec, probes: Sequence[Probe] | None,
+              run: Callable[[TemplateCodec, Probe], str | None], failures: tuple[type[Exception], ...],
+              what: str) -> Verdict:
+    """``run`` over ``probes`` (default: :data:`PROBES`, and :data:`MID_SYSTEM` for a template that renders
+    system messages mid-conversation): each problem, or ``failures`` raised, named ``what (probe): ...``; a
+    probe the template refuses is skipped, unless it refuses them all."""
     chosen = probes if probes is not None else (*PROBES, MID_SYSTEM) if codec.mid_system else PROBES
     problems, refusals = [], []
     for probe in chosen:
         try:
-            problem = replay(codec, probe)
+            problem = run(codec, probe)
         except ChatTemplateError as exc:
             refusals.append(f"{probe.name}: {exc}")
             continue
-        except (UnfaithfulTemplate, TemplateNotIncremental) as exc:
+        except failures as exc:
             problem = str(exc)
         if problem is not None:
-            problems.append(f"not prefix-stable ({probe.name}): {problem}")
+            problems.append(f"{what} ({probe.name}): {problem}")
     if len(refusals) == len(chosen):
         problems.append(f"the template refused every probe conversation; {refusals[-1]}")
     return Verdict(problems=tuple(problems))
@@ -248,21 +257,7 @@ def probe_continuous(codec: TemplateCodec, probes: Sequence[Probe] | None = None
     the full render, after the last reply's end-of-turn token and the separator), however the template
     re-renders the turns before them. A template whose rendering of new messages depends on what came before
     (one that numbers turns) cannot be served."""
-    chosen = probes if probes is not None else (*PROBES, MID_SYSTEM) if codec.mid_system else PROBES
-    problems, refusals = [], []
-    for probe in chosen:
-        try:
-            problem = replay_continuous(codec, probe)
-        except ChatTemplateError as exc:
-            refusals.append(f"{probe.name}: {exc}")
-            continue
-        except TemplateNotIncremental as exc:
-            problem = str(exc)
-        if problem is not None:
-            problems.append(f"not servable as continuous tokens ({probe.name}): {problem}")
-    if len(refusals) == len(chosen):
-        problems.append(f"the template refused every probe conversation; {refusals[-1]}")
-    return Verdict(problems=tuple(problems))
+    return _replayed(codec, probes, replay_continuous, (TemplateNotIncremental,), "not servable as continuous tokens")
 
 
 def replay_continuous(codec: TemplateCodec, probe: Probe) -> str | None:

@@ -35,12 +35,13 @@ import asyncio
 import logging
 import secrets
 import time
+from typing import Any
 
 import msgspec
 from nats.js.client import JetStreamContext
 
 from edge.settings import Clock
-from eventlog.kv import KvStore
+from eventlog.kv import Kv, KvStore
 from schemas.errors import LogUnavailable, OwnershipLost, RevisionConflict, SessionOwned
 from schemas.log import LogConfig
 
@@ -104,15 +105,23 @@ class LeaseHandle:
 
 
 class KvLeases:
-    def __init__(self, js: JetStreamContext, cfg: LogConfig, *, edge_id: str, url: str = "", ttl: float = 15.0,
-                 grace: float = 2.0, clock: Clock = time.time, timeout: float = 5.0) -> None:
-        self._store = KvStore(js, cfg.leases_bucket, timeout=timeout)
+    """The sessions' leases in ``store`` (``LogConfig.leases_bucket`` on JetStream: :meth:`on`; any :class:`Kv`,
+    the in-memory one included)."""
+
+    def __init__(self, store: Kv, *, edge_id: str, url: str = "", ttl: float = 15.0,
+                 grace: float = 2.0, clock: Clock = time.time) -> None:
+        self._store = store
         self.edge_id = edge_id
         self.instance = secrets.token_hex(6)
         self.url = url
         self.ttl = ttl
         self.grace = grace
         self.clock = clock
+
+    @classmethod
+    def on(cls, js: JetStreamContext, cfg: LogConfig, *, timeout: float = 5.0, **kwargs: Any) -> KvLeases:
+        """The leases in ``cfg.leases_bucket``, each call bounded by ``timeout``."""
+        return cls(KvStore(js, cfg.leases_bucket, timeout=timeout), **kwargs)
 
     async def create(self, session_id: str) -> LeaseHandle:
         """The lease of a new session; :class:`OwnershipLost` if the id already has one."""

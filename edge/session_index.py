@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import msgspec
 from nats.js.client import JetStreamContext
 
-from eventlog.kv import KvStore
+from eventlog.kv import Kv, KvStore
 from schemas.errors import Conflict, LogUnavailable, RevisionConflict
 from schemas.log import LogConfig
 from schemas.metadata import or_default, read_settings
@@ -60,7 +60,7 @@ class SessionIndex(Protocol):
 
 
 class _KvClaim:
-    def __init__(self, store: KvStore, key: str, revision: int, previous: bytes | None) -> None:
+    def __init__(self, store: Kv, key: str, revision: int, previous: bytes | None) -> None:
         self._store = store
         self._key = key
         self._revision = revision
@@ -80,9 +80,14 @@ class KvSessionIndex:
     """``cfg.session_index_bucket``: ``index_key(uid, session_index)`` -> :class:`IndexHolder`, written
     by compare-and-set (revision 0 to create). Read and written only when a session opens."""
 
-    def __init__(self, js: JetStreamContext, cfg: LogConfig, *, timeout: float = 5.0, tries: int = 4) -> None:
-        self._store = KvStore(js, cfg.session_index_bucket, timeout=timeout)
+    def __init__(self, store: Kv, *, tries: int = 4) -> None:
+        self._store = store
         self._tries = tries
+
+    @classmethod
+    def on(cls, js: JetStreamContext, cfg: LogConfig, *, timeout: float = 5.0, tries: int = 4) -> KvSessionIndex:
+        """The index in ``cfg.session_index_bucket``, each call bounded by ``timeout``."""
+        return cls(KvStore(js, cfg.session_index_bucket, timeout=timeout), tries=tries)
 
     async def claim(self, uid: str, session_index: int, attempt: int, session_id: str) -> IndexClaim:
         key = index_key(uid, session_index)

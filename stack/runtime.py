@@ -191,11 +191,12 @@ def build_edge_service(settings: EdgeSettings, nc: Client, engine: Engine, *,
     cfg = settings.log
     codec = load_codec(settings.tokenizer, settings.tool_format)  # refuses a mismatched pair, before NATS
     js = nc.jetstream()
-    leases = KvLeases(js, cfg, edge_id=settings.edge_id, url=settings.public_url, ttl=settings.lease_ttl_s,
+    leases = KvLeases.on(js, cfg, edge_id=settings.edge_id, url=settings.public_url, ttl=settings.lease_ttl_s,
                       clock=clock)
     return build_edge(settings, JetStreamPort(nc, cfg), engine, codec=codec, clock=clock,
                       metrics=metrics if metrics is not None else Metrics(), leases=leases,
-                      index=KvSessionIndex(js, cfg), summaries=lambda session_id: current_summary(js, cfg, session_id))
+                      index=KvSessionIndex.on(js, cfg),
+                      summaries=lambda session_id: current_summary(js, cfg, session_id))
 
 
 def build_keeper(service: EdgeService, js: JetStreamContext, *, clock: Clock = time.time) -> SessionKeeper:

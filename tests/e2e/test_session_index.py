@@ -64,7 +64,7 @@ def test_concurrent_opens_of_one_pair_open_one_session(stack):
 
 async def test_a_released_claim_frees_the_pair_and_a_released_takeover_restores_the_holder(
         js: JetStreamContext, log_config: LogConfig):
-    index = KvSessionIndex(js, log_config)
+    index = KvSessionIndex.on(js, log_config)
     claim = await index.claim("u", 0, 0, "a" * 32)  # its session's open then failed
     await claim.release()
     held = await index.claim("u", 0, 0, "b" * 32)

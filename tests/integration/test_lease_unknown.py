@@ -106,7 +106,7 @@ async def test_a_timed_out_renewal_of_a_lease_taken_elsewhere_is_lost(nc, js, lo
         await agent.turn(edge, "one")
         live = edge.registry.peek(agent.session_id)
         assert live is not None and live.lease is not None
-        other = KvLeases(js, log_config, edge_id="edge-b", ttl=TTL, clock=clock)
+        other = KvLeases.on(js, log_config, edge_id="edge-b", ttl=TTL, clock=clock)
         _, revision = await other.read(agent.session_id)
         await other.write(agent.session_id, revision)  # edge b took the session meanwhile
         await stall(edge, "update", apply=False)
@@ -120,10 +120,10 @@ async def test_releasing_a_lease_taken_over_elsewhere_is_ownership_lost(js, log_
     """A delete over a revision that moved is refused as lost ownership (nats-py answers a delete's wrong last
     sequence with a bare BadRequestError, which escaped the lease's release before), and the taker keeps it."""
     session_id = "0123456789abcdef0123456789abcdef"
-    mine = KvLeases(js, log_config, edge_id="edge-a", ttl=TTL, clock=clock)
+    mine = KvLeases.on(js, log_config, edge_id="edge-a", ttl=TTL, clock=clock)
     handle = await mine.create(session_id)
     clock.advance(TTL + 5)
-    other = KvLeases(js, log_config, edge_id="edge-b", ttl=TTL, clock=clock)
+    other = KvLeases.on(js, log_config, edge_id="edge-b", ttl=TTL, clock=clock)
     await other.acquire(session_id)
     with pytest.raises(OwnershipLost):
         await mine.delete(session_id, handle.revision)

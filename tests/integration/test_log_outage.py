@@ -87,9 +87,9 @@ async def test_reading_a_session_during_an_outage_is_log_unavailable(private: Pr
 @pytest.mark.parametrize("outage", ["server stopped", "connection closed"])
 async def test_leases_during_an_outage_are_log_unavailable_not_owned_or_lost(private: Private, outage: str) -> None:
     js = private.nc.jetstream()
-    mine = KvLeases(js, CFG, edge_id="a", timeout=1.0)
+    mine = KvLeases.on(js, CFG, edge_id="a", timeout=1.0)
     handle = await mine.create(SESSION)
-    other = KvLeases(js, CFG, edge_id="b", timeout=1.0)
+    other = KvLeases.on(js, CFG, edge_id="b", timeout=1.0)
     await other._store.bind()  # bound before the outage, as a running edge's is
     await (private.stop() if outage == "server stopped" else private.nc.close())
     with pytest.raises(LogUnavailable):
@@ -137,11 +137,11 @@ async def test_a_lease_index_or_projection_entry_that_does_not_decode_is_a_named
         await read_projection(js, CFG, SESSION)
     await (await js.key_value(CFG.leases_bucket)).put(SESSION, b"<not a lease>")
     await (await js.key_value(CFG.session_index_bucket)).put(index_key("task", 0), b"[1, 2")
-    leases = KvLeases(js, CFG, edge_id="a", timeout=1.0)
+    leases = KvLeases.on(js, CFG, edge_id="a", timeout=1.0)
     with pytest.raises(LogUnavailable, match="not a lease"):
         await leases.acquire(SESSION)
     with pytest.raises(LogUnavailable, match="not a session index entry"):
-        await KvSessionIndex(js, CFG, timeout=1.0).claim("task", 0, 0, SESSION)
+        await KvSessionIndex.on(js, CFG, timeout=1.0).claim("task", 0, 0, SESSION)
 
 
 async def test_the_edge_answers_503_in_each_wires_shape_when_the_log_is_gone(private: Private) -> None:

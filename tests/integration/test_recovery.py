@@ -151,7 +151,7 @@ async def test_a_renewal_racing_a_commits_ensure_on_one_edge_is_not_ownership_lo
     write the lease, each over the revision the other wrote (before, the second refused its own edge)."""
     from edge.ownership import KvLeases
 
-    leases = KvLeases(js, log_config, edge_id="edge-a", ttl=10.0, clock=clock)
+    leases = KvLeases.on(js, log_config, edge_id="edge-a", ttl=10.0, clock=clock)
     handle = await leases.create("0123456789abcdef0123456789abcdef")
     clock.advance(6)  # past half the TTL: ensure() writes too
     for _ in range(5):

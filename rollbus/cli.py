@@ -55,16 +55,16 @@ class Command(NamedTuple):
 
 
 TOOLS: dict[str, Command] = {
-    "demo": Command("rollbus.commands.demo", "run sample agent sessions and summarize the records"),
-    "replay": Command("rollbus.commands.replay", "rebuild a session from the log; --verify checks materialized "
+    "demo": Command("rollbus.commands.flags", "run sample agent sessions and summarize the records"),
+    "replay": Command("rollbus.commands.flags", "rebuild a session from the log; --verify checks materialized "
                                                   "records"),
     "sessions": Command("rollbus.commands.sessions", "list sessions with status, model turns, chains and reward"),
-    "materialize": Command("rollbus.commands.materialize", "rebuild training records from the log into a new "
+    "materialize": Command("rollbus.commands.flags", "rebuild training records from the log into a new "
                                                             "dataset"),
     "rollout": Command("rollbus.commands.rollout", "run agent rollouts over a prompts dataset (no trainer)"),
-    "view": Command("rollbus.commands.view", "the trajectory viewer: a web page of sessions and their tokens"),
-    "export": Command("rollbus.commands.export", "write sessions' raw log (envelopes, pieces, markers) to a file"),
-    "import": Command("rollbus.commands.export", "load an export into a log (idempotent)"),
+    "view": Command("rollbus.commands.flags", "the trajectory viewer: a web page of sessions and their tokens"),
+    "export": Command("rollbus.commands.flags", "write sessions' raw log (envelopes, pieces, markers) to a file"),
+    "import": Command("rollbus.commands.flags", "load an export into a log (idempotent)"),
 }
 STACK_HELP = {"up": "run the whole stack in the foreground", "edge": "run the HTTP edge alone",
               "projector": "run the session projector alone", "materializer": "run the materializer alone"}

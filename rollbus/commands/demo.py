@@ -36,8 +36,8 @@ import openai
 from openai import AsyncOpenAI
 
 from materializer.dataset import session_rows
+from rollbus.commands.flags import DEMO_MODEL
 from rollbus.progress import Progress, Stages, summary
-from rollbus.tools import LOG_LEVEL_HELP, number
 from schemas.errors import UserError
 from stack.runtime import Stack, StackOptions, check_options, engine_summary, model_defaults
 from stack.user_error import one_line
@@ -52,7 +52,6 @@ TOOLS = [{
     },
 }]
 SYSTEM = "You are a careful assistant. Use the calculator tool for arithmetic, then answer with the number."
-DEMO_MODEL = "smollm2"  # a real small model, so the demo shows real text
 DEFAULT_DATA_DIR = Path("rollbus-data")
 TOKEN_CHECK_SESSION = "rollbus-demo-token-check"  # GET /sessions/<it>: 401 for a wrong admin token, else 404
 
@@ -243,32 +242,9 @@ async def _counted(job: Awaitable[dict[str, Any]], progress: Progress) -> dict[s
     return result
 
 
-def register(parsers: dict[str, argparse.ArgumentParser]) -> None:
-    """Flags and defaults of the commands this module runs, on the parsers the CLI made for them."""
-    demo = parsers["demo"]
-    demo.description = ("Run calculator-agent sessions (OpenAI SDK, one tool) through a stack, post their rewards, "
-                        "finalize them and print one line per materialized trajectory. The stack is the edge of --url, "
-                        "else the running `rollbus up` of --data-dir, else an embedded one started in --data-dir.")
-    demo.epilog = ("exit status: 0 when every session was materialized; 1 when some were not in time; 2 for a mistake "
-                   "(no edge at --url, a refused admin token, a --model that does not exist, an unusable --data-dir)")
-    demo.add_argument("--url", metavar="URL",
-                      help="a running edge, e.g. http://127.0.0.1:8000 [the one in <data-dir>/edge.json, "
-                           "else an embedded stack]")
-    demo.add_argument("--admin-token", default=None, metavar="TOKEN",
-                      help="the edge's admin token [with --url: $ROLLBUS_ADMIN_TOKEN; a running stack: its "
-                           "edge.json's; an embedded stack: $ROLLBUS_ADMIN_TOKEN, else generated]")
-    demo.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
-                      help="the stack's directory: its edge.json, or the embedded stack's NATS store, and the "
-                           "trajectories/ the records are read from (with --url: only when given) [./rollbus-data]")
-    demo.add_argument("--sessions", type=number(int, at_least=1), default=4, metavar="N",
-                      help="agent sessions to run, two per prompt [4]")
-    demo.add_argument("--max-tokens", type=number(int, at_least=1), default=48, metavar="N",
-                      help="max_tokens of each model call [48]")
-    demo.add_argument("--model", default=None, metavar="NAME|PATH",
-                      help=f"the embedded stack's local model: tiny-qwen2, smollm2, a model dir or a .gguf file "
-                           f"[{DEMO_MODEL}; tiny-qwen2 when it is not installed]; refused with --url")
-    demo.add_argument("--log-level", default="WARNING", metavar="LEVEL", help=LOG_LEVEL_HELP)
-    demo.set_defaults(run=lambda args: asyncio.run(run_demo(args)))
+def main(args: argparse.Namespace) -> int:
+    """``rollbus demo``."""
+    return asyncio.run(run_demo(args))
 
 
 async def run_demo(args: argparse.Namespace) -> int:

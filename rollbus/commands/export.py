@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import datetime as dt
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from nats.errors import Error as NatsError
@@ -49,7 +48,7 @@ from rollbus.commands.archive_io import (
 )
 from rollbus.commands.importing import import_target
 from rollbus.progress import Progress, rate_text, summary
-from rollbus.tools import EXIT_OK, add_connection_args, duration, run_tool
+from rollbus.tools import EXIT_OK, run_tool
 from schemas import blobs
 from schemas.archive import ArchivedEnvelope, ArchivedMarker, ArchivedPiece, ArchiveHeader
 from schemas.errors import ArchiveError, IncompleteLog, LogUnavailable, UserError
@@ -57,46 +56,6 @@ from schemas.log import HDR_BLOBS, LogConfig, check_session_id
 from stack.provision import bytes_text
 
 # --- the command line ---------------------------------------------------------------------
-
-def since(text: str) -> dt.datetime:
-    """An argparse ``type``: a duration back from now (``7d``, ``12h``) or an ISO 8601 time (UTC when naive)."""
-    try:
-        return dt.datetime.now(dt.UTC) - dt.timedelta(seconds=duration(text))
-    except argparse.ArgumentTypeError:
-        pass
-    try:
-        when = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a duration (7d, 12h) or an ISO time (2026-01-31T12:00): "
-                                         f"{text!r}") from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
-
-
-def register(parsers: dict[str, argparse.ArgumentParser]) -> None:
-    """Flags and defaults of the commands this module runs, on the parsers the CLI made for them."""
-    export = parsers["export"]
-    export.description = ("Write the raw event log of one session, or of every session, as JSON "
-                          "lines or Parquet, for long-term audit; `rollbus import` loads it back.")
-    export.add_argument("session_id", nargs="?", help="the session to export")
-    export.add_argument("--all", action="store_true", help="every session of the log")
-    export.add_argument("--since", type=since, metavar="DURATION|ISO",
-                        help="with --all: the sessions that appended at or after then (7d, 12h, 2026-01-31), "
-                             "each whole")
-    export.add_argument("--format", choices=["jsonl", "parquet"], default=None,
-                        help="[parquet when -o ends in .parquet, else jsonl]")
-    export.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="the file to write (new)")
-    add_connection_args(export)
-    export.set_defaults(run=run_export)
-    load = parsers["import"]
-    load.description = ("Republish an export's sessions into a log: --nats URL, else the running "
-                        "`rollbus up` of --data-dir, else an embedded nats-server on "
-                        "<data-dir>/nats (created when missing).")
-    load.epilog = ("exit status: 0 when every session is in the log; 2 when one was refused (the "
-                   "log holds a different event for it), or for a mistake")
-    load.add_argument("file", type=Path, help="a file written by `rollbus export`")
-    add_connection_args(load)
-    load.set_defaults(run=run_import)
-
 
 def run_export(args: argparse.Namespace) -> int:
     if bool(args.session_id) == bool(args.all):

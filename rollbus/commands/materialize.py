@@ -12,7 +12,7 @@ stderr (a bar on a terminal, else a line every 5 s and one at the end, then a su
 ``--diff`` then compares the new output with an earlier one, key by key, and prints
 ``identical`` or ``different`` last.
 
-Exit status (:data:`EXIT_STATUS`): 0 when every session was read, whether or not the diff
+Exit status (:data:`rollbus.commands.flags.EXIT_STATUS`): 0 when every session was read, whether or not the diff
 found differences (read its last line); 1 when some sessions' events were unreadable; 2
 for a mistake (a missing ``--diff`` dataset, an ``--out`` that holds one, no log, no NATS).
 
@@ -26,47 +26,25 @@ import argparse
 import asyncio
 import functools
 import time
-from pathlib import Path
 
 from materializer.dataset import dataset_files, read_dataset
 from materializer.diff import diff_tables, render
 from materializer.parquet import ParquetSink
 from materializer.rematerialize import Progress, Rematerializer
 from reward.scorer import RewardScorer, load_scorer
-from rollbus.commands.record_flags import add_record_flags, padding, record_options
+from rollbus.commands.record_flags import padding, record_options
 from rollbus.progress import Progress as Shown
 from rollbus.progress import rate_text, summary
-from rollbus.tools import LOG_LEVEL_HELP, find_log, opened_log
+from rollbus.tools import find_log, opened_log
 from schemas.errors import UserError
 from schemas.log import LogConfig
 from stack.provision import connect
 from stack.user_error import check_writable_dir
 
-EXIT_STATUS = ("exit status: 0 when every session was read, whether or not --diff found differences (its last "
-               "line says identical or different); 1 when some sessions were unreadable; 2 for a mistake (a "
-               "missing --diff dataset, an --out that holds one, no log, no NATS server)")
 
-
-def register(parsers: dict[str, argparse.ArgumentParser]) -> None:
-    """Flags and defaults of the commands this module runs, on the parsers the CLI made for them."""
-    cmd = parsers["materialize"]
-    cmd.description = ("Rebuild the records of every finalized session from the log into a new "
-                       "dataset; the log is --nats URL, else the running `rollbus up` of "
-                       "--data-dir, else an embedded nats-server on <data-dir>/nats.")
-    cmd.epilog = EXIT_STATUS
-    cmd.add_argument("--from-log", action="store_true", required=True, help="read every session from the log")
-    cmd.add_argument("--out", type=Path, required=True, help="directory of the new dataset (must hold none)")
-    cmd.add_argument("--diff", type=Path, metavar="DIR",
-                     help="then compare the new dataset with this earlier one (it must hold a dataset); "
-                          "differences are printed and do not change the exit status")
-    cmd.add_argument("--data-dir", type=Path, default=Path("rollbus-data"),
-                     help="the stack's directory: its running `rollbus up` (edge.json), else its nats/ store "
-                          "[./rollbus-data]")
-    cmd.add_argument("--nats", metavar="URL", help="the log's NATS server [the running stack's, else embedded]")
-    cmd.add_argument("--sessions-per-file", type=int, default=4096, help="sessions per Parquet file [4096]")
-    cmd.add_argument("--log-level", default="WARNING", metavar="LEVEL", help=LOG_LEVEL_HELP)
-    add_record_flags(cmd)
-    cmd.set_defaults(run=lambda args: asyncio.run(run(args)))
+def main(args: argparse.Namespace) -> int:
+    """``rollbus materialize``."""
+    return asyncio.run(run(args))
 
 
 def _check(args: argparse.Namespace) -> RewardScorer | None:

@@ -26,7 +26,7 @@ from eventlog.reader import read_session
 from materializer.records import derive_records
 from materializer.verify import Difference, body_differences, compare, load_markers, read_marker
 from rollbus.progress import PLAIN_EVERY_S, Progress, rate_text, summary
-from rollbus.tools import EXIT_DIFFERENT, EXIT_ERROR, EXIT_OK, add_connection_args, run_tool
+from rollbus.tools import EXIT_DIFFERENT, EXIT_ERROR, EXIT_OK, run_tool
 from schemas.bodies import rebuild
 from schemas.errors import SessionNotFound
 from schemas.events import AnyEvent
@@ -36,18 +36,6 @@ from session.fold import SessionState, fold
 from session.summary import summarize
 from session.views import ChainView, chain_tokens, chain_views
 from session_projector.replay import Replayed, ReplayStats, replay_all, replay_one
-
-
-def register(parsers: dict[str, argparse.ArgumentParser]) -> None:
-    """Flags and defaults of the commands this module runs, on the parsers the CLI made for them."""
-    parser = parsers["replay"]
-    parser.add_argument("session_id", nargs="?", help="the session to replay or verify")
-    parser.add_argument("--verify", action="store_true", help="compare re-derived records with the markers")
-    parser.add_argument("--all", action="store_true", help="with --verify: every session in the log")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--request", type=int, metavar="N", help="print the raw body of request N")
-    add_connection_args(parser)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

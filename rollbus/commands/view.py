@@ -21,23 +21,15 @@ import sys
 
 from nats.js.client import JetStreamContext
 
-from rollbus.tools import EXIT_ERROR, EXIT_OK, add_connection_args, number, run_tool
+from rollbus.tools import EXIT_ERROR, EXIT_OK, run_tool
 from schemas.errors import UserError
 from schemas.log import LogConfig
 from viewer.server import Viewer
 
 
-def register(parsers: dict[str, argparse.ArgumentParser]) -> None:
-    """Flags and defaults of the commands this module runs, on the parsers the CLI made for them."""
-    parser = parsers["view"]
-    parser.description = ("Serve the trajectory viewer: the session list (from the projections) "
-                          "and each session's chains, tokens, turns, reward and audit trail "
-                          "(replayed from the log).")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
-    parser.add_argument("--port", type=number(int, at_least=0, at_most=65535), default=8090,
-                        help="port to listen on; 0: any free port [8090]")
-    add_connection_args(parser)
-    parser.set_defaults(run=lambda args: asyncio.run(run_tool(args, view_main)))
+def run(args: argparse.Namespace) -> int:
+    """``rollbus view``."""
+    return asyncio.run(run_tool(args, view_main))
 
 
 async def view_main(js: JetStreamContext, cfg: LogConfig, args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ import ctypes
 import gc
 import logging
 import os
+import time
 from typing import Protocol
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,10 @@ TRIM_THRESHOLD = 32 * 1024 * 1024
 """Trim once the process holds this much more resident memory beyond what malloc has handed out than it did
 after the last trim."""
 TRIM_INTERVAL_S = 5.0
+CHECK_SHARE = 0.002
+"""The most of one core the keeper's checks may take: a check that walked the arenas for ``t`` seconds of CPU
+waits at least ``t / CHECK_SHARE`` before the next (measured on the edge benchmark: 80 ms a check on a loaded
+machine, every 5 s, was 3 % of the edge's CPU)."""
 TRIM_ENV = "ROLLBUS_HEAP_TRIM_MIB"
 """The threshold in MiB (default 32); 0 leaves malloc as it is (no fixed thresholds, no keeper)."""
 MMAP_THRESHOLD = 32 * 1024 * 1024
@@ -136,7 +141,8 @@ class HeapKeeper:
     small allocations in that thread's arena) leaves hundreds of MB free but resident, in the middle
     of arenas, where ``free`` never returns them. Every ``interval`` seconds the keeper compares the
     RSS with what malloc has handed out (in a worker thread: it walks the arenas, holding each one's
-    lock meanwhile; measured 15-40 ms with 2.7 GB free in them); when the difference grew by
+    lock meanwhile; measured 15-40 ms with 2.7 GB free in them, 10 ms in a quiet edge; checks that dear are
+    spaced out so that they take at most :data:`CHECK_SHARE` of a core); when the difference grew by
     ``threshold`` since the last trim and has stayed put since the previous check (:func:`trim_due`), it
     trims (``malloc_trim(0)``: madvise of the free pages; 0.15 s for 1.3 GB, on that thread). Memory
     in use is never touched, growth in use never triggers a trim (RSS and use grow together), memory
@@ -151,6 +157,7 @@ class HeapKeeper:
         self._interval = interval
         self._since = self._previous = self.slack()
         self.trims = 0
+        self.check_cpu_s = 0.0  # CPU time the last check took
 
     @classmethod
     def for_process(cls) -> HeapKeeper | None:
@@ -171,7 +178,9 @@ class HeapKeeper:
 
     def check(self) -> bool:
         """Trim if it is due; whether it did. Blocking: call it from a worker thread."""
+        started = time.thread_time()
         slack = self.slack()
+        self.check_cpu_s = time.thread_time() - started
         due = trim_due(slack, self._previous, self._since, self._threshold)
         self._previous = slack
         if not due:
@@ -182,11 +191,15 @@ class HeapKeeper:
         self.trims += 1
         return True
 
+    def next_wait(self) -> float:
+        """Seconds until the next check: the interval, longer when checks are dear (:data:`CHECK_SHARE`)."""
+        return max(self._interval, self.check_cpu_s / CHECK_SHARE)
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Check every ``interval`` seconds until ``stop``."""
+        """Check every ``interval`` seconds (or less often: :meth:`next_wait`) until ``stop``."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._interval)
+                await asyncio.wait_for(stop.wait(), self.next_wait())
                 return
             if await asyncio.to_thread(self.check):
                 log.debug("heap trimmed (%d so far)", self.trims)

@@ -4,10 +4,11 @@ glibc's malloc held free (the real allocator, on a heap fragmented the way a tok
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
-from stack.heap import Glibc, HeapKeeper, trim_due
+from stack.heap import CHECK_SHARE, Glibc, HeapKeeper, trim_due
 
 MIB = 1024 * 1024
 
@@ -102,3 +103,21 @@ def test_a_trim_gives_back_what_a_fragmented_glibc_heap_held_free() -> None:
     assert freed > 128 * MIB, f"the trim gave back {freed / MIB:.0f} MiB"
     assert not keeper.check()
     assert len(keep) == 256 * MIB // 2048 // 32
+
+
+def test_dear_checks_are_spaced_out() -> None:
+    class Slow(ScriptedAllocator):
+        def in_use_bytes(self) -> int:
+            started = time.thread_time()
+            while time.thread_time() - started < 0.02:  # 20 ms of CPU walking the arenas
+                pass
+            return self.in_use
+
+    keeper = HeapKeeper(Slow(resident=300 * MIB, in_use=70 * MIB, floor=230 * MIB), threshold=64 * MIB, interval=5.0)
+    assert keeper.next_wait() == 5.0  # none measured yet
+    keeper.check()
+    assert keeper.check_cpu_s >= 0.02
+    assert keeper.next_wait() >= 0.02 / CHECK_SHARE  # at most CHECK_SHARE of a core
+    cheap = HeapKeeper(ScriptedAllocator(resident=300 * MIB, in_use=70 * MIB, floor=230 * MIB), interval=5.0)
+    cheap.check()
+    assert cheap.next_wait() == 5.0

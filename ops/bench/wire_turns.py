@@ -225,9 +225,13 @@ async def measure(modes: Sequence[str], sessions: int, rounds: int) -> dict[str,
 
 
 def _baseline(tree: str, sessions: int) -> float:
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
-    out = subprocess.run([sys.executable, __file__, "--sessions", str(sessions), "--modes", "openai", "--raw"],
-                         env=env, capture_output=True, text=True, check=True, cwd=os.path.abspath(tree))
+    """``openai``'s CPU a turn with the code at ``tree``, measured by that tree's own copy of this script (its
+    modules may have other names than this tree's)."""
+    root = os.path.abspath(tree)
+    script = os.path.join(root, "ops", "bench", "wire_turns.py")
+    env = {**os.environ, "PYTHONPATH": root}
+    out = subprocess.run([sys.executable, script, "--sessions", str(sessions), "--modes", "openai", "--raw"],
+                         env=env, capture_output=True, text=True, check=True, cwd=root)
     return float(out.stdout.split()[-1])
 
 

@@ -231,6 +231,9 @@ class InMemoryLog:
         consumer.ack_wait, consumer.max_ack_pending = ack_wait, max_ack_pending
         return MemorySubscription(consumer, self._arrived, max_wait=self._max_wait)
 
+    async def image(self, session_id: str, digest: str) -> bytes | None:
+        return self.pieces.get(blobs.object_name(session_id, bytes.fromhex(digest)))
+
     def kv(self, bucket: str, *, timeout: float = 5.0) -> InMemoryKv:
         """The bucket (made on first use: a provisioned log has them all)."""
         return self.buckets.setdefault(bucket, InMemoryKv(bucket))

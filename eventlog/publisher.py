@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import msgspec
@@ -77,7 +77,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from eventlog.acks import Ack, AckedPublisher
 from eventlog.retrying import replay_first
-from schemas import envelope
+from schemas import blobs, envelope
 from schemas.errors import (
     LogUnavailable,
     NoResponders,
@@ -192,6 +192,11 @@ class EventLog(Protocol):
 
     async def append(self, session_id: str, events: Sequence[Event], expected_last: int) -> Appended: ...
 
+    async def put_pieces(self, session_id: str, pieces: Mapping[bytes, bytes]) -> None:
+        """Store values (sha256 digest -> bytes) of the session in the object store, for events appended after
+        to reference by digest (an image's bytes: :class:`schemas.events.ImageRef`)."""
+        ...
+
 
 class JetStreamLog:
     """The event log on JetStream, written through the nats-py client ``nc``."""
@@ -219,6 +224,11 @@ class JetStreamLog:
         last = fitted[-1]
         ack = await self._publish(session_id, last.events, last.payload, expected_last, len(last.pieces))
         return Appended(stream=ack.stream, stream_seq=ack.seq, duplicate=ack.duplicate, envelopes=len(fitted))
+
+    async def put_pieces(self, session_id: str, pieces: Mapping[bytes, bytes]) -> None:
+        """Store values by digest in the pieces bucket, under ``<session_id>/<sha256 hex>`` (:mod:`schemas.blobs`),
+        before the events that reference them are appended."""
+        await self._store_pieces({blobs.object_name(session_id, digest): data for digest, data in pieces.items()})
 
     async def _store_pieces(self, pieces: dict[str, bytes]) -> None:
         try:

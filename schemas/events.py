@@ -64,7 +64,9 @@ class SessionOpened(Event, tag="session_opened", kw_only=True):
     # the only ones then; read them through ``reasoning`` and ``template``.
     reasoning_format: str | msgspec.UnsetType = msgspec.UNSET
     template_mode: str | msgspec.UnsetType = msgspec.UNSET
-    processor: str | msgspec.UnsetType = msgspec.UNSET  # the processor's name when one is configured
+    # The image processor's name (``builtin:qwen2.5-vl`` or its directory) when the edge has one. UNSET (absent
+    # from the encoded event, so the events written before it encode as they were): none, images refused.
+    processor: str | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def reasoning(self) -> str:
@@ -123,14 +125,15 @@ class ForkPoint(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ImageRef(msgspec.Struct, frozen=True, kw_only=True):
-    """An image in an event's tokens: its bytes are in the log's object store, by digest."""
+    """An image in an event's token ids: its bytes are in the log's object store under
+    ``schemas.blobs.object_name(session_id, bytes.fromhex(digest))``, stored before the event."""
 
     digest: str  # sha256 hex of the image bytes
-    media_type: str
+    media_type: str  # "image/png", "image/jpeg", "image/webp", "image/gif"
     width: int
     height: int
-    offset: int  # index, in this event's token ids, of the image's first <|image_pad|>
-    tokens: int  # how many <|image_pad|> it has
+    offset: int  # index, in this event's token ids, of the image's first image pad token
+    tokens: int  # how many image pad tokens it has
 
 
 class ChainStarted(Event, tag="chain_started", kw_only=True):
@@ -145,7 +148,8 @@ class ChainStarted(Event, tag="chain_started", kw_only=True):
     # Its parent and the cause of the fork. UNSET (absent from the encoded event, so the events written
     # before the field re-encode byte for byte): not recorded (a log written before forks were).
     fork: ForkPoint | msgspec.UnsetType = msgspec.UNSET
-    # The images in its tokens, in order. UNSET: no image (old events re-encode byte for byte).
+    # The images in ``prompt_ids``, in order (offsets into it). UNSET (absent from the encoded event, so the
+    # events written before the field re-encode byte for byte): none.
     images: tuple[ImageRef, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -162,7 +166,7 @@ class ContextAppended(Event, tag="context_appended", kw_only=True):
     # "tool_calls_as_text") and the session's continue_reserialized_turns continued the chain with its logged
     # tokens instead of forking. UNSET (absent from the encoded event): the request extended the chain as is.
     reserialized: str | msgspec.UnsetType = msgspec.UNSET
-    # The images in its tokens, in order. UNSET: no image (old events re-encode byte for byte).
+    # The images in ``token_ids``, in order (offsets into it). UNSET (absent from the encoded event): none.
     images: tuple[ImageRef, ...] | msgspec.UnsetType = msgspec.UNSET
 
 

@@ -33,9 +33,10 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from edge.app import create_app
-from edge.assemble import build_edge
+from edge.assemble import build_edge, edge_images
 from edge.engines import LOCAL_MODELS, local_model, make_engine
 from edge.engines.base import Engine
+from edge.engines.vllm import NO_IMAGES
 from edge.keeper import SessionKeeper
 from edge.ownership import KvLeases
 from edge.service import EdgeService
@@ -52,7 +53,7 @@ from materializer.service import Materializer
 from observability.lag import watch_lag
 from observability.registry import Metrics, MetricsServer
 from reward.scorer import RewardScorer, load_scorer
-from schemas.errors import ProvisionError, StartupError
+from schemas.errors import ProvisionError, StartupError, UserError
 from session_projector.projections import current_summary, iter_projections
 from session_projector.service import Projector
 from stack.heap import HeapKeeper
@@ -154,6 +155,8 @@ def check_options(options: StackOptions) -> None:
                            "at --nats, put jetstream { sync_interval: always } in its configuration")
     if "edge" not in options.components:
         return
+    if options.processor and options.engine == "vllm":
+        raise StartupError(f"--processor: {NO_IMAGES}")
     if options.engine != "local":
         if options.model is not None:
             raise StartupError("--model selects the local engine's model; a remote engine serves its own")
@@ -190,10 +193,16 @@ def build_edge_service(settings: EdgeSettings, nc: Client, engine: Engine, *,
     from it; its appends and engine calls timed in ``metrics`` (a registry of its own if None)."""
     cfg = settings.log
     codec = load_codec(settings.tokenizer, settings.tool_format)  # refuses a mismatched pair, before NATS
+    try:
+        images = edge_images(settings, codec[0].tokenizer)
+    except (UserError, ValueError, OSError) as exc:  # the processor does not load, or does not fit the tokenizer
+        text = one_line(exc.message if isinstance(exc, UserError) else str(exc))
+        raise StartupError(text if text.startswith("--processor") else f"--processor {settings.processor}: {text}"
+                           ) from exc
     js = nc.jetstream()
     leases = KvLeases(js, cfg, edge_id=settings.edge_id, url=settings.public_url, ttl=settings.lease_ttl_s,
                       clock=clock)
-    return build_edge(settings, JetStreamPort(nc, cfg), engine, codec=codec, clock=clock,
+    return build_edge(settings, JetStreamPort(nc, cfg), engine, codec=codec, clock=clock, images=images,
                       metrics=metrics if metrics is not None else Metrics(), leases=leases,
                       index=KvSessionIndex(js, cfg), summaries=lambda session_id: current_summary(js, cfg, session_id))
 
@@ -483,7 +492,11 @@ class Stack:
                                 log=options.log, edge_id=options.edge_id or default_edge_id(port),
                                 lease_ttl_s=options.lease_ttl, idle_timeout_s=options.idle_timeout,
                                 disconnect_grace_s=options.disconnect_grace, body_min_rate=options.body_min_rate,
-                                rollback_rewritten_turns=options.rollback_rewritten_turns)
+                                rollback_rewritten_turns=options.rollback_rewritten_turns,
+                                processor=options.processor, max_images=options.max_images,
+                                max_image_bytes=options.max_image_bytes, max_image_pixels=options.max_image_pixels,
+                                max_image_side=options.max_image_side, image_fetch_allow=options.image_fetch_allow,
+                                image_fetch_timeout_s=options.image_fetch_timeout)
         service = self._service = build_edge_service(settings, nc, self._engine, metrics=self.metrics)
         self._spawn(build_keeper(service, js).run(self.stop_event), "keeper")
         app = create_app(service, ready=self.ready, failing=self.failing, stopping=self.stop_event.is_set,

@@ -39,7 +39,7 @@ edge service on it the way :func:`stack.runtime.build_edge_service` builds one o
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import msgspec
 
@@ -153,6 +153,11 @@ class InMemoryLog:
         for fit in fitted:
             ack = self._publish(session_id, fit, ack.seq)
         return Appended(stream=self.cfg.stream, stream_seq=ack.seq, duplicate=ack.duplicate, envelopes=len(fitted))
+
+    async def put_pieces(self, session_id: str, pieces: Mapping[bytes, bytes]) -> None:
+        """Store values by digest in the object store, as :meth:`JetStreamLog.put_pieces` does."""
+        for digest, data in pieces.items():
+            self.pieces[blobs.object_name(session_id, digest)] = data
 
     def _publish(self, session_id: str, fit: Envelope, expected_last: int) -> _Ack:
         """What JetStream does with one publish: the expected-last check, then the duplicate window."""

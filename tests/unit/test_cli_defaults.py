@@ -30,8 +30,12 @@ FIELDS: dict[str, Callable[[], object]] = {
         ("reasoning_format", "reasoning_format"), ("max_trajectory_length", "max_trajectory_length"),
         ("admin_token", "admin_token"), ("edge_id", "edge_id"), ("lease_ttl", "lease_ttl"),
         ("idle_timeout", "idle_timeout"), ("send_timeout", "send_timeout"), ("body_min_rate", "body_min_rate"),
-        ("metrics_host", "metrics_host"), ("fsync", "fsync")]},
+        ("metrics_host", "metrics_host"), ("fsync", "fsync"), ("processor", "processor"),
+        ("image_max_count", "max_images"), ("image_max_bytes", "max_image_bytes"),
+        ("image_max_pixels", "max_image_pixels"), ("image_max_side", "max_image_side"),
+        ("image_fetch_timeout", "image_fetch_timeout")]},
     "engine_url": lambda: list(STACK.engine_urls),
+    "image_fetch_allow": lambda: list(STACK.image_fetch_allow),
     **{dest: (lambda name=name: getattr(MATERIALIZER, name)) for dest, name in [
         ("transfer_queue", "transfer_queue"), ("ray_address", "ray_address"), ("tq_partition", "tq_partition"),
         ("rollout_n", "rollout_n"), ("batch_size", "max_batch"), ("batch_delay", "max_delay"),

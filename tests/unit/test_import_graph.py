@@ -240,6 +240,7 @@ EDGE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("edge.tokens",),
     ("edge.wires", "edge.http_errors"),
     ("edge", "edge.settings", "edge.metrics", "edge.engine_input", "edge.forks", "edge.idempotency", "edge.stored",
+     "edge.images",
      "edge.ownership", "edge.session_index", "edge.live", "edge.turns", "edge.streaming", "edge.service",
      "edge.keeper"),
     ("edge.routes",),

@@ -83,7 +83,7 @@ def test_an_image_the_fork_lists_wins_over_the_parents_at_the_same_offset():
     prompt, first = _with_images([1], [("a", 2)])
     script.turn(0, prompt, [7], new_chain=True, images=first)
     other = [msgspec.structs.replace(first[0], digest=hashlib.sha256(b"z").hexdigest())]  # same size, other image
-    script.turn(1, prompt + [4], [8], new_chain=True, images=other,
+    script.turn(1, [*prompt, 4], [8], new_chain=True, images=other,
                 fork=ForkPoint(cause="sibling", parent=0, token_offset=len(prompt)))
     assert fold(script.events).chains[1].images == tuple(other)
 

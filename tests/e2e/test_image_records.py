@@ -18,6 +18,9 @@ from openai import OpenAI
 from PIL import Image
 
 from eventlog.jetstream import JetStreamPort
+from materializer.dataset import session_rows
+from materializer.parquet import ParquetSink
+from materializer.rematerialize import Rematerializer
 from materializer.vision import log_images, restore
 from rollbus.cli import build_parser
 from rollbus.commands.replay import replay_main
@@ -39,7 +42,8 @@ def _url(data: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
-def test_an_image_session_becomes_records_verl_reads_and_replays_verified(make_stack, engine, tokenizer, capsys):
+def test_an_image_session_becomes_records_verl_reads_and_replays_verified(make_stack, engine, tokenizer, capsys,
+                                                                           tmp_path):
     stack = make_stack(processor=BUILTIN)
     session = open_session(stack, uid="vlrecords")
     client = OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
@@ -74,6 +78,7 @@ def test_an_image_session_becomes_records_verl_reads_and_replays_verified(make_s
         nc = await connect(stack.nats_url, name="image-records")
         try:
             images = await log_images(JetStreamPort(nc, stack.options.log).image, [row])
+            await Rematerializer(ParquetSink(tmp_path / "again")).run(nc.jetstream(), stack.options.log)
             return restore(row, images, processor), await replay_main(
                 nc.jetstream(), stack.options.log, build_parser().parse_args(
                     ["replay", "--verify", session["session_id"], "--nats", "nats://unused"]))
@@ -81,6 +86,8 @@ def test_an_image_session_becomes_records_verl_reads_and_replays_verified(make_s
             await nc.close()
 
     restored, verified = asyncio.run(from_log())
+    (again,) = session_rows(tmp_path / "again", [session["session_id"]])  # rollbus materialize --from-log
+    assert again["images"] == row["images"] and again["vision_position_ids"] == row["vision_position_ids"]
     for key, value in expected.items():
         assert torch.equal(restored["multi_modal_inputs"][key], value)
     assert restored["position_ids"].shape == (4, len(ids))

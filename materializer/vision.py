@@ -104,25 +104,34 @@ def with_vision(record: TrajectoryRecord, processor: Processor, images: Mapping[
 
 
 def restore(row: Mapping[str, Any], images: Mapping[str, bytes], processor: Processor) -> dict[str, Any]:
-    """A Parquet row's ``multi_modal_inputs`` and ``position_ids`` (four rows, verl's) rebuilt from its images
-    (``images``: digest -> bytes, e.g. :func:`log_images` or :func:`archive_images`); :class:`FoldError` when an
-    image is missing or altered, or the rows rebuilt differ from those stored. A text-only row gives ``{}``."""
+    """A Parquet row's ``multi_modal_inputs`` and ``position_ids`` (four rows, verl's, over its valid tokens)
+    rebuilt from its images (``images``: digest -> bytes, e.g. :func:`log_images` or :func:`archive_images`),
+    unpadded or padded; :class:`FoldError` when an image is missing or altered, the row was cut to the padded
+    lengths, or the rows rebuilt differ from those stored. A text-only row gives ``{}``."""
     if row.get("processor") is None:
         return {}
     from vision.records import trajectory_inputs
 
+    ids = _valid_ids(row)
     session_id = str(row["session_id"])
-    refs = row["images"] or []
-    data = [checked(session_id, ref["digest"], images.get(ref["digest"])) for ref in refs]
-    ids = np.asarray(row["input_ids"], dtype=np.int64)
-    if len(ids) != row["seq_len"]:
-        raise FoldError(f"record {row['key']}: restore reads unpadded rows (this one has {len(ids)} ids for "
-                        f"{row['seq_len']} tokens)")
+    data = [checked(session_id, ref["digest"], images.get(ref["digest"])) for ref in row["images"] or []]
     built = trajectory_inputs(processor, ids, np.ones(len(ids), dtype=np.int64), data)
     stored = row.get("vision_position_ids")
     if stored is not None and not np.array_equal(built["position_ids"][1:].numpy(), np.asarray(stored)):
         raise FoldError(f"record {row['key']}: the position ids rebuilt differ from those stored")
     return {"multi_modal_inputs": dict(built["multi_modal_inputs"]), "position_ids": built["position_ids"]}
+
+
+def _valid_ids(row: Mapping[str, Any]) -> np.ndarray:
+    """A row's valid tokens: all of an unpadded row's; a padded row's between its prompt's left padding and its
+    response's right padding (a row cut to the padded lengths is refused: its images' offsets do not hold)."""
+    if row.get("truncated"):
+        raise FoldError(f"record {row['key']}: cut to the padded lengths, its images cannot be restored")
+    ids = np.asarray(row["input_ids"], dtype=np.int64)
+    if len(ids) == row["seq_len"]:
+        return ids
+    width = len(row["prompts"])
+    return ids[width - row["prompt_len"]: width + row["response_len"]]
 
 
 async def log_images(fetch: ImageFetch, rows: Iterable[Mapping[str, Any]]) -> dict[str, bytes]:

@@ -233,3 +233,21 @@ async def test_the_materializer_fetches_the_images_through_the_log_and_quarantin
     assert markers(log)[lacking.session_id].status == "quarantined"
     last = (await log.read_session(lacking.session_id)).events[-1]
     assert last.stage == "underivable" and f"image {chart} is not in the log's object store" in last.reason
+
+
+async def test_a_padded_table_keeps_the_image_columns_as_the_unpadded_one(processor):
+    from materializer.padding import Padding, pad_records
+
+    records = await _attached(processor)
+    padding = Padding(prompt_length=128, response_length=128)
+    padded = records_to_table(records, pad_records(records, padding), msgspec.structs.asdict(padding)).to_pylist()
+    plain = records_to_table(records).to_pylist()
+    for name in ("processor", "images", "vision_position_ids"):  # offsets into the valid tokens, rows unpadded
+        assert [r[name] for r in padded] == [r[name] for r in plain]
+    images = {hashlib.sha256(d).hexdigest(): d for d in (SCREEN, CHART, PHOTO)}
+    for row, record in zip(padded, records, strict=True):  # restored from the valid tokens of a padded row
+        assert np.array_equal(restore(row, images, processor)["position_ids"][1:].numpy(), record.vision_position_ids)
+    cut = records_to_table(records, pad_records(records, Padding(prompt_length=8, response_length=8)),
+                           {}).to_pylist()[0]
+    with pytest.raises(FoldError, match="cut to the padded lengths"):
+        restore(cut, images, processor)

@@ -2,7 +2,7 @@
 
 ::
 
-    rollbus replay SESSION_ID             its chains: turns, token counts, masks, reward
+    rollbus replay SESSION_ID             its chains: turns, token counts, masks, images, reward
     rollbus replay SESSION_ID --json      the same with every token id, mask and log prob
     rollbus replay SESSION_ID --request N the raw body of its request N, byte for byte as the agent sent it
     rollbus replay --verify SESSION_ID    re-derive its records, compare digests with its marker,
@@ -109,7 +109,8 @@ def _print_body(events: Sequence[AnyEvent], session_id: str, request_no: int) ->
 def replay_json(state: SessionState, info: dict[str, int]) -> str:
     chains = []
     for view, chain in zip(chain_views(state), state.chains, strict=True):
-        chains.append({**msgspec.to_builtins(view), **chain_tokens(chain)})
+        images = {"images": msgspec.to_builtins(chain.images)} if chain.images else {}  # (offsets: prompt + response)
+        chains.append({**msgspec.to_builtins(view), **chain_tokens(chain), **images})
     body = {"session": msgspec.to_builtins(summarize(state)), **info, "chains": chains, "records": _records(state)}
     return msgspec.json.encode(body).decode()
 
@@ -130,8 +131,10 @@ def replay_table(state: SessionState, info: dict[str, int]) -> str:
              f"agent {state.agent_name or '-'}  {state.status}{closed}  reward {reward}{extra}",
              f"log: {info['events']} events, last at stream seq {info['last_stream_seq']}; "
              f"requests {summary.requests}, turns {summary.turns}, chains {len(state.chains)}"]
-    for view in chain_views(state):
+    for view, chain in zip(chain_views(state), state.chains, strict=True):
         lines += ["", *_chain_lines(view, state.status)]
+        lines += [f"  image at token {i.offset} ({i.tokens} tokens): {i.media_type} {i.width}x{i.height} "
+                  f"sha256 {i.digest[:16]}" for i in chain.images]
     records = _records(state)
     if records:
         lines += ["", "records (as the materializer derives them):"]

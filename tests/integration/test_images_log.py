@@ -4,6 +4,7 @@ checks its digest (a missing or altered image is named), and export/import carri
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 from eventlog.jetstream import JetStreamPort
@@ -58,9 +59,18 @@ async def test_verify_fetches_every_image_and_names_a_missing_or_altered_one(nc,
     assert await port.image(script.session_id, "00" * 32) is None
     assert await replay_main(js, log_config, _args("replay", "--verify", script.session_id)) == 0
     assert "0 differences" in capsys.readouterr().out
+    screen = hashlib.sha256(SCREEN).hexdigest()
+    assert await replay_main(js, log_config, _args("replay", script.session_id)) == 0
+    shown = capsys.readouterr().out
+    assert f"  image at token 2 (4 tokens): image/png 56x112 sha256 {screen[:16]}" in shown
+    assert "  image at token 17 (4 tokens)" in shown  # the resent one: after the prompt (13) and the reply (2)
+    assert await replay_main(js, log_config, _args("replay", script.session_id, "--json")) == 0
+    (chain,) = json.loads(capsys.readouterr().out)["chains"]
+    assert [(i["digest"], i["offset"]) for i in chain["images"]] == [(screen, 2), (hashlib.sha256(CHART).hexdigest(),
+                                                                                  9), (screen, 17)]
 
     store = await open_pieces(js, log_config)
-    screen, chart = hashlib.sha256(SCREEN).hexdigest(), hashlib.sha256(CHART).hexdigest()
+    chart = hashlib.sha256(CHART).hexdigest()
     await store.put(script.session_id, bytes.fromhex(screen), b"not the screenshot")
     await store._store.delete(blobs.object_name(script.session_id, bytes.fromhex(chart)))
     assert await replay_main(js, log_config, _args("replay", "--verify", script.session_id)) == 1

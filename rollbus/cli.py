@@ -371,6 +371,8 @@ def _announce(stack: Stack) -> None:
         print(f"  tokenizer:    {options.tokenizer} (tool format {options.tool_format}{reasoning})")
         if stack.template_mode is not None:
             print(f"  template:     {stack.template_mode.describe()}")
+        if options.processor:
+            print(f"  images:       {image_summary(options)}")
     if "materializer" in options.components:
         print(f"  trajectories: {options.data_dir / 'trajectories'}/")
         mo = options.materializer
@@ -380,6 +382,13 @@ def _announce(stack: Stack) -> None:
     if stack.metrics_server is not None:
         print(f"  metrics:      {stack.metrics_server.url}")
     print("  Ctrl-C (SIGINT) or SIGTERM stops it", flush=True)
+
+
+def image_summary(options: StackOptions) -> str:
+    """The ``images:`` line of a stack with a processor: the processor, the limits, and where URLs are fetched."""
+    fetched = ", ".join(options.image_fetch_allow) or "none (data URLs and base64 only)"
+    return (f"{options.processor} (up to {options.max_images} a request, {_size_text(options.max_image_bytes)} and "
+            f"{options.max_image_pixels} pixels each; URLs fetched from: {fetched})")
 
 
 def _store_limit(stack: Stack) -> str:

@@ -62,6 +62,7 @@ from stack.nats_server import EmbeddedNats, NatsSupervisor
 from stack.options import EDGE, StackOptions
 from stack.provision import connect, provision
 from stack.user_error import check_writable_dir, one_line
+from vision.processor import BUILTIN as PROCESSOR_BUILTIN
 
 if TYPE_CHECKING:
     from materializer.transfer_queue import TransferQueueConnection
@@ -155,8 +156,8 @@ def check_options(options: StackOptions) -> None:
                            "at --nats, put jetstream { sync_interval: always } in its configuration")
     if "edge" not in options.components:
         return
-    if options.processor and options.engine == "vllm":
-        raise StartupError(f"--processor: {NO_IMAGES}")
+    if options.processor:
+        check_processor(options.processor, options.engine)
     if options.engine != "local":
         if options.model is not None:
             raise StartupError("--model selects the local engine's model; a remote engine serves its own")
@@ -170,6 +171,18 @@ def check_options(options: StackOptions) -> None:
     if spec is not None and options.tokenizer != spec.tokenizer:
         raise StartupError(f"the local model {spec.name} needs --tokenizer {spec.tokenizer} "
                            f"(got {options.tokenizer})")
+
+
+def check_processor(spec: str, engine: str) -> None:
+    """Refuse, before anything starts, a ``--processor`` that names no processor (it is loaded with the edge), or
+    an engine that takes no images."""
+    if engine == "vllm":
+        raise StartupError(f"--processor: {NO_IMAGES}")
+    if spec.startswith("builtin:") and spec != PROCESSOR_BUILTIN:
+        raise StartupError(f"--processor {spec}: no such builtin (the builtin is {PROCESSOR_BUILTIN}, or give a local "
+                           "Hugging Face processor directory)")
+    if not spec.startswith("builtin:") and not (Path(spec) / "preprocessor_config.json").is_file():
+        raise StartupError(f"--processor {spec}: not a Hugging Face processor directory (no preprocessor_config.json)")
 
 
 def build_engine(options: StackOptions) -> Engine:

@@ -96,3 +96,13 @@ def test_help_shows_the_structs_defaults():
     shown = {a.dest: a.help for a in _actions("up")}
     assert shown["port"].endswith(f"[{STACK.port}]") and shown["engine_deadline"].endswith("[1800]")
     assert shown["body_min_rate"].endswith("[64KiB]") and shown["batch_size"].endswith(f"[{MATERIALIZER.max_batch}]")
+
+
+def test_the_images_line_names_the_processor_the_limits_and_the_hosts():
+    from rollbus.cli import image_summary
+
+    assert image_summary(StackOptions(processor="builtin:qwen2.5-vl")) == (
+        "builtin:qwen2.5-vl (up to 16 a request, 10MiB and 16777216 pixels each; URLs fetched from: none (data URLs "
+        "and base64 only))")
+    assert image_summary(StackOptions(processor="/p", image_fetch_allow=("a.example", "b.example"))).endswith(
+        "URLs fetched from: a.example, b.example)")

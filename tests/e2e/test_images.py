@@ -176,3 +176,22 @@ def test_without_a_processor_an_image_is_a_400_naming_the_field(stack, engine):
     assert "--processor" in caught.value.message
     assert caught.value.body["param"] == "messages[0].content[1].image_url.url"  # type: ignore[index]
     assert engine.requests == []
+
+
+def test_the_responses_api_takes_input_image_as_chat_takes_image_url(vision_stack, engine, tokenizer):
+    started = []
+    for wire in ("chat", "responses"):
+        engine.push(reply(tokenizer, "A chart."))
+        session = open_session(vision_stack, uid=f"r{wire}")
+        client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+        if wire == "chat":
+            client.chat.completions.create(model="m", messages=[
+                {"role": "user", "content": [{"type": "text", "text": QUESTION}, openai_image(CHART)]}])
+        else:
+            response = client.responses.create(model="m", input=[{"role": "user", "content": [
+                {"type": "input_text", "text": QUESTION},
+                {"type": "input_image", "image_url": data_url(CHART), "detail": "auto"}]}])
+            assert response.output_text == "A chart."
+        event = next(e for e in vision_stack.events(session["session_id"]) if type(e) is ChainStarted)
+        started.append((event.prompt_ids, event.images))
+    assert started[0] == started[1] and started[0][1][0].digest == image_digest(CHART)

@@ -140,10 +140,14 @@ def _decode(image: PilImage, param: str | None) -> None:
 
 
 def open_image(data: bytes) -> PilImage:
-    """A decoded RGB ``PIL.Image`` of bytes :func:`inspect` took (what processors are given)."""
+    """A decoded RGB ``PIL.Image`` of bytes :func:`inspect` took (what processors are given); bytes that do not
+    decode are refused (:class:`ImageRefused`), as :func:`inspect` refuses them."""
     from PIL import Image
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        with Image.open(io.BytesIO(data)) as image:
-            return image.convert("RGB")
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                return image.convert("RGB")
+        except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as exc:
+            raise ImageRefused("the image's data does not decode") from exc

@@ -4,6 +4,7 @@ the image changes; what it cannot serve is a 400."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import AsyncIterator
 
@@ -111,3 +112,10 @@ async def test_what_it_cannot_serve_is_refused(engine: LocalEngine) -> None:
 async def test_streaming_ends_in_the_same_result(engine: LocalEngine) -> None:
     chunks = [item async for item in engine.stream(request(BLUE))]
     assert isinstance(chunks[-1], GenerateResult) and chunks[-1] == await engine.generate(request(BLUE))
+
+
+async def test_interleaved_requests_decode_as_they_do_alone(engine: LocalEngine) -> None:
+    """Requests interleave chunk by chunk on the worker thread; each keeps its own M-RoPE positions."""
+    requests = [request(RED, request_id="0a:1"), request(request_id="0a:2"), request(BLUE, RED, request_id="0a:3")]
+    alone = [await engine.generate(r) for r in requests]
+    assert list(await asyncio.gather(*(engine.generate(r) for r in requests))) == alone

@@ -111,7 +111,8 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
     parser.add_argument("--engine-url", action="append", default=list(d.engine_urls), metavar="URL",
                         help="engine server URL (repeatable; sessions are spread over them and stick)")
     parser.add_argument("--model", default=d.model, metavar="NAME|PATH",
-                        help="local engine's model: tiny-qwen2 (default), smollm2, a model dir or a .gguf file")
+                        help="local engine's model: tiny-qwen2 (default), tiny-qwen2-vl (takes images), smollm2, "
+                             "a model dir or a .gguf file")
     parser.add_argument("--engine-timeout", type=number(float, above=0), default=d.engine_timeout, metavar="SECONDS",
                         help="sglang/vllm: the longest wait for the engine's reply, or its next byte or streamed "
                              f"event; past it the turn is 504 [{d.engine_timeout:g}]")

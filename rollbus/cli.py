@@ -161,9 +161,10 @@ def _image_flags(parser: argparse.ArgumentParser) -> None:
 
     d = StackOptions()
     group = parser.add_argument_group("images")
-    group.add_argument("--processor", default=d.processor, metavar="builtin:qwen2.5-vl|PATH",
+    group.add_argument("--processor", default=None, metavar="builtin:qwen2.5-vl|PATH",  # None: the model's
                        help="the image processor (builtin:qwen2.5-vl, or a local Hugging Face processor dir; "
-                            "nothing is downloaded); without one, a request with an image is refused (400) [none]")
+                            "nothing is downloaded); without one, a request with an image is refused (400) "
+                            "[the local model's (tiny-qwen2-vl: builtin:qwen2.5-vl), else none]")
     group.add_argument("--image-max-count", type=number(int, at_least=1), default=d.max_images, metavar="N",
                        help=f"images in one request, its history's included [{d.max_images}]")
     group.add_argument("--image-max-bytes", type=_positive_size, default=d.max_image_bytes, metavar="SIZE",
@@ -327,7 +328,7 @@ def _command_of(argv: list[str]) -> str:
 
 def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOptions:
     """The stack's options from the flags; what a command has no flag for keeps StackOptions' default."""
-    from stack.runtime import StackOptions, model_defaults
+    from stack.runtime import StackOptions, model_defaults, model_processor
 
     given: dict[str, object] = {}
     if "edge" in components:
@@ -339,7 +340,8 @@ def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOpti
             reasoning_format=args.reasoning_format, admin_token=args.admin_token or secrets.token_urlsafe(18),
             max_trajectory_length=args.max_trajectory_length, edge_id=args.edge_id, lease_ttl=args.lease_ttl,
             idle_timeout=args.idle_timeout, body_min_rate=args.body_min_rate, send_timeout=args.send_timeout,
-            processor=args.processor, max_images=args.image_max_count, max_image_bytes=args.image_max_bytes,
+            processor=model_processor(args.engine, args.model, args.processor),
+            max_images=args.image_max_count, max_image_bytes=args.image_max_bytes,
             max_image_pixels=args.image_max_pixels, max_image_side=args.image_max_side,
             image_fetch_allow=tuple(args.image_fetch_allow), image_fetch_timeout=args.image_fetch_timeout)
     else:  # no edge: no port of its own; /metrics where --metrics-port says (the edge serves its own)

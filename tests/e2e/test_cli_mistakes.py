@@ -135,6 +135,7 @@ def test_up_with_a_remote_engine_and_no_url(tmp_path: Path):
     (["--processor", "builtin:qwen2.5-vl", "--engine", "vllm", "--engine-url", "http://127.0.0.1:9"],
      ["--processor", "vllm engine takes no images"]),
     (["--image-max-bytes", "0"], ["--image-max-bytes", "more than 0"]),
+    (["--processor", "builtin:qwen2.5-vl"], ["local model tiny-qwen2 takes no images", "tiny-qwen2-vl"]),
 ])
 def test_up_with_a_processor_that_cannot_be(tmp_path: Path, flags: list[str], needles: list[str]):
     refused(rollbus("up", "--port", "0", "--data-dir", tmp_path / "data", *flags), *needles)

@@ -7,6 +7,7 @@ hostile images are refused in each wire's shape, naming the field and the limit,
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -17,9 +18,12 @@ import pytest
 
 from eventlog.pieces import open_pieces
 from schemas import tokens
-from schemas.events import ChainStarted, ContextAppended, RequestReceived, SessionOpened
+from schemas.events import ChainStarted, ContextAppended, RequestReceived, SessionOpened, TokensGenerated
+from stack.options import StackOptions
+from tests.e2e.conftest import ADMIN_TOKEN
 from tests.e2e.test_openai_session import TOOLS, call_text, open_session, reply
 from tests.images import anthropic_image, bomb, data_url, noise_png, openai_image, png
+from tests.stack import StackThread
 from vision.images import image_digest
 
 PROCESSOR = "builtin:qwen2.5-vl"
@@ -195,3 +199,33 @@ def test_the_responses_api_takes_input_image_as_chat_takes_image_url(vision_stac
         event = next(e for e in vision_stack.events(session["session_id"]) if type(e) is ChainStarted)
         started.append((event.prompt_ids, event.images))
     assert started[0] == started[1] and started[0][1][0].digest == image_digest(CHART)
+
+
+@pytest.fixture
+def local_vision_stack(nats_server, log_config, tmp_path) -> Iterator[StackThread]:
+    options = StackOptions(port=0, data_dir=tmp_path / "data", nats_url=nats_server.url, admin_token=ADMIN_TOKEN,
+                           log=log_config, model="tiny-qwen2-vl", processor=PROCESSOR, max_trajectory_length=4096)
+    stack = StackThread(options).start()
+    yield stack
+    stack.stop()
+
+
+def test_the_local_vision_model_answers_a_turn_with_images(local_vision_stack):
+    """The whole path on CPU: the edge expands the images, the local tiny Qwen2.5-VL takes them."""
+    stack = local_vision_stack
+    session = open_session(stack)
+    client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": QUESTION}, openai_image(CHART)]}]
+    first = client.chat.completions.create(model="m", messages=messages, max_tokens=4)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content or ""},
+                 {"role": "user", "content": [openai_image(SCREENSHOT), {"type": "text", "text": "and this?"}]}]
+    second = client.chat.completions.create(model="m", messages=messages, max_tokens=4)
+    assert first.usage is not None and second.usage is not None and second.usage.completion_tokens == 4
+    events = stack.events(session["session_id"])
+    started = next(e for e in events if type(e) is ChainStarted)
+    appended = next(e for e in events if type(e) is ContextAppended)
+    assert [r.digest for r in (*started.images, *appended.images)] == [image_digest(CHART), image_digest(SCREENSHOT)]
+    sampled = next(e for e in events if type(e) is TokensGenerated)
+    assert second.usage.prompt_tokens == sum(map(tokens.count, (started.prompt_ids, sampled.token_ids,
+                                                                appended.token_ids)))

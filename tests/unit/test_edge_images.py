@@ -387,3 +387,16 @@ def test_events_without_images_encode_as_before_and_with_them_round_trip() -> No
     rich = msgspec.structs.replace(plain, images=(ref,))
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(rich), type=ChainStarted) == rich
     assert msgspec.msgpack.decode(encoded, type=ChainStarted).images is msgspec.UNSET
+
+
+async def test_a_token_count_counts_each_images_pads(codec, image_tokens):
+    log, engine = InMemoryLog(), HandlerEngine(reply(codec[0]))
+    live = await opened(log)
+    turns = runner(codec, log, engine, EdgeImages(image_tokens))
+    request = openai([user("compare", RED, BLUE)])
+    counted = await turns.count_prompt(live, request.conversation)
+    assert [type(e) for e in await events_of(log)] == [SessionOpened]  # a count records nothing
+    await turns.run(live, request)
+    await turns.run(live, openai([user("compare")]))
+    with_images, text_only = (len(id_list(r.input_ids)) for r in engine.requests)
+    assert counted == with_images == text_only + (1 + 4 + 1) + (1 + 8 + 1)  # start, pads, end of each image

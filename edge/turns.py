@@ -442,8 +442,8 @@ class TurnRunner:
     def _expand(self, ids: list[int], messages: Sequence[Message]) -> tuple[list[int], tuple[ImageRef, ...]]:
         """A render's ids with the images of ``messages`` expanded into their tokens (edge.tokens.images), and
         where each stands; as they are without a processor (no image gets this far then)."""
-        tokens = self.images.tokens
-        return (ids, ()) if tokens is None else tokens.expand(ids, images_of(messages))
+        expander = self.images.tokens
+        return (ids, ()) if expander is None else expander.expand(ids, images_of(messages))
 
     def _plan(self, state: SessionState, conversation: Conversation, selection: Continue | Rollback | NewChain,
               digests: Sequence[str], request_no: int, *, histories: Histories | None = None,

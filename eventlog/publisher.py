@@ -227,8 +227,21 @@ class JetStreamLog:
 
     async def put_pieces(self, session_id: str, pieces: Mapping[bytes, bytes]) -> None:
         """Store values by digest in the pieces bucket, under ``<session_id>/<sha256 hex>`` (:mod:`schemas.blobs`),
-        before the events that reference them are appended."""
-        await self._store_pieces({blobs.object_name(session_id, digest): data for digest, data in pieces.items()})
+        before the events that reference them are appended. One the bucket holds already (named by its digest: the
+        same bytes) is left as it is, so a reader of it never meets it being rewritten (an edge that took the
+        session over stores again what it did not see stored)."""
+        try:
+            store = await asyncio.wait_for(self._js.object_store(self._cfg.pieces_bucket), self._timeout)
+            for digest, data in pieces.items():
+                name = blobs.object_name(session_id, digest)
+                try:
+                    await asyncio.wait_for(store.get_info(name), self._timeout)
+                    continue
+                except NotFoundError:  # (ObjectNotFoundError and ObjectDeletedError are NotFoundErrors)
+                    pass
+                await asyncio.wait_for(store.put(name, data), self._timeout + len(data) / 10e6)
+        except (TimeoutError, NatsError) as exc:
+            raise LogUnavailable(f"could not store a piece in the object store: {exc!r}") from exc
 
     async def _store_pieces(self, pieces: dict[str, bytes]) -> None:
         try:

@@ -62,6 +62,7 @@ from stack.nats_server import EmbeddedNats, NatsSupervisor
 from stack.options import EDGE, StackOptions
 from stack.provision import connect, provision
 from stack.user_error import check_writable_dir, one_line
+from vision.processor import BUILTIN as PROCESSOR_BUILTIN
 
 if TYPE_CHECKING:
     from materializer.transfer_queue import TransferQueueConnection
@@ -124,6 +125,14 @@ def model_defaults(engine: str, model: str | None, tokenizer: str | None,
             tool_format or (spec.tool_format if spec else EDGE.tool_format))
 
 
+def model_processor(engine: str, model: str | None, processor: str | None) -> str:
+    """The image processor to use: the given one, else the local model's (``tiny-qwen2-vl``'s), else none."""
+    if processor is not None:
+        return processor
+    spec = local_model(model) if engine == "local" else None
+    return spec.processor or "" if spec is not None else ""
+
+
 def engine_summary(options: StackOptions) -> str:
     """One line naming the engine: ``local smollm2 (...)`` or ``sglang http://a:30000 http://b:30000``."""
     if options.engine != "local":
@@ -155,8 +164,8 @@ def check_options(options: StackOptions) -> None:
                            "at --nats, put jetstream { sync_interval: always } in its configuration")
     if "edge" not in options.components:
         return
-    if options.processor and options.engine == "vllm":
-        raise StartupError(f"--processor: {NO_IMAGES}")
+    if options.processor:
+        check_processor(options.processor, options.engine, options.model)
     if options.engine != "local":
         if options.model is not None:
             raise StartupError("--model selects the local engine's model; a remote engine serves its own")
@@ -170,6 +179,24 @@ def check_options(options: StackOptions) -> None:
     if spec is not None and options.tokenizer != spec.tokenizer:
         raise StartupError(f"the local model {spec.name} needs --tokenizer {spec.tokenizer} "
                            f"(got {options.tokenizer})")
+
+
+def check_processor(spec: str, engine: str, model: str | None = None) -> None:
+    """Refuse, before anything starts, a ``--processor`` that names no processor (it is loaded with the edge), an
+    engine that takes no images, or a local model whose images need another processor (or that takes none)."""
+    if engine == "vllm":
+        raise StartupError(f"--processor: {NO_IMAGES}")
+    if spec.startswith("builtin:") and spec != PROCESSOR_BUILTIN:
+        raise StartupError(f"--processor {spec}: no such builtin (the builtin is {PROCESSOR_BUILTIN}, or give a local "
+                           "Hugging Face processor directory)")
+    if not spec.startswith("builtin:") and not (Path(spec) / "preprocessor_config.json").is_file():
+        raise StartupError(f"--processor {spec}: not a Hugging Face processor directory (no preprocessor_config.json)")
+    local = local_model(model) if engine == "local" else None
+    if local is not None and local.processor is None:
+        raise StartupError(f"--processor {spec}: the local model {local.name} takes no images (--model tiny-qwen2-vl "
+                           "does)")
+    if local is not None and local.processor != spec:
+        raise StartupError(f"the local model {local.name} needs --processor {local.processor} (got {spec})")
 
 
 def build_engine(options: StackOptions) -> Engine:

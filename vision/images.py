@@ -1,13 +1,15 @@
 """Images as requests carry them: their limits, their digest, data URLs, and what their header declares.
 
 :func:`inspect` is what a request's image meets first. It refuses, in this order and before any heavy work:
-more bytes than :attr:`ImageLimits.max_bytes`; data no reader recognises, or a format outside
-:data:`MEDIA_TYPES`; a declared side over :attr:`ImageLimits.max_side` or declared pixels over
-:attr:`ImageLimits.max_pixels`, read from the header alone (a decompression bomb, a few hundred bytes of PNG
-declaring 100000x100000, is refused before a pixel is inflated); then, with the dimensions known to be within
-the limits (so the work is bounded), the pixels are decoded once, and data that does not decode (a truncated
-or corrupt body) is refused too. :class:`ImageTooLarge` names the limit, :class:`ImageRefused` the reason;
-both carry the request's field as ``param`` when the caller gives it.
+more bytes than :attr:`ImageLimits.max_bytes`; data none of the readers of :data:`MEDIA_TYPES` recognises
+(PIL tries no other format, so hostile bytes never reach its other parsers); a declared side over
+:attr:`ImageLimits.max_side` or declared pixels over :attr:`ImageLimits.max_pixels`, read from the header
+alone (a decompression bomb, a few hundred bytes of PNG declaring 100000x100000, is refused before a pixel is
+inflated); then, with the dimensions known to be within the limits (so the work is bounded), the pixels are
+decoded once, and data that does not decode (a truncated or corrupt body) is refused too. :class:`ImageTooLarge`
+names the limit, :class:`ImageRefused` the reason; both carry the request's field as ``param`` when the caller
+gives it. Decoding costs about 20 ms for a 1920x1080 JPEG and 45 ms for a PNG (a loaded 2-core machine): a
+caller that meets the same image again keeps its :class:`ImageInfo`.
 
 PIL is imported when the first image is inspected, not with this module.
 """
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 
 # PIL's format name -> the media type the gateway records; no other format is taken.
 MEDIA_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
+_FORMATS = tuple(MEDIA_TYPES)  # the only readers PIL tries: hostile bytes never reach its other parsers
 _DATA_URL = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(?:;[^;,]*)*),(?P<data>.*)", re.DOTALL)
 _BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 
@@ -103,7 +106,7 @@ def inspect(data: bytes, limits: ImageLimits, *, param: str | None = None) -> Im
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
-            image = Image.open(io.BytesIO(data))  # reads the header only
+            image = Image.open(io.BytesIO(data), formats=_FORMATS)  # reads the header only
         except Image.DecompressionBombError as exc:  # declared past PIL's own bound: over ours too
             raise ImageTooLarge(f"an image declares more than max_pixels ({limits.max_pixels})",
                                 param=param) from exc
@@ -117,9 +120,7 @@ def inspect(data: bytes, limits: ImageLimits, *, param: str | None = None) -> Im
 
 def _declared(image: PilImage, data: bytes, limits: ImageLimits, param: str | None) -> ImageInfo:
     """The header's format and size, within the limits."""
-    media_type = MEDIA_TYPES.get(image.format or "")
-    if media_type is None:
-        raise ImageRefused(f"images of format {image.format} are not taken (PNG, JPEG, WebP or GIF)", param=param)
+    media_type = MEDIA_TYPES[str(image.format)]  # (opened with these formats only)
     width, height = image.size
     if width < 1 or height < 1:
         raise ImageRefused(f"the image declares {width}x{height} pixels", param=param)
@@ -140,10 +141,14 @@ def _decode(image: PilImage, param: str | None) -> None:
 
 
 def open_image(data: bytes) -> PilImage:
-    """A decoded RGB ``PIL.Image`` of bytes :func:`inspect` took (what processors are given)."""
+    """A decoded RGB ``PIL.Image`` of bytes :func:`inspect` took (what processors are given); bytes that do not
+    decode are refused (:class:`ImageRefused`), as :func:`inspect` refuses them."""
     from PIL import Image
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        with Image.open(io.BytesIO(data)) as image:
-            return image.convert("RGB")
+        try:
+            with Image.open(io.BytesIO(data), formats=_FORMATS) as image:
+                return image.convert("RGB")
+        except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as exc:
+            raise ImageRefused("the image's data does not decode") from exc

@@ -180,10 +180,15 @@ class QwenVisionProcessor:
         ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(1, -1)
         mask = torch.as_tensor(attention_mask, dtype=torch.long).reshape(1, -1)
         token_types = (ids == self.pad_id).long()  # as the agent loop rebuilds mm_token_type_ids: images are 1
-        positions, _ = self.hf_processor.get_rope_index(input_ids=ids, attention_mask=mask,
+        positions, _ = self._rope.get_rope_index(input_ids=ids, attention_mask=mask,
                                                         mm_token_type_ids=token_types,
                                                         image_grid_thw=image_grid_thw, video_grid_thw=None)
         return positions[:, 0, :]
+
+    @cached_property
+    def _rope(self) -> Any:
+        """The family's ``get_rope_index`` bound to a holder of its config (no tokenizer needed)."""
+        return _bind_rope(types.SimpleNamespace(), self)
 
     @cached_property
     def hf_processor(self) -> Any:
@@ -210,17 +215,36 @@ def _hf_tokenizer(tokenizer: object) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eos, pad_token=pad)
 
 
-def _hf_processor(processor: QwenVisionProcessor) -> Any:
-    if processor.family == "qwen2_vl":
-        from transformers.models.qwen2_vl import Qwen2VLConfig as Config
-        from transformers.models.qwen2_vl import Qwen2VLModel as Model
-        from transformers.models.qwen2_vl import Qwen2VLProcessor as Base
-    else:
-        from transformers.models.qwen2_5_vl import Qwen2_5_VLConfig as Config
-        from transformers.models.qwen2_5_vl import Qwen2_5_VLModel as Model
-        from transformers.models.qwen2_5_vl import Qwen2_5_VLProcessor as Base
+def _family(family: str) -> tuple[type, type, type]:
+    """(config, model, processor) classes of the family."""
+    if family == "qwen2_vl":
+        from transformers.models.qwen2_vl import Qwen2VLConfig, Qwen2VLModel, Qwen2VLProcessor
 
-    class ImagesOnly(Base):  # type: ignore[misc, valid-type]
+        return Qwen2VLConfig, Qwen2VLModel, Qwen2VLProcessor
+    from transformers.models.qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLModel, Qwen2_5_VLProcessor
+
+    return Qwen2_5_VLConfig, Qwen2_5_VLModel, Qwen2_5_VLProcessor
+
+
+def _bind_rope(holder: Any, processor: QwenVisionProcessor) -> Any:
+    """``holder`` with the family's config and ``get_rope_index`` bound to it, as verl binds them."""
+    config_class, model_class, _ = _family(processor.family)
+    if processor._config_dir is not None:
+        holder.config = config_class.from_pretrained(str(processor._config_dir), local_files_only=True)
+    else:
+        holder.config = config_class(image_token_id=processor.pad_id, vision_start_token_id=processor.start_id,
+                                     vision_end_token_id=processor.end_id)
+        holder.config.vision_config.spatial_merge_size = processor.merge_size
+    holder.get_rope_index = types.MethodType(model_class.get_rope_index, holder)
+    if hasattr(model_class, "get_vision_position_ids"):
+        holder.get_vision_position_ids = types.MethodType(model_class.get_vision_position_ids, holder)
+    return holder
+
+
+def _hf_processor(processor: QwenVisionProcessor) -> Any:
+    base = _family(processor.family)[2]
+
+    class ImagesOnly(base):  # type: ignore[misc, valid-type]
         """The family's processor without a video processor (transformers' needs torchvision)."""
 
         def check_argument_for_proper_class(self, argument_name: str, argument: object) -> object:
@@ -230,13 +254,4 @@ def _hf_processor(processor: QwenVisionProcessor) -> Any:
 
     hf = ImagesOnly(image_processor=processor.image_processor, tokenizer=_hf_tokenizer(processor.tokenizer),
                     video_processor=None)
-    if processor._config_dir is not None:
-        hf.config = Config.from_pretrained(str(processor._config_dir), local_files_only=True)
-    else:
-        hf.config = Config(image_token_id=processor.pad_id, vision_start_token_id=processor.start_id,
-                           vision_end_token_id=processor.end_id)
-        hf.config.vision_config.spatial_merge_size = processor.merge_size
-    hf.get_rope_index = types.MethodType(Model.get_rope_index, hf)
-    if hasattr(Model, "get_vision_position_ids"):
-        hf.get_vision_position_ids = types.MethodType(Model.get_vision_position_ids, hf)
-    return hf
+    return _bind_rope(hf, processor)

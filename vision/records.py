@@ -3,7 +3,8 @@
 ``AgentLoopBase._agent_loop_postprocess`` (``verl/experimental/agent_loop/agent_loop.py``) rebuilds them once,
 at the end, from the whole trajectory: ``multi_modal_inputs`` is the processor's output for all its images
 (``pixel_values``, ``image_grid_thw``, ``images_seqlens``), and ``position_ids`` has four rows, the text
-positions (``arange`` over the attended tokens, 1 where the mask is 0) over the three M-RoPE rows. verl's
+positions (``arange`` over the attended tokens, 1 where the mask is 0) over the three M-RoPE rows (temporal,
+height, width; 0 where the mask is 0). verl's
 trainer reads exactly this: ``verl.utils.model.extract_multi_modal_inputs`` concatenates each key across the
 batch, and the engines take ``position_ids`` of ``(batch, 4, L)`` (``position_ids.dim() == 3``).
 """

@@ -76,7 +76,8 @@ def _extend(previous: bytes, message: Message) -> bytes:
         h.update(_field(call.name.encode()))
         h.update(_field(canonical_arguments(call.arguments)))
     for image in message.images:  # (none: the digest of a text-only message is as it always was)
-        identity = image.url.encode() if image.url else hashlib.sha256(image.data).digest()
+        identity = image.url.encode() if image.url else \
+            bytes.fromhex(image.info.digest) if image.info is not None else hashlib.sha256(image.data).digest()
         h.update(_field(b"image:%d:" % image.at + identity))
     return h.digest()
 

@@ -330,3 +330,73 @@ def test_a_message_digest_counts_its_images() -> None:
     plain = msgspec.json.encode({"messages": [{"role": "user", "content": "a"}]})
     assert decode_openai(plain).history_digests[-1] == decoded[0]  # a text-only digest is as it was
     assert data_url(RED).startswith("data:image/png;base64,")
+
+
+async def test_continuous_tokens_keep_the_sampled_tokens_across_turns_with_images(tmp_path):
+    """A template that is not prefix-stable (it strips earlier turns' reasoning): the chain keeps its sampled
+    tokens, each increment holds its new images expanded, and the engine gets every image of the chain."""
+    from tests.continuous_templates import STRIPS_REASONING, tokenizer_dir
+
+    template, parser = load_codec(tokenizer_dir(tmp_path / "tokenizer", STRIPS_REASONING), "hermes")
+    assert template.continuous
+    tokens_of = ImageTokens(load_processor("builtin:qwen2.5-vl", template.tokenizer), template.tokenizer)
+    thought = "<think>\nred, surely\n</think>\n\nRed."
+    log, engine = InMemoryLog(), HandlerEngine(reply(template, thought))
+    live = await opened(log)
+    turns = runner((template, parser), log, engine, EdgeImages(tokens_of))
+    history = [user("color?", RED)]
+    first = await turns.run(live, openai(history))
+    chain_tokens = [*id_list(engine.requests[0].input_ids), *first.token_ids]
+    history += [{"role": "assistant", "content": first.content}, user("and these?", BLUE, RED)]
+    await turns.run(live, openai(history))
+    second = id_list(engine.requests[1].input_ids)
+    assert second[:len(chain_tokens)] == chain_tokens  # the sampled reasoning stays, as sampled
+    appended = next(e for e in await events_of(log) if type(e) is ContextAppended)
+    context = tokens.unpack_ids(appended.token_ids).tolist()
+    assert second[len(chain_tokens):] == context
+    assert [(r.offset, r.tokens) for r in appended.images] == pad_runs(context) == [(pad_runs(context)[0][0], 8),
+                                                                                  (pad_runs(context)[1][0], 4)]
+    assert engine.requests[1].images == (RED, BLUE, RED) and len(pad_runs(second)) == 3
+
+
+def test_the_responses_wire_reads_input_image_parts_as_the_chat_wire_reads_image_url_parts() -> None:
+    from edge.wires.reasoning_refs import ReasoningRefs, stack_key
+    from edge.wires.responses import ResponsesWire
+
+    chat = decode_openai(json.dumps({"messages": [user("compare", RED, BLUE, after="which?")]}).encode())
+    wire = ResponsesWire(ReasoningRefs(stack_key("admin")))
+    responses = wire.decode(json.dumps({"model": "m", "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "compare"}, {"type": "input_image", "image_url": data_url(RED)},
+        {"type": "input_image", "image_url": data_url(BLUE), "detail": "high"},
+        {"type": "input_text", "text": "which?"}]}]}).encode())
+    (got,), (want,) = responses.messages, chat.messages
+    assert (got.role, got.content) == (want.role, want.content) == ("user", "comparewhich?")
+    assert [(i.at, i.data, i.media_type) for i in got.images] == [(i.at, i.data, i.media_type) for i in want.images]
+    assert [i.param for i in got.images] == ["input[0].content[1].image_url", "input[0].content[2].image_url"]
+    assert responses.history_digests[-1] == chat.history_digests[-1]
+
+
+def test_events_without_images_encode_as_before_and_with_them_round_trip() -> None:
+    plain = ChainStarted(session_id=SID, seq=3, time=NOW, chain=0, request_no=1, prompt_ids=b"\x01\0\0\0",
+                         prefix_digest="d", n_messages=1, chat_turns=1)
+    encoded = msgspec.msgpack.encode(plain)
+    assert b"images" not in encoded and b"processor" not in msgspec.msgpack.encode(
+        SessionOpened(session_id=SID, seq=1, time=NOW, uid="u", session_index=0, api_key_digest="x",
+                      max_trajectory_length=8, tokenizer="t", tool_format="hermes"))
+    ref = ImageRef(digest="ab" * 32, media_type="image/png", width=56, height=56, offset=0, tokens=4)
+    rich = msgspec.structs.replace(plain, images=(ref,))
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(rich), type=ChainStarted) == rich
+    assert msgspec.msgpack.decode(encoded, type=ChainStarted).images is msgspec.UNSET
+
+
+async def test_a_token_count_counts_each_images_pads(codec, image_tokens):
+    log, engine = InMemoryLog(), HandlerEngine(reply(codec[0]))
+    live = await opened(log)
+    turns = runner(codec, log, engine, EdgeImages(image_tokens))
+    request = openai([user("compare", RED, BLUE)])
+    counted = await turns.count_prompt(live, request.conversation)
+    assert [type(e) for e in await events_of(log)] == [SessionOpened]  # a count records nothing
+    await turns.run(live, request)
+    await turns.run(live, openai([user("compare")]))
+    with_images, text_only = (len(id_list(r.input_ids)) for r in engine.requests)
+    assert counted == with_images == text_only + (1 + 4 + 1) + (1 + 8 + 1)  # start, pads, end of each image

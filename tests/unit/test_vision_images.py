@@ -84,9 +84,10 @@ def test_a_truncated_body_is_refused() -> None:
         inspect(png_header_only(64, 64), ImageLimits())  # a header within the limits, too little data
 
 
-def test_a_format_not_taken_is_refused() -> None:
-    with pytest.raises(ImageRefused, match="format BMP"):
-        inspect(encoded(10, 10, "BMP"), ImageLimits())
+@pytest.mark.parametrize("fmt", ["BMP", "TIFF", "ICO"])
+def test_a_format_not_taken_is_refused(fmt: str) -> None:
+    with pytest.raises(ImageRefused, match="does not decode as PNG, JPEG, WebP or GIF"):
+        inspect(encoded(16, 16, fmt), ImageLimits())
 
 
 def test_a_data_url_gives_bytes_and_its_declared_type() -> None:

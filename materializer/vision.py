@@ -27,7 +27,7 @@ import msgspec
 import numpy as np
 
 from schemas.archive import ArchivedPiece
-from schemas.errors import FoldError, UserError
+from schemas.errors import FoldError, ImageRefused, UserError
 from schemas.records import TrajectoryRecord
 from session.fold import SessionState
 
@@ -69,7 +69,10 @@ class VisionInputs:
             return records
         processor = await self.processor(state.processor, state.tokenizer)
         images = await self.images(state.session_id, (i.digest for r in records for i in r.images))
-        return await asyncio.to_thread(lambda: [with_vision(r, processor, images) for r in records])
+        try:
+            return await asyncio.to_thread(lambda: [with_vision(r, processor, images) for r in records])
+        except ImageRefused as exc:  # (the edge took it: another processor here reads it otherwise)
+            raise FoldError(f"session {state.session_id}: the processor refuses an image: {exc}") from exc
 
     async def images(self, session_id: str, digests: Iterable[str]) -> dict[str, bytes]:
         """Each image once, checked against its digest."""

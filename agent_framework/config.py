@@ -27,9 +27,11 @@ Where verl puts it (``actor_rollout_ref.rollout`` is ``R``)::
       engine: local               # without verl's llm_client (rollbus rollout): local, sglang or vllm
       engine_urls: []             # sglang / vllm servers
       engine_model: null          # the local engine's model (tiny-qwen2, smollm2, a path)
+      processor: null             # the edges' image processor (null: the model directory's, if it has one)
     R.n, R.val_kwargs.{n,temperature,top_p,top_k,do_sample}, R.temperature, R.top_p, R.top_k,
     R.multi_turn.format (the tool parser), R.prompt_length, R.response_length, R.calculate_log_probs
-    actor_rollout_ref.model.path      the tokenizer and chat template (a local Hugging Face directory)
+    actor_rollout_ref.model.path      the tokenizer and chat template (a local Hugging Face directory), and the
+                                      image processor when it holds a preprocessor_config.json
 
 Each section is a typed struct below, its constraints in its types, read by
 :func:`schemas.settings.read`: every problem at once, each named by its full dotted key, in
@@ -116,6 +118,9 @@ class AgentFrameworkSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_u
     engine: Engine = "local"
     engine_urls: tuple[str, ...] = ()
     engine_model: str | None = None
+    # the image processor of the edges (null: the model directory's own when it holds a preprocessor_config.json,
+    # as a vision-language model's does; "": none, images refused)
+    processor: str | None = None
 
 
 # ---------------------------------------------------------------------- verl's keys that rollbus reads
@@ -237,6 +242,7 @@ def load_config(config: Any) -> AgentFrameworkConfig:
         "train": Sampling(**{name: getattr(r, name) for name in Sampling.__struct_fields__}), "val": r.val_kwargs,
         "prompt_length": r.prompt_length, "response_length": r.response_length,
         "calculate_log_probs": r.calculate_log_probs,
+        "processor": _processor(section.processor, keys.actor_rollout_ref.model),
     })
 
 
@@ -281,6 +287,18 @@ def _tokenizer(model: ModelKeys, problems: list[str]) -> str:
         problems.append(f"actor_rollout_ref.model.path {path!r} is not a local directory with tokenizer.json "
                         "and tokenizer_config.json (nothing is downloaded: copy the model there first)")
     return str(directory)
+
+
+def _processor(given: str | None, model: ModelKeys) -> str:
+    """The edges' image processor: the one given, else the model directory when it holds a processor (a
+    vision-language model: verl builds its processor from there too), else none."""
+    if given is not None:
+        return given
+    path = model.path
+    if not path or path.startswith("builtin:"):
+        return ""
+    directory = Path(path).expanduser()
+    return str(directory) if (directory / "preprocessor_config.json").is_file() else ""
 
 
 def _namespace(name: str | None) -> list[str]:

@@ -108,7 +108,8 @@ class FrameworkStack:
             engine_urls=c.engine_urls, model=c.engine_model, tokenizer=c.tokenizer, tool_format=c.tool_format,
             admin_token=admin_token, max_trajectory_length=c.max_trajectory_length, components=components,
             log=self.log, edge_id=edge_id, idle_timeout=max(3600.0, 2 * c.session_timeout),
-            rollback_rewritten_turns=c.enable_last_assistant_rollback, materializer=materializer)
+            rollback_rewritten_turns=c.enable_last_assistant_rollback, materializer=materializer,
+            processor=c.processor or "")
 
     async def stop(self) -> None:
         import ray

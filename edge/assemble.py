@@ -9,10 +9,11 @@ here, so that the two edges cannot be assembled differently by accident.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from edge.engines.base import Engine
+from edge.images import EdgeImages, ImageFetcher
 from edge.live import Registry, Summaries
 from edge.metrics import TimedEngine, TimedLog
 from edge.ownership import KvLeases
@@ -20,8 +21,10 @@ from edge.service import EdgeService
 from edge.session_index import SessionIndex
 from edge.settings import Clock, EdgeSettings
 from edge.tokens.fidelity import load_codec
+from edge.tokens.images import ImageTokens
 from edge.tokens.incremental import TemplateCodec
 from edge.tokens.parsers.base import ToolParser
+from edge.tokens.tokenizer import Tokenizer
 from edge.turns import TurnRunner
 from eventlog.publisher import Appended
 from eventlog.reader import SessionLog
@@ -34,6 +37,7 @@ class EdgeLog(Protocol):
     """What an edge needs of the log (both :class:`eventlog.port.LogPort` implementations have it)."""
 
     async def append(self, session_id: str, events: Sequence[Event], expected_last: int) -> Appended: ...
+    async def put_pieces(self, session_id: str, pieces: Mapping[bytes, bytes]) -> None: ...
     async def load_state(self, session_id: str, *, until: int | None = None) -> tuple[SessionState, int]: ...
     async def last_stream_seq(self, session_id: str) -> int: ...
     async def read_session(self, session_id: str, *, until: int | None = None) -> SessionLog: ...
@@ -50,6 +54,7 @@ def build_edge(
     leases: KvLeases | None = None,
     index: SessionIndex | None = None,
     summaries: Summaries | None = None,
+    images: EdgeImages | None = None,
 ) -> EdgeService:
     """An :class:`EdgeService` appending to ``log`` and rebuilding unknown sessions from it.
 
@@ -58,13 +63,16 @@ def build_edge(
     timed and turns counted (None: nothing timed, the turns counted in a registry of the runner's own);
     ``leases``: one writer per session across edges (None: the log's sequence check alone); ``index``: one
     session per (uid, session_index) (None: not checked); ``summaries``: a session's summary from its
-    projection (None: a summary is a replay)."""
+    projection (None: a summary is a replay); ``images``: what the edge does with images (None:
+    :func:`edge_images` for ``settings``, a ``ValueError`` when its processor does not load or fit the tokenizer)."""
     template, parser = codec if codec is not None else load_codec(settings.tokenizer, settings.tool_format)
+    images = images if images is not None else edge_images(settings, template.tokenizer)
     event_log = TimedLog(log, metrics) if metrics is not None else log
     timed = TimedEngine(engine, metrics) if metrics is not None else engine
     registry = Registry(log.load_state, leases=leases, position=log.last_stream_seq, summaries=summaries, clock=clock)
     turns = TurnRunner(
-        settings=settings, codec=template, engine=timed, log=event_log, parser=parser, clock=clock, metrics=metrics
+        settings=settings, codec=template, engine=timed, log=event_log, parser=parser, clock=clock, metrics=metrics,
+        images=images,
     )
     return EdgeService(
         settings=settings,
@@ -76,3 +84,17 @@ def build_edge(
         index=index,
         reader=log.read_session,
     )
+
+
+def edge_images(settings: EdgeSettings, tokenizer: Tokenizer) -> EdgeImages:
+    """What the edge does with images: with ``settings.processor``, that processor (loaded offline; a ``ValueError``
+    when it cannot be, or its placeholder is not the tokenizer's special tokens), the limits, and a fetcher when
+    ``image_fetch_allow`` names hosts; without, images are refused."""
+    if not settings.processor:
+        return EdgeImages(None, settings.image_limits)
+    from vision.processor import load_processor  # (transformers, only for an edge that takes images)
+
+    tokens = ImageTokens(load_processor(settings.processor, tokenizer), tokenizer)
+    fetcher = ImageFetcher(settings.image_fetch_allow, max_bytes=settings.max_image_bytes,
+                           timeout=settings.image_fetch_timeout_s) if settings.image_fetch_allow else None
+    return EdgeImages(tokens, settings.image_limits, fetcher=fetcher)

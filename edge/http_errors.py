@@ -14,6 +14,7 @@ only when it should answer differently from its parent. In short::
       IdempotencyKeyReused    400     invalid_request_error / idempotency_key_reused   invalid_request_error
       ChatTemplateError       400     invalid_request_error / chat_template_error      invalid_request_error
       TemplateNotIncremental  400     invalid_request_error / template_not_incremental invalid_request_error
+      ImageRefused            400     invalid_request_error / invalid_image            invalid_request_error
     Unauthorized              401     authentication_error / authentication_error      authentication_error
     SessionNotFound           404     not_found_error / not_found_error                not_found_error
     ResponseNotFound          404     not_found_error / not_found_error                not_found_error
@@ -25,6 +26,7 @@ only when it should answer differently from its parent. In short::
       SessionOwned            409     conflict_error / session_owned_elsewhere         invalid_request_error +R
       RevisionConflict        409     conflict_error / conflict                        invalid_request_error
     PayloadTooLarge           413     invalid_request_error / request_too_large        request_too_large
+      ImageTooLarge           413     invalid_request_error / image_too_large          request_too_large
     CapacityExceeded          429     rate_limit_error / rate_limit_error              rate_limit_error      +R
     EngineError               502     api_error / engine_error                         api_error
       EngineRefused           400     invalid_request_error / invalid_request_error    invalid_request_error
@@ -54,6 +56,8 @@ from schemas.errors import (
     EngineUnavailable,
     FoldError,
     IdempotencyKeyReused,
+    ImageRefused,
+    ImageTooLarge,
     LogUnavailable,
     MalformedRequest,
     MethodNotAllowed,
@@ -103,6 +107,7 @@ ERRORS: dict[type[RollbusError], HttpError] = {
     IdempotencyKeyReused: _bad("idempotency_key_reused"),
     ChatTemplateError: _bad("chat_template_error"),
     TemplateNotIncremental: _bad("template_not_incremental"),
+    ImageRefused: _bad("invalid_image"),
     Unauthorized: HttpError(401, "authentication_error", "authentication_error", "authentication_error"),
     SessionNotFound: HttpError(404, "not_found_error", "not_found_error", "not_found_error"),
     ResponseNotFound: HttpError(404, "not_found_error", "not_found_error", "not_found_error"),
@@ -114,6 +119,7 @@ ERRORS: dict[type[RollbusError], HttpError] = {
     RevisionConflict: _conflict("conflict"),  # (a lost compare-and-set that reached a client: try again)
     SessionOwned: _conflict("session_owned_elsewhere", retry_after=True),
     PayloadTooLarge: HttpError(413, "request_too_large", "invalid_request_error", "request_too_large"),
+    ImageTooLarge: HttpError(413, "image_too_large", "invalid_request_error", "request_too_large"),
     CapacityExceeded: HttpError(429, "rate_limit_error", "rate_limit_error", "rate_limit_error", retry_after=True),
     EngineError: _server(502, "engine_error"),
     EngineRefused: _bad("invalid_request_error"),

@@ -31,6 +31,7 @@ session's live state (its token buffers) is dropped and its lease deleted.
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -43,7 +44,7 @@ from edge.ownership import KvLeases, LeaseHandle
 from edge.settings import Clock
 from edge.stored import StoredConversations
 from eventlog.publisher import EventLog
-from schemas.bodies import literal, parts_against
+from schemas.bodies import MIN_RUN, literal, parts_against, referencing
 from schemas.errors import LogUnavailable, OwnershipLost, SessionClosed
 from schemas.events import BodyPart, Event
 from schemas.metadata import or_default, read_settings
@@ -64,26 +65,44 @@ class StoredBodies:
     so that a new request is stored against the one it most likely repeats (schemas/bodies.py).
 
     Only acknowledged requests are remembered: a request's parts may refer only to what is in the
-    log before it. After a takeover nothing is remembered, and the next request is stored whole."""
+    log before it. After a takeover nothing is remembered, and the next request is stored whole.
 
-    def __init__(self, keep: int = 4) -> None:
+    The base64 text of the images acknowledged requests carried is remembered too (``keep_images`` of
+    them), where it sits in its body: an image sent again in a new message is a reference to it
+    (:func:`schemas.bodies.referencing`), not its text again."""
+
+    def __init__(self, keep: int = 4, keep_images: int = 32) -> None:
         self._keep = keep
         self._latest: OrderedDict[int, tuple[int, bytes]] = OrderedDict()  # chain -> (request_no, body)
+        self._keep_images = keep_images
+        self._digests: set[str] = set()  # the images whose text is in _runs (or was not found in its body)
+        self._runs: dict[bytes, tuple[int, int]] = {}  # an image's base64 text -> (request_no, start) in a body
 
     def parts(self, body: bytes, chain: int | None) -> tuple[BodyPart, ...]:
         """``body`` as parts against the latest request on ``chain`` (for a new chain, or a chain not
-        remembered, the latest request of any chain)."""
+        remembered, the latest request of any chain), its images' text sent before as references."""
         base = self._latest.get(chain) if chain is not None else None
         if base is None and self._latest:
             base = next(reversed(self._latest.values()))
-        return literal(body) if base is None else parts_against(body, *base)
+        return referencing(literal(body) if base is None else parts_against(body, *base), self._runs)
 
-    def stored(self, chain: int, request_no: int, body: bytes) -> None:
-        """Request ``request_no`` (on ``chain``) is in the log."""
+    def stored(self, chain: int, request_no: int, body: bytes, images: Sequence[tuple[str, bytes]] = ()) -> None:
+        """Request ``request_no`` (on ``chain``) is in the log; ``images``: (digest, bytes) of the images it
+        carried, whose base64 text later requests may refer to."""
         self._latest[chain] = (request_no, body)
         self._latest.move_to_end(chain)
         while len(self._latest) > self._keep:
             self._latest.popitem(last=False)
+        for digest, data in images:
+            if digest in self._digests or len(data) * 4 // 3 < MIN_RUN:
+                continue
+            self._digests.add(digest)
+            text = base64.b64encode(data)
+            start = body.find(text)
+            if start >= 0:
+                if len(self._runs) >= self._keep_images:
+                    self._runs.pop(next(iter(self._runs)))
+                self._runs[text] = (request_no, start)
 
 
 class LiveSession:
@@ -104,6 +123,8 @@ class LiveSession:
         # the session's continue_reserialized_turns (schemas.metadata): continue a chain its request re-serialised
         self.continues_reserialized = or_default(read_settings(state.metadata)[0].continue_reserialized_turns, False)
         self.inputs: dict[int, InputBuffer] = {}  # long chains' engine input, grown in place (edge.engine_input)
+        self.images_stored: set[str] = set()  # digests of the images this edge stored for it (edge.turns)
+        self.fetched_images: dict[str, bytes] = {}  # http(s) image URLs fetched for it, and their bytes (edge.images)
         self.active = 0  # requests in flight
         self.touched = state.updated_at  # last activity: a request started or an event committed
         self.lost = False

@@ -4,7 +4,7 @@ engine and the log timed (:class:`TimedEngine`, :class:`TimedLog`)."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 from prometheus_client import Counter, Gauge
 
@@ -86,6 +86,10 @@ class TimedLog:
             raise
         finally:
             self._seconds.observe(time.perf_counter() - started)
+
+
+    async def put_pieces(self, session_id: str, pieces: Mapping[bytes, bytes]) -> None:
+        await self.inner.put_pieces(session_id, pieces)
 
 
 class TimedEngine:

@@ -161,7 +161,8 @@ class EdgeService:
         return self._turns.codec.mode
 
     async def close_log(self) -> None:
-        """Close the log's own connection, if it has one (after the last request)."""
+        """Close the log's own connection, if it has one, and the image fetcher's (after the last request)."""
+        await self._turns.images.aclose()
         close = getattr(self._log, "close", None)
         if close is not None:
             await close()
@@ -203,6 +204,7 @@ class EdgeService:
             max_trajectory_length=self.settings.max_trajectory_length, tokenizer=self.settings.tokenizer,
             tool_format=self.settings.tool_format, edge_id=self.settings.edge_id,
             reasoning_format=self.settings.reasoning_format, template_mode=self.template_mode.name,
+            processor=self._turns.images.processor_name or msgspec.UNSET,
         )
 
     async def authorize(self, session_id: str, api_key: str | None) -> LiveSession:

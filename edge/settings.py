@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
+from vision.images import ImageLimits
 
 from schemas.log import LogConfig
 
@@ -15,6 +16,7 @@ Clock = Callable[[], float]
 
 LAG_INTERVAL_S = 5.0  # how often the consumers' lag is sampled (observability.lag.watch_lag)
 SEND_TIMEOUT_S = 60.0  # a connection whose client takes none of its reply for this long is closed (TCP_USER_TIMEOUT)
+IMAGE_LIMITS = ImageLimits()  # the defaults of the image limits below
 
 
 class EdgeSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,7 +39,20 @@ class EdgeSettings(msgspec.Struct, frozen=True, kw_only=True):
     idle_timeout_s: float = 3600.0  # open sessions untouched this long are aborted ("idle_timeout"); 0: never
     rollback_rewritten_turns: bool = True  # a request that rewrites a chain's last reply rolls it back
     disconnect_grace_s: float = 10.0  # a plain turn whose client left is aborted this long after (unless retried)
+    # Images (edge.images): "" refuses them; else builtin:qwen2.5-vl or a local Hugging Face processor directory
+    processor: str = ""
+    max_images: int = IMAGE_LIMITS.max_images  # per request (the history's too: the engine sees them all)
+    max_image_bytes: int = IMAGE_LIMITS.max_bytes  # one image, decoded (or fetched)
+    max_image_pixels: int = IMAGE_LIMITS.max_pixels  # width * height as the image's header declares them
+    max_image_side: int = IMAGE_LIMITS.max_side
+    image_fetch_allow: tuple[str, ...] = ()  # hosts whose http(s) image URLs are fetched; none: only data URLs
+    image_fetch_timeout_s: float = 10.0  # one fetch, connecting to its last byte
     log: LogConfig = LogConfig()
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(max_images=self.max_images, max_bytes=self.max_image_bytes,
+                           max_pixels=self.max_image_pixels, max_side=self.max_image_side)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,11 +26,13 @@ from edge.chat.digest import extend, prefix_digests, tools_digest
 from edge.engine_input import MIN_TOKENS, InputBuffer
 from edge.engines.base import Constraint, Engine, GenerateRequest, GenerateResult, SamplingParams
 from edge.forks import Histories, classify, reserialized_continuation
+from edge.images import EdgeImages
 from edge.live import Decide, LiveSession
 from edge.metrics import ABANDONED, ENGINE_ERROR, OK, REFUSED, EdgeMetrics
 from edge.settings import Clock, EdgeSettings
 from edge.stored import with_reasoning
 from edge.tokens.constraint import MARKERS, derive_constraint
+from edge.tokens.images import images_of
 from edge.tokens.incremental import TemplateCodec
 from edge.tokens.parsers import make_reasoning
 from edge.tokens.parsers.base import ParsedOutput, ToolParser
@@ -40,7 +42,7 @@ from eventlog.publisher import EventLog
 from observability.registry import Metrics
 from schemas import tokens
 from schemas.errors import EngineError, NoRoom, RollbusError, TemplateNotIncremental
-from schemas.events import TurnCompleted, body_digest
+from schemas.events import ImageRef, TurnCompleted, body_digest
 from session.chains import Continue, Exhausted, NewChain, Rollback, Selection, select_chain
 from session.fold import SessionState
 from session.turn import (
@@ -131,6 +133,7 @@ class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
     plan: TurnPlan | None = None
     generate: GenerateRequest | None = None
     closing: int | None = None  # refused: the chain its refusal closes (None: none)
+    image_bytes: dict[str, bytes] = {}  # the plan's images' bytes, by digest (stored before its events)
 
     @property
     def request_no(self) -> int:
@@ -182,10 +185,15 @@ def _chat_turns(messages: Sequence[Message]) -> int:
 
 class TurnRunner:
     def __init__(self, *, settings: EdgeSettings, codec: TemplateCodec, engine: Engine, log: EventLog,
-                 parser: ToolParser, clock: Clock = time.time, metrics: Metrics | None = None) -> None:
-        """``metrics``: where turns, tokens and rollbacks are counted (a registry of its own if None)."""
+                 parser: ToolParser, clock: Clock = time.time, metrics: Metrics | None = None,
+                 images: EdgeImages | None = None) -> None:
+        """``metrics``: where turns, tokens and rollbacks are counted (a registry of its own if None); ``images``:
+        what is done with a request's images (None: no processor, images refused)."""
         self._settings = settings
         self.codec = codec
+        self.images = images if images is not None else EdgeImages(None)
+        if self.images.tokens is not None:
+            codec.image_placeholder = self.images.tokens.placeholder
         self._engine = engine
         self._log = log
         self._clock = clock
@@ -261,8 +269,11 @@ class TurnRunner:
         thread, at most :data:`OFFLOADED` at a time, so that the event loop keeps serving every
         other session (tokenizing megabytes takes seconds; long pieces are encoded with the GIL
         released, :data:`edge.tokens.pieces.RELEASE_GIL_CHARS`).
-        The codec's caches are only ever missed, never corrupted, by a planning thread."""
-        conversation = request.conversation
+        The codec's caches are only ever missed, never corrupted, by a planning thread.
+        The request's images are made ready first (:mod:`edge.images`: refused, fetched, inspected)."""
+        conversation = await self.images.prepare(request.conversation, live.fetched_images)
+        if conversation is not request.conversation:
+            request = msgspec.structs.replace(request, conversation=conversation)
         self.codec.check_system_placement(conversation.messages)
         constraint = self.constraint(conversation)
         request_no = live.take_request_no()
@@ -326,6 +337,7 @@ class TurnRunner:
         ``prompt_tokens``): its chain's tokens and the increment, or a new chain's prompt; past the
         trajectory length (where a turn is refused), the whole conversation's render. Nothing is
         recorded. Much new text is tokenized on a worker thread, as a turn's."""
+        conversation = await self.images.prepare(conversation, live.fetched_images)
         self.codec.check_system_placement(conversation.messages)
         state = live.state
         digests, selection = self._select(state, conversation, ())
@@ -361,10 +373,13 @@ class TurnRunner:
         if refuses(plan, limit):
             return msgspec.structs.replace(prepared, closing=plan.chain)
         sampling = self._sampling(state, request.conversation, limit - plan.input_length)
+        images = images_of(request.conversation.messages)  # the chain's and the new ones: all the engine sees
         generate = GenerateRequest(request_id=f"{state.session_id}:{received.request_no}",
                                    input_ids=self._engine_input(live, state, plan, prompt), sampling=sampling,
-                                   constraint=constraint)
-        return msgspec.structs.replace(prepared, generate=generate)
+                                   constraint=constraint, images=tuple(image.data for image in images))
+        new = {image.info.digest: image.data for image in images if image.info is not None}
+        return msgspec.structs.replace(prepared, generate=generate,
+                                       image_bytes={ref.digest: new[ref.digest] for ref in plan.images})
 
     @staticmethod
     def _engine_input(live: LiveSession, state: SessionState, plan: TurnPlan,
@@ -394,12 +409,14 @@ class TurnRunner:
                           finish_reason=result.finish_reason, text=parsed.content, reasoning=parsed.reasoning,
                           tool_calls=parsed.tool_calls, tip_digest=tip, weight_version=result.weight_version,
                           constrained=constraint.label if constraint is not None else None)
+        await self._store_images(live, turn)
         now = self._clock()
         events = await live.commit(self._log, lambda state: turn_events(state, plan, turn.received, sampled,
                                                                          limit=limit, time=now))
         completed = next(e for e in events if type(e) is TurnCompleted)
         request_no = turn.request_no
-        live.bodies.stored(completed.chain, request_no, turn.request.body)
+        live.bodies.stored(completed.chain, request_no, turn.request.body, [
+            (image.info.digest, image.data) for image in images_of(conversation.messages) if image.info is not None])
         replied = msgspec.structs.replace(reply, reasoning=parsed.reasoning)
         live.histories.remember(completed.chain, (*conversation.messages, replied), conversation.tools)
         if plan.fork is not None and completed.chain > 0:
@@ -412,6 +429,21 @@ class TurnRunner:
         if plan.rollback is not None:
             self._counted.rollbacks.inc()
         return outcome
+
+    async def _store_images(self, live: LiveSession, turn: PreparedTurn) -> None:
+        """The bytes of the images the turn's events reference, into the log's object store before them: once a
+        session (a screenshot resent every turn is stored with the turn that first holds it)."""
+        new = {digest: data for digest, data in turn.image_bytes.items() if digest not in live.images_stored}
+        if not new:
+            return
+        await self._log.put_pieces(live.session_id, {bytes.fromhex(digest): data for digest, data in new.items()})
+        live.images_stored.update(new)
+
+    def _expand(self, ids: list[int], messages: Sequence[Message]) -> tuple[list[int], tuple[ImageRef, ...]]:
+        """A render's ids with the images of ``messages`` expanded into their tokens (edge.tokens.images), and
+        where each stands; as they are without a processor (no image gets this far then)."""
+        expander = self.images.tokens
+        return (ids, ()) if expander is None else expander.expand(ids, images_of(messages))
 
     def _plan(self, state: SessionState, conversation: Conversation, selection: Continue | Rollback | NewChain,
               digests: Sequence[str], request_no: int, *, histories: Histories | None = None,
@@ -429,13 +461,15 @@ class TurnRunner:
             except TemplateNotIncremental:  # the template cannot express the rewrite: a new chain
                 selection = NewChain()
             else:
+                context, images = self._expand(context, new)
                 return plan_turn(state, selection, TurnFacts(context=tokens.pack_ids(context), chat_turns=_chat_turns(
-                    new), reserialized=reserialized, **facts)), None
-        prompt = self.codec.encode_prompt(with_reasoning(state, messages), conversation.tools, room=limit)
+                    new), reserialized=reserialized, images=images, **facts)), None
+        prompt, images = self._expand(self.codec.encode_prompt(with_reasoning(state, messages), conversation.tools,
+                                                               room=limit), messages)
         fork = None if histories is None else \
             classify(messages, conversation.tools, histories.known(), had_chains=bool(state.chains))
         return plan_turn(state, selection, TurnFacts(context=tokens.pack_ids(prompt), chat_turns=_chat_turns(messages),
-                                                     fork=fork, **facts)), prompt
+                                                     fork=fork, images=images, **facts)), prompt
 
     def _sampling(self, state: SessionState, conversation: Conversation, room: int) -> SamplingParams:
         asked, defaults = conversation.sampling, state.sampling

@@ -14,6 +14,7 @@ from nats.js.errors import NotFoundError
 
 from eventlog.consumer import JetStreamConsumers
 from eventlog.kv import KvStore
+from eventlog.pieces import PieceStore, open_pieces
 from eventlog.port import Delivery, Subscription
 from eventlog.publisher import JetStreamLog
 from eventlog.reader import (
@@ -37,6 +38,7 @@ class JetStreamPort(JetStreamLog):
     def __init__(self, nc: Client, cfg: LogConfig, *, timeout: float = 5.0, attempts: int = 4) -> None:
         super().__init__(nc, cfg, timeout=timeout, attempts=attempts)
         self._consumers = JetStreamConsumers(self._js)
+        self._pieces: PieceStore | None = None
 
     @property
     def cfg(self) -> LogConfig:
@@ -77,6 +79,13 @@ class JetStreamPort(JetStreamLog):
         async with contextlib.aclosing(reading):
             async for item in reading:
                 yield item
+
+    async def image(self, session_id: str, digest: str) -> bytes | None:
+        if self._pieces is None:
+            self._pieces = await open_pieces(self._js, self._cfg, timeout=self._timeout)
+            if self._pieces is None:  # no bucket: nothing was ever stored
+                return None
+        return await self._pieces.get(session_id, bytes.fromhex(digest))
 
     def kv(self, bucket: str, *, timeout: float = 5.0) -> KvStore:
         return KvStore(self._js, bucket, timeout=timeout)

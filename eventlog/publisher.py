@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import msgspec
@@ -77,7 +77,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from eventlog.acks import Ack, AckedPublisher
 from eventlog.retrying import replay_first
-from schemas import envelope
+from schemas import blobs, envelope
 from schemas.errors import (
     LogUnavailable,
     NoResponders,
@@ -192,6 +192,11 @@ class EventLog(Protocol):
 
     async def append(self, session_id: str, events: Sequence[Event], expected_last: int) -> Appended: ...
 
+    async def put_pieces(self, session_id: str, pieces: Mapping[bytes, bytes]) -> None:
+        """Store values (sha256 digest -> bytes) of the session in the object store, for events appended after
+        to reference by digest (an image's bytes: :class:`schemas.events.ImageRef`)."""
+        ...
+
 
 class JetStreamLog:
     """The event log on JetStream, written through the nats-py client ``nc``."""
@@ -219,6 +224,24 @@ class JetStreamLog:
         last = fitted[-1]
         ack = await self._publish(session_id, last.events, last.payload, expected_last, len(last.pieces))
         return Appended(stream=ack.stream, stream_seq=ack.seq, duplicate=ack.duplicate, envelopes=len(fitted))
+
+    async def put_pieces(self, session_id: str, pieces: Mapping[bytes, bytes]) -> None:
+        """Store values by digest in the pieces bucket, under ``<session_id>/<sha256 hex>`` (:mod:`schemas.blobs`),
+        before the events that reference them are appended. One the bucket holds already (named by its digest: the
+        same bytes) is left as it is, so a reader of it never meets it being rewritten (an edge that took the
+        session over stores again what it did not see stored)."""
+        try:
+            store = await asyncio.wait_for(self._js.object_store(self._cfg.pieces_bucket), self._timeout)
+            for digest, data in pieces.items():
+                name = blobs.object_name(session_id, digest)
+                try:
+                    await asyncio.wait_for(store.get_info(name), self._timeout)
+                    continue
+                except NotFoundError:  # (ObjectNotFoundError and ObjectDeletedError are NotFoundErrors)
+                    pass
+                await asyncio.wait_for(store.put(name, data), self._timeout + len(data) / 10e6)
+        except (TimeoutError, NatsError) as exc:
+            raise LogUnavailable(f"could not store a piece in the object store: {exc!r}") from exc
 
     async def _store_pieces(self, pieces: dict[str, bytes]) -> None:
         try:

@@ -63,6 +63,7 @@ from materializer.prompts import TERMINAL, PromptProgress, SessionOutcome
 from materializer.quarantine import Quarantine, QuarantineLog
 from materializer.reading import Ended, Orphan, SessionReader, StateLoader
 from materializer.records import RecordOptions
+from materializer.vision import ImageFetch
 from reward.scorer import RewardScorer
 from schemas.errors import FoldError
 from schemas.records import MaterializedMarker, TrajectoryRecord, record_digest
@@ -88,9 +89,10 @@ class BatchWriter:
     def __init__(self, *, load: StateLoader, markers: Markers, ledger: PromptLedger, parquet: ParquetSink,
                  tq: TransferQueueSink | None = None, options: RecordOptions = RecordOptions(),
                  rollout_n: int = 1, scorer: RewardScorer | None = None, quarantine: QuarantineLog | None = None,
-                 metrics: MaterializerMetrics | None = None) -> None:
+                 metrics: MaterializerMetrics | None = None, images: ImageFetch | None = None) -> None:
         """``quarantine``: the log a quarantined session's event goes to (None: its marker alone says it);
-        ``metrics``: where the quarantined sessions are counted (besides :attr:`quarantined`)."""
+        ``metrics``: where the quarantined sessions are counted (besides :attr:`quarantined`); ``images``: where
+        the images of sessions with a processor come from (:mod:`materializer.vision`)."""
         self.markers = markers
         self._ledger = ledger
         self._parquet = parquet
@@ -100,7 +102,7 @@ class BatchWriter:
         self._metrics = metrics
         self._reader = SessionReader(load=load, quarantine=quarantine, options=options, rollout_n=rollout_n,
                                      partition=tq.partition if tq is not None else "", padding=parquet.padding,
-                                     scorer=scorer)
+                                     scorer=scorer, images=images)
         self.sessions = 0  # sessions this writer ended (markers written)
         self.records = 0
         self.quarantined: Counter[str] = Counter()  # sessions this writer quarantined, by stage

@@ -7,7 +7,8 @@ Every session of the batch comes out as one of
 - an :class:`Ended` session with a :class:`~materializer.quarantine.Quarantine` instead of records,
   when it cannot be materialized: its log does not fold (``unreadable``; what does fold of it, at
   least its opening, still names its prompt), its derivation raised a data error
-  (``underivable``), the sinks cannot hold its records (``invalid``), or the caller rejected it
+  (``underivable``: an image missing from the object store, a processor that cannot be loaded here,
+  too), the sinks cannot hold its records (``invalid``), or the caller rejected it
   (``write``, with the caller's reason); or when its log already says it was quarantined;
 - an :class:`Orphan`: a quarantined session of which not even the opening is readable (it counts
   in no prompt);
@@ -30,6 +31,7 @@ from materializer.padding import Padding
 from materializer.quarantine import TRANSIENT, Quarantine, QuarantineLog
 from materializer.records import RecordOptions, derive_scored
 from materializer.validation import bounded, session_problem
+from materializer.vision import ImageFetch, VisionInputs
 from reward.precedence import RewardDecision
 from reward.scorer import RewardScorer
 from schemas.errors import FoldError, NotEnded, SessionNotFound
@@ -75,8 +77,11 @@ class Orphan(msgspec.Struct, frozen=True, kw_only=True):
 
 class SessionReader:
     def __init__(self, *, load: StateLoader, quarantine: QuarantineLog | None, options: RecordOptions,
-                 rollout_n: int, partition: str, padding: Padding | None, scorer: RewardScorer | None) -> None:
+                 rollout_n: int, partition: str, padding: Padding | None, scorer: RewardScorer | None,
+                 images: ImageFetch | None = None) -> None:
+        """``images``: where the images of sessions with a processor are fetched from (the log's object store)."""
         self._load = load
+        self._vision = VisionInputs(images)
         self._log = quarantine
         self._options = options
         self._rollout_n = rollout_n
@@ -126,6 +131,7 @@ class SessionReader:
             return ended
         try:
             records, reward = await derive_scored(state, ended.keys.options, self._scorer)
+            records = await self._vision.attach(state, records)
         except (FoldError, *DATA_ERRORS) as exc:
             return ended.quarantined(Quarantine("underivable", bounded(f"its records cannot be derived: {exc!r}")))
         problem = session_problem(records, self._padding)

@@ -28,6 +28,10 @@ parent), ``fork_message_index`` and ``fork_token_offset`` (the messages and the 
 shares with the parent) and ``fork_cause``; a log written before forks were recorded leaves
 ``fork_cause`` "" (null in Parquet).
 
+A session opened with an image processor gives each record its ``processor`` and its images (the
+chain's, at their offsets in ``input_ids``); what the processor derives from them is added by
+:mod:`materializer.vision`, which fetches the image bytes (this module stays pure).
+
 ``min_global_steps`` / ``max_global_steps`` span the weight versions of the chain's turns
 (``"3"``, or ``"3..4"`` for a turn sampled across a weight update: :func:`version_span`);
 without an integer version, both are the session's ``global_steps``.
@@ -48,6 +52,7 @@ from reward.intake import reward_info_of
 from reward.precedence import RewardDecision, decide_reward, resolve_reward
 from reward.scorer import RewardScorer, ScoreRequest, ScoreResult
 from schemas import tokens
+from schemas.events import ImageRef
 from schemas.metadata import or_default, read_settings
 from schemas.records import MaterializedMarker, RecordOptions, TrajectoryRecord
 from session.fold import ChainState, Segment, SessionState
@@ -171,6 +176,14 @@ def _global_steps(state: SessionState) -> int:
     return or_default(read_settings(state.metadata)[0].global_steps, 0)
 
 
+def _images(chain: ChainState, seq_len: int) -> tuple[ImageRef, ...]:
+    """The chain's images inside the trajectory's tokens (a trailing context never followed by a turn is not)."""
+    images = chain.images
+    if images and images[-1].offset + images[-1].tokens > seq_len:
+        return tuple(i for i in images if i.offset + i.tokens <= seq_len)
+    return images
+
+
 def _record(state: SessionState, chain: ChainState, index: int, reward: RewardDecision,
             options: RecordOptions) -> TrajectoryRecord:
     responses, response_mask, logprobs = _arrays(_response_segments(chain))
@@ -204,4 +217,6 @@ def _record(state: SessionState, chain: ChainState, index: int, reward: RewardDe
         max_global_steps=high,
         metadata=dict(state.metadata),
         constrained_turns=tuple(i for i, turn in enumerate(chain.turns) if turn.constrained is not None),
+        processor=state.processor,
+        images=_images(chain, chain.prompt_len + len(responses)),
     )

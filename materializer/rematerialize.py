@@ -26,12 +26,14 @@ from collections.abc import Callable
 import msgspec
 from nats.js.client import JetStreamContext
 
+from eventlog.pieces import PieceStore, open_pieces
 from eventlog.reader import iter_envelopes, last_stream_seq
 from materializer.metadata import record_options
 from materializer.parquet import ParquetSink
 from materializer.reading import DATA_ERRORS
 from materializer.records import RecordOptions, derive_scored
 from materializer.validation import bounded, session_problem
+from materializer.vision import VisionInputs
 from reward.scorer import RewardScorer
 from schemas.errors import FoldError
 from schemas.events import AnyEvent
@@ -68,11 +70,20 @@ class Rematerializer:
         self._ended: set[str] = set()
         self._records: list[TrajectoryRecord] = []
         self._markers: list[MaterializedMarker] = []
+        self._vision = VisionInputs(self._image)  # the images of sessions with a processor, from the object store
+        self._pieces: PieceStore | None = None
+        self._log: tuple[JetStreamContext, LogConfig] | None = None
         self.progress = Progress()
+
+    async def _image(self, session_id: str, digest: str) -> bytes | None:
+        if self._pieces is None and self._log is not None:
+            self._pieces = await open_pieces(*self._log)
+        return await self._pieces.get(session_id, bytes.fromhex(digest)) if self._pieces is not None else None
 
     async def run(self, js: JetStreamContext, cfg: LogConfig, report: Reporter | None = None,
                   every: float = 1.0) -> Progress:
         progress = self.progress
+        self._log = (js, cfg)
         progress.started = time.monotonic()
         progress.last = await last_stream_seq(js, cfg, cfg.subjects)
         shown = progress.started
@@ -111,6 +122,7 @@ class Rematerializer:
         options = record_options(state, self._options)
         try:
             records, reward = await derive_scored(state, options, self._scorer)
+            records = await self._vision.attach(state, records)
         except (FoldError, *DATA_ERRORS) as exc:
             self._skip(session_id, f"its records cannot be derived: {exc!r}")
             return

@@ -96,7 +96,7 @@ class Materializer:
                                        ledger=ledger, parquet=self._sink, tq=self._tq,
                                        options=self._options.records, rollout_n=self._options.rollout_n,
                                        scorer=self._scorer, quarantine=QuarantineLog(self._log),
-                                       metrics=self._metrics)
+                                       metrics=self._metrics, images=self._log.image)
         return self._writer
 
     async def recover(self) -> None:

@@ -14,6 +14,11 @@ Per trajectory key ``{uid}_{session_index}_{trajectory_index}``:
   constraint, and where the chain forked from: ``parent_key``, ``fork_message_index``,
   ``fork_token_offset``, ``fork_cause``) and, when the session was opened with them, the task fields verl reads by
   name (``data_source``, ``reward_model``, ``extra_info``, ``raw_prompt``, ``tools_kwargs``);
+- a session with an image processor (issue 29): ``multi_modal_inputs`` (non-tensor, one dict of tensors per
+  trajectory, ``{}`` for one without images, as verl's agent loop builds it with a processor) and
+  ``position_ids`` of four rows per token (verl's ``_compute_position_ids``: the text positions, then the
+  three M-RoPE rows), a jagged tensor ragged in its last dimension, as verl's ``list_of_dict_to_tensordict``
+  makes it;
 - tags: ``status: success``, ``prompt_len``, ``response_len``, ``seq_len``, ``global_steps``,
   ``min_global_steps``, ``max_global_steps``, ``uid`` and ``materialization_reason``.
 
@@ -76,6 +81,25 @@ def _sequences(records: list[TrajectoryRecord], layout: _Layout) -> dict[str, to
             "position_ids": _nested(positions, layout.seq)}
 
 
+def _vision(record: TrajectoryRecord) -> tuple[np.ndarray, dict[str, Any]]:
+    if record.vision_position_ids is None or record.multi_modal_inputs is None:  # materializer.vision runs first
+        raise ValueError(f"record {record.key} has no vision inputs")
+    return record.vision_position_ids, record.multi_modal_inputs
+
+
+def _vision_fields(records: list[TrajectoryRecord]) -> dict[str, Any]:
+    """position_ids (text row over the three M-RoPE rows, ragged in the last dimension) and multi_modal_inputs."""
+    rows = []
+    inputs = []
+    for record in records:
+        rope, mm = _vision(record)
+        text = np.arange(record.seq_len, dtype=np.int64)[None, :]
+        rows.append(torch.from_numpy(np.concatenate([text, rope.astype(np.int64, copy=False)])))
+        inputs.append(mm)
+    return {"position_ids": torch.nested.as_nested_tensor(rows, layout=torch.jagged),
+            "multi_modal_inputs": NonTensorStack.from_list(inputs)}
+
+
 def _sequence(record: TrajectoryRecord, name: str) -> np.ndarray:
     value = getattr(record, name)
     if value is None:  # fields_of() leaves absent log probs out; reaching this is a bug
@@ -108,6 +132,8 @@ def fields_of(record: TrajectoryRecord) -> tuple[str, ...]:
         names.append("rollout_log_probs")
     names += ["num_turns", "uid", "session_id", "agent_name", "reward_extra_info", "extra_fields"]
     names += [k for k in TASK_KEYS if k in record.metadata]
+    if record.processor is not None:
+        names.append("multi_modal_inputs")
     return tuple(names)
 
 
@@ -134,6 +160,8 @@ def to_tensordict(records: list[TrajectoryRecord], names: tuple[str, ...]) -> Te
     """The fields ``names`` of records that all have them, batched."""
     layout = _Layout(records)
     data: dict[str, Any] = _sequences(records, layout)
+    if "multi_modal_inputs" in names:
+        data.update(_vision_fields(records))
     for name in names:
         if name in data:
             continue

@@ -11,14 +11,18 @@ Kinds of difference, per session:
 * ``unreadable``: the session's events do not fold (a corrupt log);
 * ``quarantined``: the materializer set the session aside (its marker says ``quarantined``):
   none of its records are in the sinks (its ``session_quarantined`` event says why);
-* ``orphan_marker``: a marker for a session the log never finalized (``--all`` only).
+* ``orphan_marker``: a marker for a session the log never finalized (``--all`` only);
+* ``image_missing``: an image the session's events reference (by digest) that the log's object
+  store does not hold; ``image_altered``: one whose stored bytes do not have its sha256.
 
-:func:`compare` is pure; the reading is :func:`load_markers` / :func:`read_marker`.
+:func:`compare` and :func:`image_differences` are pure; the reading is :func:`load_markers` /
+:func:`read_marker` (and the caller's fetch of :func:`session_images`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Mapping, Sequence
 
 import msgspec
 from nats.js.client import JetStreamContext
@@ -26,6 +30,7 @@ from nats.js.client import JetStreamContext
 from eventlog.kv import KvStore, iter_bucket
 from materializer.metadata import record_options
 from materializer.records import RecordOptions, derive_records, rederive
+from schemas.events import ImageRef
 from schemas.log import LogConfig
 from schemas.records import MaterializedMarker, record_digest
 from session.fold import SessionState
@@ -45,6 +50,32 @@ def body_differences(session_id: str, bad_requests: Sequence[int]) -> list[Diffe
     return [Difference(session_id=session_id, kind="request_body", key=str(n),
                        detail="the body rebuilt from the log does not match its recorded sha256")
             for n in bad_requests]
+
+
+def session_images(state: SessionState) -> dict[str, ImageRef]:
+    """Every image the session's chains hold, by digest (the first place each stands)."""
+    found: dict[str, ImageRef] = {}
+    for chain in state.chains:
+        for image in chain.images:
+            found.setdefault(image.digest, image)
+    return found
+
+
+def image_differences(session_id: str, images: Mapping[str, ImageRef], stored: Mapping[str, bytes | None]
+                      ) -> list[Difference]:
+    """A difference per image (``images``, by digest) the object store does not hold (``stored[digest]`` None) or
+    holds altered (bytes without that sha256)."""
+    out = []
+    for digest, image in images.items():
+        data = stored.get(digest)
+        where = f"{image.media_type} {image.width}x{image.height}"
+        if data is None:
+            out.append(Difference(session_id=session_id, kind="image_missing", key=digest,
+                                  detail=f"{where}: not in the log's object store"))
+        elif hashlib.sha256(data).hexdigest() != digest:
+            out.append(Difference(session_id=session_id, kind="image_altered", key=digest,
+                                  detail=f"{where}: the stored {len(data)} bytes do not have its sha256"))
+    return out
 
 
 def derived_digests(state: SessionState, marker: MaterializedMarker | None = None,

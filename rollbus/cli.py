@@ -111,7 +111,8 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
     parser.add_argument("--engine-url", action="append", default=list(d.engine_urls), metavar="URL",
                         help="engine server URL (repeatable; sessions are spread over them and stick)")
     parser.add_argument("--model", default=d.model, metavar="NAME|PATH",
-                        help="local engine's model: tiny-qwen2 (default), smollm2, a model dir or a .gguf file")
+                        help="local engine's model: tiny-qwen2 (default), tiny-qwen2-vl (takes images), smollm2, "
+                             "a model dir or a .gguf file")
     parser.add_argument("--engine-timeout", type=number(float, above=0), default=d.engine_timeout, metavar="SECONDS",
                         help="sglang/vllm: the longest wait for the engine's reply, or its next byte or streamed "
                              f"event; past it the turn is 504 [{d.engine_timeout:g}]")
@@ -151,6 +152,41 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
                         help="bytes a second a request body must arrive at: refused (400) past "
                              f"{EdgeSettings().body_base_s:g} s + its size at this rate "
                              f"[{_size_text(d.body_min_rate)}]")
+    _image_flags(parser)
+
+
+def _image_flags(parser: argparse.ArgumentParser) -> None:
+    """Images (README *Images*): the processor, the limits, and the hosts image URLs may be fetched from."""
+    from stack.options import StackOptions
+
+    d = StackOptions()
+    group = parser.add_argument_group("images")
+    group.add_argument("--processor", default=None, metavar="builtin:qwen2.5-vl|PATH",  # None: the model's
+                       help="the image processor (builtin:qwen2.5-vl, or a local Hugging Face processor dir; "
+                            "nothing is downloaded); without one, a request with an image is refused (400) "
+                            "[the local model's (tiny-qwen2-vl: builtin:qwen2.5-vl), else none]")
+    group.add_argument("--image-max-count", type=number(int, at_least=1), default=d.max_images, metavar="N",
+                       help=f"images in one request, its history's included [{d.max_images}]")
+    group.add_argument("--image-max-bytes", type=_positive_size, default=d.max_image_bytes, metavar="SIZE",
+                       help=f"bytes of one image, decoded or fetched (413 past it) [{_size_text(d.max_image_bytes)}]")
+    group.add_argument("--image-max-pixels", type=number(int, at_least=1), default=d.max_image_pixels, metavar="N",
+                       help="width x height an image's header may declare (a decompression bomb is refused before "
+                            f"decoding) [{d.max_image_pixels}]")
+    group.add_argument("--image-max-side", type=number(int, at_least=1), default=d.max_image_side, metavar="PIXELS",
+                       help=f"an image's width or height [{d.max_image_side}]")
+    group.add_argument("--image-fetch-allow", action="append", default=list(d.image_fetch_allow), metavar="HOST",
+                       help="fetch http(s) image URLs from this host (repeatable); none: image URLs are refused "
+                            "(400), only data URLs and base64 are taken [none]")
+    group.add_argument("--image-fetch-timeout", type=number(float, above=0), default=d.image_fetch_timeout,
+                       metavar="SECONDS", help=f"one image fetch, to its last byte [{d.image_fetch_timeout:g}]")
+
+
+def _positive_size(text: str) -> int:
+    """A size (``10MiB``) more than 0."""
+    value = size(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
 
 
 def _size_text(count: float) -> str:
@@ -292,7 +328,7 @@ def _command_of(argv: list[str]) -> str:
 
 def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOptions:
     """The stack's options from the flags; what a command has no flag for keeps StackOptions' default."""
-    from stack.runtime import StackOptions, model_defaults
+    from stack.runtime import StackOptions, model_defaults, model_processor
 
     given: dict[str, object] = {}
     if "edge" in components:
@@ -303,7 +339,11 @@ def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOpti
             health_interval=args.health_interval, tokenizer=tokenizer, tool_format=tool_format,
             reasoning_format=args.reasoning_format, admin_token=args.admin_token or secrets.token_urlsafe(18),
             max_trajectory_length=args.max_trajectory_length, edge_id=args.edge_id, lease_ttl=args.lease_ttl,
-            idle_timeout=args.idle_timeout, body_min_rate=args.body_min_rate, send_timeout=args.send_timeout)
+            idle_timeout=args.idle_timeout, body_min_rate=args.body_min_rate, send_timeout=args.send_timeout,
+            processor=model_processor(args.engine, args.model, args.processor),
+            max_images=args.image_max_count, max_image_bytes=args.image_max_bytes,
+            max_image_pixels=args.image_max_pixels, max_image_side=args.image_max_side,
+            image_fetch_allow=tuple(args.image_fetch_allow), image_fetch_timeout=args.image_fetch_timeout)
     else:  # no edge: no port of its own; /metrics where --metrics-port says (the edge serves its own)
         given.update(port=0, metrics_port=getattr(args, "metrics_port", None))
     if "materializer" in components:
@@ -334,6 +374,8 @@ def _announce(stack: Stack) -> None:
         print(f"  tokenizer:    {options.tokenizer} (tool format {options.tool_format}{reasoning})")
         if stack.template_mode is not None:
             print(f"  template:     {stack.template_mode.describe()}")
+        if options.processor:
+            print(f"  images:       {image_summary(options)}")
     if "materializer" in options.components:
         print(f"  trajectories: {options.data_dir / 'trajectories'}/")
         mo = options.materializer
@@ -343,6 +385,13 @@ def _announce(stack: Stack) -> None:
     if stack.metrics_server is not None:
         print(f"  metrics:      {stack.metrics_server.url}")
     print("  Ctrl-C (SIGINT) or SIGTERM stops it", flush=True)
+
+
+def image_summary(options: StackOptions) -> str:
+    """The ``images:`` line of a stack with a processor: the processor, the limits, and where URLs are fetched."""
+    fetched = ", ".join(options.image_fetch_allow) or "none (data URLs and base64 only)"
+    return (f"{options.processor} (up to {options.max_images} a request, {_size_text(options.max_image_bytes)} and "
+            f"{options.max_image_pixels} pixels each; URLs fetched from: {fetched})")
 
 
 def _store_limit(stack: Stack) -> str:

@@ -107,6 +107,25 @@ def references(payload: bytes) -> list[bytes]:
     return found
 
 
+class _Image(msgspec.Struct):
+    digest: str
+
+
+class _WithImages(msgspec.Struct):
+    images: list[_Image] = []
+
+
+_images_decoder = msgspec.msgpack.Decoder(list[_WithImages], ext_hook=lambda code, data: None)
+
+
+def image_digests(payload: bytes) -> list[str]:
+    """The digests (sha256 hex) of the images an envelope's events reference (``ImageRef``): pieces of the
+    session too, stored under :func:`object_name` before the envelope. Cheap for an envelope with none."""
+    if b"images" not in payload:
+        return []
+    return list(dict.fromkeys(image.digest for event in _images_decoder.decode(payload) for image in event.images))
+
+
 def decode_with(payload: bytes, values: dict[bytes, bytes], schema_version: int = SCHEMA_VERSION) -> list[AnyEvent]:
     """Decode an envelope whose references are resolved by ``values`` (digest -> stored bytes)."""
 

@@ -103,6 +103,47 @@ def parts_against(body: bytes, base_request_no: int, base: bytes) -> tuple[BodyP
     return tuple(parts)
 
 
+MIN_RUN = 1024  # a known run shorter than this is not looked for
+
+
+def referencing(parts: tuple[BodyPart, ...], runs: dict[bytes, tuple[int, int]]) -> tuple[BodyPart, ...]:
+    """``parts`` with each occurrence, in their data, of a known run (its bytes -> where an earlier request's body
+    holds them: ``(request_no, start)``) made a reference to it. An agent that sends the same image again in a
+    new message (a screenshot every turn) sends the same base64 text, which its first request stored: the new
+    body stores a reference to it, not the text again."""
+    if not runs:
+        return parts
+    out: list[BodyPart] = []
+    for part in parts:
+        out += _split(part, runs) if part.data and len(part.data) >= MIN_RUN else [part]
+    return tuple(out)
+
+
+def _split(part: BodyPart, runs: dict[bytes, tuple[int, int]]) -> list[BodyPart]:
+    found: list[tuple[int, bytes]] = []
+    data = part.data
+    for run in runs:
+        at = data.find(run)
+        while at >= 0:
+            found.append((at, run))
+            at = data.find(run, at + len(run))
+    if not found:
+        return [part]
+    out: list[BodyPart] = []
+    cut = 0
+    for at, run in sorted(found):
+        if at < cut:  # overlaps one taken already
+            continue
+        if at > cut:
+            out.append(BodyPart(data=data[cut:at]))
+        request_no, start = runs[run]
+        out.append(BodyPart(request_no=request_no, start=start, length=len(run)))
+        cut = at + len(run)
+    if cut < len(data):
+        out.append(BodyPart(data=data[cut:]))
+    return out
+
+
 Span = tuple[bytes, int, int]  # (buffer, start, end)
 
 

@@ -12,7 +12,8 @@ built-in, because callers catch it as one (a configuration error is a ``ValueErr
     │   ├── IdempotencyKeyReused  an Idempotency-Key repeated with a different body
     │   ├── ChatTemplateError     the chat template refused to render these messages
     │   ├── TemplateNotIncremental  the chat template is not prefix-stable for these messages
-    │   └── Unconstrainable       a forced reply the session's tool format cannot be constrained to
+    │   ├── Unconstrainable       a forced reply the session's tool format cannot be constrained to
+    │   └── ImageRefused          an image that does not decode, of a format not taken, or with no processor
     ├── Unauthorized              missing or wrong api key / admin token
     ├── SessionNotFound
     ├── ResponseNotFound          a stored response (Responses API) the session does not hold
@@ -24,6 +25,7 @@ built-in, because callers catch it as one (a configuration error is a ``ValueErr
     │   ├── SessionOwned          another edge holds the session's lease (``retry_after``)
     │   └── RevisionConflict      a KV key was written since it was read (a lost compare-and-set)
     ├── PayloadTooLarge
+    │   └── ImageTooLarge         an image over a limit (bytes, declared pixels or side, images per request)
     ├── CapacityExceeded          too many open sessions or requests (``retry_after`` when known)
     ├── EngineError               the engine answered nonsense or failed
     │   ├── EngineRefused         the engine refused the input (its HTTP 400, e.g. too long)
@@ -128,6 +130,11 @@ class Unconstrainable(MalformedRequest):
     """The request forces a reply the session's tool format cannot be constrained to."""
 
 
+class ImageRefused(MalformedRequest):
+    """An image the gateway does not take: undecodable data, a format it does not read, a data URL that is
+    not one, an image where no processor is configured. The message names the field (``param``) and why."""
+
+
 class Unauthorized(RollbusError):
     """A missing or wrong api key or admin token."""
 
@@ -175,6 +182,12 @@ class SessionOwned(Conflict):
 
 class PayloadTooLarge(RollbusError):
     """A body, or an event, over its size limit."""
+
+
+class ImageTooLarge(PayloadTooLarge):
+    """An image over one of its limits (``vision.images.ImageLimits``): its bytes, its declared pixels or
+    side (refused from the header, before decoding: a decompression bomb), or too many images in a request.
+    The message names the limit and its value."""
 
 
 class CapacityExceeded(RollbusError):

@@ -64,6 +64,9 @@ class SessionOpened(Event, tag="session_opened", kw_only=True):
     # the only ones then; read them through ``reasoning`` and ``template``.
     reasoning_format: str | msgspec.UnsetType = msgspec.UNSET
     template_mode: str | msgspec.UnsetType = msgspec.UNSET
+    # The image processor's name (``builtin:qwen2.5-vl`` or its directory) when the edge has one. UNSET (absent
+    # from the encoded event, so the events written before it encode as they were): none, images refused.
+    processor: str | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def reasoning(self) -> str:
@@ -121,6 +124,18 @@ class ForkPoint(msgspec.Struct, frozen=True, kw_only=True):
     token_offset: int = 0  # the new chain's prompt repeats the parent's first token_offset tokens
 
 
+class ImageRef(msgspec.Struct, frozen=True, kw_only=True):
+    """An image in an event's token ids: its bytes are in the log's object store under
+    ``schemas.blobs.object_name(session_id, bytes.fromhex(digest))``, stored before the event."""
+
+    digest: str  # sha256 hex of the image bytes
+    media_type: str  # "image/png", "image/jpeg", "image/webp", "image/gif"
+    width: int
+    height: int
+    offset: int  # index, in this event's token ids, of the image's first image pad token
+    tokens: int  # how many image pad tokens it has
+
+
 class ChainStarted(Event, tag="chain_started", kw_only=True):
     """A request that extends no chain starts one; its rendered prompt is the chain's prompt."""
 
@@ -133,6 +148,9 @@ class ChainStarted(Event, tag="chain_started", kw_only=True):
     # Its parent and the cause of the fork. UNSET (absent from the encoded event, so the events written
     # before the field re-encode byte for byte): not recorded (a log written before forks were).
     fork: ForkPoint | msgspec.UnsetType = msgspec.UNSET
+    # The images in ``prompt_ids``, in order (offsets into it). UNSET (absent from the encoded event, so the
+    # events written before the field re-encode byte for byte): none.
+    images: tuple[ImageRef, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ContextAppended(Event, tag="context_appended", kw_only=True):
@@ -148,6 +166,8 @@ class ContextAppended(Event, tag="context_appended", kw_only=True):
     # "tool_calls_as_text") and the session's continue_reserialized_turns continued the chain with its logged
     # tokens instead of forking. UNSET (absent from the encoded event): the request extended the chain as is.
     reserialized: str | msgspec.UnsetType = msgspec.UNSET
+    # The images in ``token_ids``, in order (offsets into it). UNSET (absent from the encoded event): none.
+    images: tuple[ImageRef, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
 class TokensGenerated(Event, tag="tokens_generated", kw_only=True):

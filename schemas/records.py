@@ -6,6 +6,12 @@ verl reads. :data:`TRAJECTORY_SCHEMA` is the one Arrow schema every Parquet file
 written with; nothing is inferred batch by batch. A table holds either the unpadded
 arrays or, on request, their padded form (fixed-length lists; the lengths and the
 padding rule in the schema metadata under ``rollbus.padding``).
+
+A trajectory of a session with an image processor (issue 29) also carries its images (by digest,
+each at its offset in ``input_ids``) and, once :mod:`materializer.vision` has run the processor,
+``multi_modal_inputs`` (what verl's agent loop builds: ``pixel_values``, ``image_grid_thw``,
+``images_seqlens``) and the three M-RoPE rows of its position ids. Parquet keeps the images by
+digest and the three rows, never the pixels (:func:`materializer.vision.restore` rebuilds them).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from schemas.events import ImageRef
 from schemas.metadata import TrajectorySelection
 
 IntArray = npt.NDArray[np.int32]
@@ -58,6 +65,13 @@ class TrajectoryRecord(msgspec.Struct, frozen=True, kw_only=True):
     fork_message_index: int = 0
     fork_token_offset: int = 0
     fork_cause: str = ""
+    # Images (issue 29): the session's processor (None: a text-only session), the trajectory's images in order
+    # (``offset`` into input_ids), and what materializer.vision derives from them with the processor: verl's
+    # multi_modal_inputs (tensors by name; {} for a trajectory without images) and the 3 M-RoPE rows (3, seq_len).
+    processor: str | None = None
+    images: tuple[ImageRef, ...] = ()
+    multi_modal_inputs: dict[str, Any] | None = None
+    vision_position_ids: npt.NDArray[np.int64] | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -152,6 +166,8 @@ def record_digest(record: TrajectoryRecord) -> str:
         meta.append(list(record.constrained_turns))
     if record.fork_cause:  # likewise
         meta.append([record.parent_key, record.fork_message_index, record.fork_token_offset, record.fork_cause])
+    if record.processor is not None:  # likewise (what the processor derives from the images follows from these)
+        meta.append([record.processor, [[i.digest, i.offset, i.tokens] for i in record.images]])
     h.update(msgspec.json.encode(meta, order="sorted"))
     return h.hexdigest()
 
@@ -167,6 +183,11 @@ def _mask() -> pa.DataType:
 def _floats() -> pa.DataType:
     return pa.list_(pa.float32())
 
+
+IMAGE_TYPE = pa.struct([pa.field("digest", pa.string(), nullable=False),
+                        pa.field("media_type", pa.string(), nullable=False),
+                        pa.field("width", pa.int32(), nullable=False), pa.field("height", pa.int32(), nullable=False),
+                        pa.field("offset", pa.int32(), nullable=False), pa.field("tokens", pa.int32(), nullable=False)])
 
 TRAJECTORY_SCHEMA = pa.schema(
     [
@@ -206,6 +227,12 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("fork_message_index", pa.int32()),
         pa.field("fork_token_offset", pa.int32()),
         pa.field("fork_cause", pa.string()),
+        # images (issue 29), null for a text-only session's record: its processor, its images by digest (offsets
+        # into input_ids; the bytes in the log's object store), and the three M-RoPE rows of its position ids
+        # (verl's position_ids are these under the text row, position_ids): materializer.vision.restore
+        pa.field("processor", pa.string()),
+        pa.field("images", pa.list_(IMAGE_TYPE)),
+        pa.field("vision_position_ids", pa.list_(_ints())),
     ],
     metadata={"rollbus.schema": "trajectory/v1"},
 )
@@ -303,6 +330,7 @@ def records_to_table(records: list[TrajectoryRecord], padded: Mapping[str, Any] 
         "truncated": pa.array(np.asarray(seq["truncated"], dtype=bool), pa.bool_()),
         "constrained_turns": pa.array([list(r.constrained_turns) for r in records], _ints()),
         **_fork_columns(records),
+        **_image_columns(records),
     }
     schema = TRAJECTORY_SCHEMA
     if padding is not None:
@@ -318,6 +346,19 @@ def _fork_columns(records: list[TrajectoryRecord]) -> dict[str, pa.Array]:
         "fork_message_index": pa.array([r and r.fork_message_index for r in forked], pa.int32()),
         "fork_token_offset": pa.array([r and r.fork_token_offset for r in forked], pa.int32()),
         "fork_cause": pa.array([r and r.fork_cause for r in forked], pa.string()),
+    }
+
+
+def _image_columns(records: list[TrajectoryRecord]) -> dict[str, pa.Array]:
+    """The image columns: null for a text-only session's record."""
+    vision = [r if r.processor is not None else None for r in records]
+    return {
+        "processor": pa.array([r and r.processor for r in vision], pa.string()),
+        "images": pa.array([None if r is None else [msgspec.structs.asdict(i) for i in r.images] for r in vision],
+                            pa.list_(IMAGE_TYPE)),
+        "vision_position_ids": pa.array([None if r is None or r.vision_position_ids is None
+                                         else list(r.vision_position_ids.astype(np.int32)) for r in vision],
+                                        pa.list_(_ints())),
     }
 
 

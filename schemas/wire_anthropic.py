@@ -15,6 +15,15 @@ from typing import Any, Literal
 import msgspec
 
 
+class ImageSource(msgspec.Struct, frozen=True, kw_only=True):
+    """An ``image`` block's ``source``: ``base64`` (``media_type``, ``data``) or ``url`` (``url``)."""
+
+    type: str = ""
+    media_type: str | None = None
+    data: str | None = None
+    url: str | None = None
+
+
 class ContentBlock(msgspec.Struct, frozen=True, kw_only=True):
     """Any request content block; which fields matter depends on ``type``."""
 
@@ -28,6 +37,7 @@ class ContentBlock(msgspec.Struct, frozen=True, kw_only=True):
     is_error: bool | None = None  # tool_result
     thinking: str | None = None  # thinking
     signature: str | None = None  # thinking
+    source: ImageSource | None = None  # image
 
 
 class MessageParam(msgspec.Struct, frozen=True, kw_only=True):

@@ -10,9 +10,15 @@ from typing import Any, Generic, Literal, TypeVar
 import msgspec
 
 
+class ImageURL(msgspec.Struct, frozen=True, kw_only=True):
+    url: str  # a data URL (data:image/png;base64,...) or an http(s) URL
+    detail: str | None = None  # accepted; the processor decides the image's tokens
+
+
 class ContentPart(msgspec.Struct, frozen=True, kw_only=True):
     type: str
     text: str | None = None
+    image_url: ImageURL | None = None  # type "image_url"
 
 
 class FunctionCall(msgspec.Struct, frozen=True, kw_only=True):

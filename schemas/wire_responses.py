@@ -25,6 +25,9 @@ class Part(msgspec.Struct, frozen=True, kw_only=True):
 
     type: str
     text: str | None = None
+    image_url: str | None = None  # input_image: a data URL or an http(s) URL
+    file_id: str | None = None  # input_image: refused (rollbus holds no files)
+    detail: str | None = None  # input_image: accepted; the processor decides the image's tokens
 
 
 class InputItem(msgspec.Struct, frozen=True, kw_only=True):

@@ -8,6 +8,13 @@ States are frozen. A chain keeps its tokens as a tuple of immutable packed segme
 a new state shares every segment of the old one (appending a turn copies a tuple of
 references, never the tokens) and chains that start from the same prompt share it.
 
+A chain keeps its images (:class:`schemas.events.ImageRef`) in order, each at its *absolute* offset
+in the chain's tokens (prompt first, then response): an image of a ``context_appended`` is at its
+offset in the event's tokens plus the tokens the chain had before it. A chain that forks from a
+parent and repeats its first ``token_offset`` tokens holds the parent's images inside that prefix
+(the new chain's prompt holds their placeholders too), and its own event's images where both name
+one offset. A rollback drops only sampled tokens, which hold no image: the images stay where they are.
+
 The state also indexes the session's requests by ``Idempotency-Key`` and by body digest,
 so a retried request can be answered with the turn already recorded for it.
 
@@ -34,6 +41,7 @@ from schemas.events import (
     EngineFailed,
     Event,
     ForkPoint,
+    ImageRef,
     RequestReceived,
     RewardReported,
     SamplingDefaults,
@@ -109,6 +117,7 @@ class ChainState(msgspec.Struct, frozen=True, kw_only=True):
     closed: str | None = None  # materialization reason once closed
     closed_by: int | None = None  # the request whose turn closed it, if one did
     fork: ForkPoint | None = None  # its parent and why it started (None: a log written before forks were)
+    images: tuple[ImageRef, ...] = ()  # its images in order, ``offset`` absolute in prompt + response tokens
 
     @property
     def length(self) -> int:
@@ -142,6 +151,7 @@ class SessionState(msgspec.Struct, frozen=True, kw_only=True):
     max_trajectory_length: int
     tokenizer: str
     tool_format: str
+    processor: str | None = None  # the image processor the session was opened with (None: text only)
     status: SessionStatus = "open"
     chains: tuple[ChainState, ...] = ()
     requests: int = 0  # highest request number recorded
@@ -199,9 +209,9 @@ def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionS
 
 
 def release_buffers(state: SessionState) -> SessionState:
-    """The state without token buffers, reply texts or request index; counters and statuses kept."""
+    """The state without token buffers, images, reply texts or request index; counters and statuses kept."""
     chains = tuple(
-        msgspec.structs.replace(c, prompt_ids=b"", segments=(), turns=tuple(_bare(t) for t in c.turns))
+        msgspec.structs.replace(c, prompt_ids=b"", segments=(), images=(), turns=tuple(_bare(t) for t in c.turns))
         for c in state.chains
     )
     return msgspec.structs.replace(state, chains=chains, idempotency_keys={}, request_bodies={})
@@ -226,6 +236,7 @@ def _opened(e: SessionOpened) -> SessionState:
         max_trajectory_length=e.max_trajectory_length,
         tokenizer=e.tokenizer,
         tool_format=e.tool_format,
+        processor=None if e.processor is msgspec.UNSET else e.processor,
     )
 
 
@@ -274,16 +285,19 @@ def _chain_started(state: SessionState, e: ChainStarted) -> SessionState:
     # Sibling chains (parallel samples, retried sub-agents) often start from the same prompt:
     # they share one buffer.
     prompt = next((c.prompt_ids for c in state.chains if c.prompt_ids == e.prompt_ids), e.prompt_ids)
+    prompt_len = tokens.count(e.prompt_ids)
+    own = _placed(state, e, e.images, 0, prompt_len)
     chain = ChainState(
         index=e.chain,
         prompt_ids=prompt,
-        prompt_len=tokens.count(e.prompt_ids),
+        prompt_len=prompt_len,
         n_messages=e.n_messages,
         chat_turns=e.chat_turns,
         pending_request=e.request_no,
         pending_prefix=e.prefix_digest,
         pending_prefix_messages=e.n_messages,
         fork=e.fork or None,
+        images=_inherited(state, e.fork or None, own, prompt_len),
     )
     return msgspec.structs.replace(state, seq=e.seq, updated_at=e.time, chains=(*state.chains, chain))
 
@@ -291,9 +305,11 @@ def _chain_started(state: SessionState, e: ChainStarted) -> SessionState:
 def _context(state: SessionState, e: ContextAppended) -> SessionState:
     chain = _open_chain(state, e, e.chain)
     count = tokens.count(e.token_ids)
+    images = _placed(state, e, e.images, chain.length, count)
     chain = msgspec.structs.replace(
         chain,
         segments=(*chain.segments, Segment(token_ids=e.token_ids, generated=False)) if count else chain.segments,
+        images=chain.images + images if images else chain.images,
         response_len=chain.response_len + count,
         n_messages=e.n_messages,
         chat_turns=chain.chat_turns + e.chat_turns,
@@ -304,6 +320,38 @@ def _context(state: SessionState, e: ContextAppended) -> SessionState:
         pending_segment=len(chain.segments),
     )
     return _replace_chain(state, e, chain)
+
+
+def _placed(state: SessionState, e: Event, images: tuple[ImageRef, ...] | msgspec.UnsetType, before: int,
+            count: int) -> tuple[ImageRef, ...]:
+    """An event's images at their absolute offsets (``before``: the chain's tokens before the event's ``count``);
+    :class:`FoldError` for an image outside the event's tokens or overlapping the one before it."""
+    if not images:
+        return ()
+    placed = []
+    end = 0
+    for image in images:
+        if image.tokens < 1 or image.offset < end or image.offset + image.tokens > count:
+            raise FoldError(f"session {state.session_id}: event #{e.seq} places image {image.digest[:16]} at "
+                            f"{image.offset}+{image.tokens} in its {count} tokens")
+        end = image.offset + image.tokens
+        placed.append(msgspec.structs.replace(image, offset=before + image.offset))
+    return tuple(placed)
+
+
+def _inherited(state: SessionState, fork: ForkPoint | None, own: tuple[ImageRef, ...],
+               prompt_len: int) -> tuple[ImageRef, ...]:
+    """A new chain's images: its own, and its parent's inside the token prefix they share (where its own name
+    no image at the same offset)."""
+    if fork is None or fork.parent is None or not fork.token_offset:
+        return own
+    shared = min(fork.token_offset, prompt_len)
+    taken = {image.offset for image in own}
+    inherited = [image for image in state.chains[fork.parent].images
+                 if image.offset + image.tokens <= shared and image.offset not in taken]
+    if not inherited:
+        return own
+    return tuple(sorted((*own, *inherited), key=attrgetter("offset")))
 
 
 def _tokens(state: SessionState, e: TokensGenerated) -> SessionState:
@@ -368,13 +416,32 @@ def _rolled_back(state: SessionState, e: TurnRolledBack) -> SessionState:
             raise FoldError(f"session {state.session_id}: chain {e.chain} rollback of {e.tokens_dropped} tokens "
                             f"does not match its last turn ({dropped})")
         segments = segments[: turn.first_segment] + tuple(s for s in own if not s.generated)
+        images = _after_drop(chain.images, chain.prompt_len + turn.response_len_before, own)
+    else:
+        images = chain.images
     # The chain now ends at a generation prompt, mid-turn: its tip matches no request until the
     # context and turn that follow in the same envelope.
     chain = msgspec.structs.replace(
-        chain, segments=segments, response_len=chain.response_len - e.tokens_dropped,
+        chain, segments=segments, images=images, response_len=chain.response_len - e.tokens_dropped,
         generated_len=chain.generated_len - e.tokens_dropped, turns=chain.turns[:-1], tip_digest="",
         n_messages=turn.n_prefix_messages, chat_turns=chain.chat_turns - 1)
     return _replace_chain(state, e, chain)
+
+
+def _after_drop(images: tuple[ImageRef, ...], start: int, own: tuple[Segment, ...]) -> tuple[ImageRef, ...]:
+    """The images once a turn's sampled segments (``own``, from absolute offset ``start``) are dropped: sampled
+    tokens hold no image, so each keeps its place less the sampled tokens before it (none, as the edge writes a
+    turn: its context, then its sampled tokens)."""
+    cuts = []
+    at = start
+    for segment in own:
+        if segment.generated:
+            cuts.append((at, segment.length))
+        at += segment.length
+    if not images or not cuts or images[-1].offset < cuts[0][0]:
+        return images
+    return tuple(msgspec.structs.replace(image, offset=image.offset - sum(n for cut, n in cuts if cut < image.offset))
+                 for image in images)
 
 
 def _chain_closed(state: SessionState, e: ChainClosed) -> SessionState:

@@ -33,6 +33,7 @@ from schemas.events import (
     EngineFailed,
     Event,
     ForkPoint,
+    ImageRef,
     RequestReceived,
     TokensGenerated,
     ToolCall,
@@ -75,6 +76,7 @@ class TurnFacts(msgspec.Struct, frozen=True, kw_only=True):
     prefix_digest: str  # the digest of its whole message history (tools included)
     fork: ForkPoint | None = None  # a new chain's parent and cause (edge.forks), its token offset not yet known
     reserialized: str | None = None  # a chain continued despite re-sent replies, for this cause (edge.forks)
+    images: tuple[ImageRef, ...] = ()  # the images in ``context`` (offsets into it)
 
 
 class TurnPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,6 +92,7 @@ class TurnPlan(msgspec.Struct, frozen=True, kw_only=True):
     rollback: tuple[int, int] | None = None  # (request whose turn is rolled back, sampled tokens dropped)
     fork: ForkPoint | None = None  # a new chain's parent and cause, with the tokens it shares with the parent
     reserialized: str | None = None
+    images: tuple[ImageRef, ...] = ()  # the images in ``context`` (offsets into it)
 
 
 class Sampled(msgspec.Struct, frozen=True, kw_only=True):
@@ -127,7 +130,7 @@ def _kept(chain: ChainState) -> list[bytes]:
 def plan_turn(state: SessionState, selection: Continue | Rollback | NewChain, facts: TurnFacts) -> TurnPlan:
     """The turn ``facts`` describe, on the chain ``selection`` names (``state``: the session now)."""
     common = {"request_no": facts.request_no, "context": facts.context, "n_messages": facts.n_messages,
-              "chat_turns": facts.chat_turns, "prefix_digest": facts.prefix_digest}
+              "chat_turns": facts.chat_turns, "prefix_digest": facts.prefix_digest, "images": facts.images}
     new = tokens.count(facts.context)
     if isinstance(selection, NewChain):
         return TurnPlan(chain=None, input_length=new, fork=_forked(state, facts.fork, facts.context), **common)
@@ -185,7 +188,8 @@ def turn_events(state: SessionState, plan: TurnPlan, received: Received, sampled
     events: list[Event] = [received.event(sid)]
     if plan.rollback is not None:
         events.append(TurnRolledBack(turn_request_no=plan.rollback[0], tokens_dropped=plan.rollback[1], **common))
-    context = {"prefix_digest": plan.prefix_digest, "n_messages": plan.n_messages, "chat_turns": plan.chat_turns}
+    context = {"prefix_digest": plan.prefix_digest, "n_messages": plan.n_messages, "chat_turns": plan.chat_turns,
+               "images": plan.images or msgspec.UNSET}
     if plan.chain is None:
         events.append(ChainStarted(prompt_ids=plan.context, fork=plan.fork or msgspec.UNSET, **context, **common))
     else:

@@ -49,6 +49,13 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     body_min_rate: float = EDGE.body_min_rate  # bytes a second a request body must arrive at
     send_timeout: float = SEND_TIMEOUT_S  # seconds a client may take none of its reply before it is disconnected
     rollback_rewritten_turns: bool = EDGE.rollback_rewritten_turns
+    processor: str = EDGE.processor  # images: "" refuses them; builtin:qwen2.5-vl or a local HF processor dir
+    max_images: int = EDGE.max_images
+    max_image_bytes: int = EDGE.max_image_bytes
+    max_image_pixels: int = EDGE.max_image_pixels
+    max_image_side: int = EDGE.max_image_side
+    image_fetch_allow: tuple[str, ...] = EDGE.image_fetch_allow
+    image_fetch_timeout: float = EDGE.image_fetch_timeout_s
     materializer: MaterializerOptions = MaterializerOptions()
     metrics_host: str = "127.0.0.1"  # a projector or materializer run alone: where it serves /metrics
     metrics_port: int | None = None  # None: no /metrics (the edge serves its own); 0: any free port

@@ -33,9 +33,10 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from edge.app import create_app
-from edge.assemble import build_edge
+from edge.assemble import build_edge, edge_images
 from edge.engines import LOCAL_MODELS, local_model, make_engine
 from edge.engines.base import Engine
+from edge.engines.vllm import NO_IMAGES
 from edge.keeper import SessionKeeper
 from edge.ownership import KvLeases
 from edge.service import EdgeService
@@ -52,7 +53,7 @@ from materializer.service import Materializer
 from observability.lag import watch_lag
 from observability.registry import Metrics, MetricsServer
 from reward.scorer import RewardScorer, load_scorer
-from schemas.errors import ProvisionError, StartupError
+from schemas.errors import ProvisionError, StartupError, UserError
 from session_projector.projections import current_summary, iter_projections
 from session_projector.service import Projector
 from stack.heap import HeapKeeper
@@ -61,6 +62,7 @@ from stack.nats_server import EmbeddedNats, NatsSupervisor
 from stack.options import EDGE, StackOptions
 from stack.provision import connect, provision
 from stack.user_error import check_writable_dir, one_line
+from vision.processor import BUILTIN as PROCESSOR_BUILTIN
 
 if TYPE_CHECKING:
     from materializer.transfer_queue import TransferQueueConnection
@@ -123,6 +125,14 @@ def model_defaults(engine: str, model: str | None, tokenizer: str | None,
             tool_format or (spec.tool_format if spec else EDGE.tool_format))
 
 
+def model_processor(engine: str, model: str | None, processor: str | None) -> str:
+    """The image processor to use: the given one, else the local model's (``tiny-qwen2-vl``'s), else none."""
+    if processor is not None:
+        return processor
+    spec = local_model(model) if engine == "local" else None
+    return spec.processor or "" if spec is not None else ""
+
+
 def engine_summary(options: StackOptions) -> str:
     """One line naming the engine: ``local smollm2 (...)`` or ``sglang http://a:30000 http://b:30000``."""
     if options.engine != "local":
@@ -154,6 +164,8 @@ def check_options(options: StackOptions) -> None:
                            "at --nats, put jetstream { sync_interval: always } in its configuration")
     if "edge" not in options.components:
         return
+    if options.processor:
+        check_processor(options.processor, options.engine, options.model)
     if options.engine != "local":
         if options.model is not None:
             raise StartupError("--model selects the local engine's model; a remote engine serves its own")
@@ -167,6 +179,24 @@ def check_options(options: StackOptions) -> None:
     if spec is not None and options.tokenizer != spec.tokenizer:
         raise StartupError(f"the local model {spec.name} needs --tokenizer {spec.tokenizer} "
                            f"(got {options.tokenizer})")
+
+
+def check_processor(spec: str, engine: str, model: str | None = None) -> None:
+    """Refuse, before anything starts, a ``--processor`` that names no processor (it is loaded with the edge), an
+    engine that takes no images, or a local model whose images need another processor (or that takes none)."""
+    if engine == "vllm":
+        raise StartupError(f"--processor: {NO_IMAGES}")
+    if spec.startswith("builtin:") and spec != PROCESSOR_BUILTIN:
+        raise StartupError(f"--processor {spec}: no such builtin (the builtin is {PROCESSOR_BUILTIN}, or give a local "
+                           "Hugging Face processor directory)")
+    if not spec.startswith("builtin:") and not (Path(spec) / "preprocessor_config.json").is_file():
+        raise StartupError(f"--processor {spec}: not a Hugging Face processor directory (no preprocessor_config.json)")
+    local = local_model(model) if engine == "local" else None
+    if local is not None and local.processor is None:
+        raise StartupError(f"--processor {spec}: the local model {local.name} takes no images (--model tiny-qwen2-vl "
+                           "does)")
+    if local is not None and local.processor != spec:
+        raise StartupError(f"the local model {local.name} needs --processor {local.processor} (got {spec})")
 
 
 def build_engine(options: StackOptions) -> Engine:
@@ -190,10 +220,16 @@ def build_edge_service(settings: EdgeSettings, nc: Client, engine: Engine, *,
     from it; its appends and engine calls timed in ``metrics`` (a registry of its own if None)."""
     cfg = settings.log
     codec = load_codec(settings.tokenizer, settings.tool_format)  # refuses a mismatched pair, before NATS
+    try:
+        images = edge_images(settings, codec[0].tokenizer)
+    except (UserError, ValueError, OSError) as exc:  # the processor does not load, or does not fit the tokenizer
+        text = one_line(exc.message if isinstance(exc, UserError) else str(exc))
+        raise StartupError(text if text.startswith("--processor") else f"--processor {settings.processor}: {text}"
+                           ) from exc
     js = nc.jetstream()
     leases = KvLeases.on(js, cfg, edge_id=settings.edge_id, url=settings.public_url, ttl=settings.lease_ttl_s,
                       clock=clock)
-    return build_edge(settings, JetStreamPort(nc, cfg), engine, codec=codec, clock=clock,
+    return build_edge(settings, JetStreamPort(nc, cfg), engine, codec=codec, clock=clock, images=images,
                       metrics=metrics if metrics is not None else Metrics(), leases=leases,
                       index=KvSessionIndex.on(js, cfg),
                       summaries=lambda session_id: current_summary(js, cfg, session_id))
@@ -484,7 +520,11 @@ class Stack:
                                 log=options.log, edge_id=options.edge_id or default_edge_id(port),
                                 lease_ttl_s=options.lease_ttl, idle_timeout_s=options.idle_timeout,
                                 disconnect_grace_s=options.disconnect_grace, body_min_rate=options.body_min_rate,
-                                rollback_rewritten_turns=options.rollback_rewritten_turns)
+                                rollback_rewritten_turns=options.rollback_rewritten_turns,
+                                processor=options.processor, max_images=options.max_images,
+                                max_image_bytes=options.max_image_bytes, max_image_pixels=options.max_image_pixels,
+                                max_image_side=options.max_image_side, image_fetch_allow=options.image_fetch_allow,
+                                image_fetch_timeout_s=options.image_fetch_timeout)
         service = self._service = build_edge_service(settings, nc, self._engine, metrics=self.metrics)
         self._spawn(build_keeper(service, js).run(self.stop_event), "keeper")
         app = create_app(service, ready=self.ready, failing=self.failing, stopping=self.stop_event.is_set,

@@ -13,6 +13,7 @@ from schemas.events import (
     ContextAppended,
     Event,
     ForkPoint,
+    ImageRef,
     RequestReceived,
     RewardReported,
     SessionAborted,
@@ -31,14 +32,15 @@ class SessionScript:
     """Appends well-formed events for one session, numbering them."""
 
     def __init__(self, session_id: str = SID, uid: str = "uid1", session_index: int = 0, max_len: int = 1000,
-                 metadata: dict | None = None) -> None:
+                 metadata: dict | None = None, processor: str | None = None) -> None:
         self.session_id = session_id
         self.events: list[Event] = []
         self.requests = 0
         self._add(SessionOpened, uid=uid, session_index=session_index, agent_name="agent",
                   metadata={"global_steps": 3} if metadata is None else metadata, api_key_digest="x",
                   max_trajectory_length=max_len,
-                  tokenizer="builtin:qwen2.5", tool_format="hermes")
+                  tokenizer="builtin:qwen2.5", tool_format="hermes", **({} if processor is None else
+                                                                          {"processor": processor}))
 
     def _add(self, cls: type[Event], **fields: object) -> Event:
         event = cls(session_id=self.session_id, seq=len(self.events) + 1, time=float(len(self.events)), **fields)
@@ -48,8 +50,9 @@ class SessionScript:
     def turn(self, chain: int, context: Sequence[int], generated: Sequence[int], *, new_chain: bool = False,
              logprobs: Sequence[float] | None = None, n_messages: int = 2, tip: str = "tip", chat_turns: int = 1,
              finish: str = "stop", body: bytes = b"{}", key: str | None = None, prefix: str | None = None,
-             fork: ForkPoint | None = None) -> None:
-        """``fork``: a new chain's parent and cause (None: none recorded, as in a log written before forks)."""
+             fork: ForkPoint | None = None, images: Sequence[ImageRef] = ()) -> None:
+        """``fork``: a new chain's parent and cause (None: none recorded, as in a log written before forks);
+        ``images``: those in ``context`` (offsets into it)."""
         self.requests += 1
         no = self.requests
         prefix = prefix if prefix is not None else f"p{no}"
@@ -58,10 +61,11 @@ class SessionScript:
         if new_chain:
             self._add(ChainStarted, chain=chain, request_no=no, prompt_ids=tokens.pack_ids(context),
                       prefix_digest=prefix, n_messages=n_messages, chat_turns=chat_turns,
-                      **({} if fork is None else {"fork": fork}))
+                      **({} if fork is None else {"fork": fork}), **({"images": tuple(images)} if images else {}))
         else:
             self._add(ContextAppended, chain=chain, request_no=no, token_ids=tokens.pack_ids(context),
-                      prefix_digest=prefix, n_messages=n_messages, chat_turns=chat_turns)
+                      prefix_digest=prefix, n_messages=n_messages, chat_turns=chat_turns,
+                      **({"images": tuple(images)} if images else {}))
         lp = tokens.pack_logprobs(logprobs if logprobs is not None else [-0.5] * len(generated))
         self._add(TokensGenerated, chain=chain, request_no=no, token_ids=tokens.pack_ids(generated), logprobs=lp)
         self._add(TurnCompleted, chain=chain, request_no=no, finish_reason=finish, text="t", tip_digest=tip,

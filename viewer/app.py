@@ -9,6 +9,7 @@
                                                   nothing past stream seq N (the page polls with it)
     GET /api/sessions/{id}/chains/{c}/tokens?part=prompt|response&offset=&limit=   a token window
     GET /api/sessions/{id}/requests/{n}           request n's raw body, byte for byte
+    GET /api/sessions/{id}/images/{digest}        one of its images (from the log's object store, checked)
 
 Errors are JSON, ``{"error": {"message", "code", "param"}}``, with the status and code the edge
 gives the same error (:func:`edge.http_errors.http_error`): 400 for a bad parameter, 404 for an
@@ -17,6 +18,7 @@ unknown session, chain, request or path, 503 when the log does not answer.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ from viewer.store import LogView
 
 STATIC = Path(__file__).with_name("static")
 MAX_UID = 256
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif")  # served as such; anything else as bytes
 SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
                     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"}
 
@@ -105,6 +108,21 @@ def create_app(view: LogView) -> Starlette:
                                   f"(it has {len(entry.bodies)})", param="request_no")
         return Response(entry.bodies.body(number), media_type="application/json", headers=SECURITY_HEADERS)
 
+    async def image(request: Request) -> Response:
+        entry = await view.session(request.path_params["session_id"])
+        assert entry.state is not None
+        sid, digest = entry.state.session_id, request.path_params["digest"]
+        ref = next((i for chain in entry.state.chains for i in chain.images if i.digest == digest), None)
+        if ref is None:
+            raise SessionNotFound(f"session {sid} has no image {digest[:64]}", param="digest")
+        data = await view.image(sid, digest)
+        if data is None or hashlib.sha256(data).hexdigest() != digest:
+            raise SessionNotFound(f"image {digest} of session {sid} is "
+                                  f"{'not in' if data is None else 'altered in'} the log's object store",
+                                  param="digest")
+        media = ref.media_type if ref.media_type in IMAGE_TYPES else "application/octet-stream"
+        return Response(data, media_type=media, headers={**SECURITY_HEADERS, "Cache-Control": "private, max-age=86400"})
+
     async def healthz(request: Request) -> Response:
         return _json({"status": "ok"})
 
@@ -121,6 +139,7 @@ def create_app(view: LogView) -> Starlette:
         Route("/api/sessions/{session_id}", session),
         Route("/api/sessions/{session_id}/chains/{chain:int}/tokens", chain_tokens),
         Route("/api/sessions/{session_id}/requests/{request_no:int}", raw_request),
+        Route("/api/sessions/{session_id}/images/{digest}", image),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     return Starlette(routes=routes, exception_handlers={RollbusError: _rollbus_error, HTTPException: _http_error})

@@ -4,6 +4,10 @@ Token texts come from the session's tokenizer, one token at a time; a token that
 UTF-8 character (byte-level BPE splits characters across tokens) is given the empty text and the
 character goes to the token that completes it, so the pieces joined are the chain's decoded text.
 
+A window lists the images that stand in it (:class:`ImageSpan`): each at the offset of its first
+``<|image_pad|>`` in the part, with its token count, so the page draws the image there (fetched
+from the log's object store by digest) in place of its placeholder tokens.
+
 A window is a bounded run of one part of a chain (``prompt`` or ``response``): the page shows
 the first one and asks for the next ones on demand, so a million-token chain never goes out whole.
 """
@@ -26,6 +30,17 @@ MAX_PENDING = 4  # tokens held back at most while their bytes do not end on a wh
 PARTS = ("prompt", "response")
 
 
+class ImageSpan(msgspec.Struct, frozen=True, kw_only=True):
+    """An image in a window: its first ``<|image_pad|>`` at ``offset`` in the part, ``tokens`` pads."""
+
+    digest: str
+    media_type: str
+    width: int
+    height: int
+    offset: int
+    tokens: int
+
+
 class TokenWindow(msgspec.Struct, frozen=True, kw_only=True):
     part: str  # "prompt" | "response"
     offset: int  # index of the window's first token in its part
@@ -36,6 +51,7 @@ class TokenWindow(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: list[float | None] | None  # sampled tokens' log probs (None on context); None: none recorded
     turn_starts: list[int]  # response offsets (in this window) where a turn's tokens begin
     next_offset: int | None  # where the next window starts; None at the end of the part
+    images: list[ImageSpan] = []  # the images whose placeholder runs meet this window, in order
 
 
 def token_texts(ids: Sequence[int], decode: Decode) -> list[str]:
@@ -87,7 +103,8 @@ def window(chain: ChainState, decode: Decode | None, *, part: str = "response", 
     """Tokens ``[offset, offset + limit)`` of the chain's prompt or response."""
     if part == "prompt":
         ids = tokens.unpack_ids(chain.prompt_ids)[offset: offset + limit].tolist()
-        return _window(part, offset, chain.prompt_len, ids, [0] * len(ids), None, [], decode)
+        return _window(part, offset, chain.prompt_len, ids, [0] * len(ids), None, [], decode,
+                       _images(chain, part, offset, len(ids)))
     end = offset + limit
     ids, mask, logprobs, starts = [], [], [], []
     has_logprobs = any(s.generated for s in chain.segments) and all(
@@ -104,12 +121,26 @@ def window(chain: ChainState, decode: Decode | None, *, part: str = "response", 
             logprobs += tokens.unpack_logprobs(packed_logprobs)[low:high].tolist()
         else:
             logprobs += [None] * (high - low)
-    return _window(part, offset, chain.response_len, ids, mask, logprobs if has_logprobs else None, starts, decode)
+    return _window(part, offset, chain.response_len, ids, mask, logprobs if has_logprobs else None, starts, decode,
+                   _images(chain, part, offset, len(ids)))
+
+
+def _images(chain: ChainState, part: str, offset: int, count: int) -> list[ImageSpan]:
+    """The chain's images (of this part) whose placeholder runs meet tokens ``[offset, offset + count)`` of it."""
+    prompt = part == "prompt"
+    base = 0 if prompt else chain.prompt_len
+    return [ImageSpan(digest=image.digest, media_type=image.media_type, width=image.width, height=image.height,
+                      offset=image.offset - base, tokens=image.tokens)
+            for image in chain.images
+            if (image.offset < chain.prompt_len) == prompt
+            and image.offset - base + image.tokens > offset and image.offset - base < offset + count]
 
 
 def _window(part: str, offset: int, length: int, ids: list[int], mask: list[int],
-            logprobs: list[float | None] | None, starts: list[int], decode: Decode | None) -> TokenWindow:
+            logprobs: list[float | None] | None, starts: list[int], decode: Decode | None,
+            images: list[ImageSpan]) -> TokenWindow:
     after = offset + len(ids)
     return TokenWindow(part=part, offset=offset, length=length, ids=ids,
                        text=token_texts(ids, decode) if decode is not None else None, mask=mask,
-                       logprobs=logprobs, turn_starts=starts, next_offset=after if after < length else None)
+                       logprobs=logprobs, turn_starts=starts, next_offset=after if after < length else None,
+                       images=images)

@@ -8,6 +8,7 @@
   kept, with the stream position they were read up to. Asked again, the viewer looks up where the
   session's last envelope sits (one direct get) and folds only what came after it, so polling a
   running session costs its new events, and polling a finished one costs one lookup.
+* Images come from the log's object store, by digest, when the page asks for one.
 * Token texts are decoded with the tokenizer the session names, loaded once per name; a session
   whose tokenizer cannot be loaded here is shown with token ids only.
 """
@@ -27,6 +28,7 @@ from nats.js.kv import KeyValue
 
 from edge.tokens.tokenizer import load_tokenizer
 from eventlog.kv import KvStore
+from eventlog.pieces import PieceStore, open_pieces
 from eventlog.reader import iter_envelopes, last_stream_seq
 from schemas.bodies import Bodies
 from schemas.errors import LogUnavailable, RollbusError, SessionNotFound
@@ -134,6 +136,15 @@ class LogView:
         self._sessions: OrderedDict[str, SessionEntry] = OrderedDict()
         self._sessions_kept = sessions_kept
         self._decoders: dict[str, Decode | None] = {}
+        self._pieces: PieceStore | None = None
+
+    async def image(self, session_id: str, digest: str) -> bytes | None:
+        """One of the session's images from the log's object store (unchecked); None when it is not there."""
+        if self._pieces is None:
+            self._pieces = await open_pieces(self._js, self._cfg)
+            if self._pieces is None:
+                return None
+        return await self._pieces.get(session_id, bytes.fromhex(digest))
 
     async def rows(self) -> list[SessionRow]:
         """Every session's list row, newest first."""

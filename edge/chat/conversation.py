@@ -14,6 +14,11 @@ A request may name what the session already holds instead of sending it (the Res
 (:mod:`edge.stored`), after it checked that the session they name (:attr:`Conversation.refers_to`)
 is the one the request was sent to. :func:`template_message` turns a message into the Hugging Face chat-template
 form (``{"role", "content", "tool_calls": [{"type": "function", "function": ...}]}``).
+
+A message's images (:class:`ImagePart`, :attr:`Message.images`) stand apart from its text: each at a
+character offset of :attr:`Message.content`, where the template gets the processor's placeholder text
+(:func:`template_message`); the edge expands its image pad into the image's tokens (:mod:`edge.tokens.images`).
+Text that spells the placeholder's special tokens is never taken for an image.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
+from vision.images import ImageInfo
 
 from schemas.errors import MalformedRequest
 from schemas.events import ToolCall
@@ -86,6 +92,20 @@ def checked_output_format(kind: str, schema: Any, name: str | None, strict: bool
     return OutputFormat(type="json_schema", schema=schema, name=name, strict=strict)
 
 
+class ImagePart(msgspec.Struct, frozen=True, kw_only=True):
+    """An image of a message, standing at character ``at`` of its text. A data URL (or base64 source) is
+    decoded into ``data`` by the wire adapter; an http(s) URL is ``url`` until the edge fetches it (only
+    from the hosts it is allowed to: :mod:`edge.images`). ``info`` is filled by the edge once the image's
+    header is read and checked against the limits; ``param`` names the request field it came from."""
+
+    at: int
+    param: str
+    data: bytes = b""
+    media_type: str = ""  # as declared by the request (the header's own is ``info.media_type``)
+    url: str = ""
+    info: ImageInfo | None = None
+
+
 class Message(msgspec.Struct, frozen=True, kw_only=True):
     role: Role
     content: str = ""
@@ -96,6 +116,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     # The reasoning was sampled by this session's request ``reasoning_ref``: the edge renders that
     # turn's reasoning (``reasoning`` is then what the agent sent with the reference, if anything).
     reasoning_ref: int | None = None
+    images: tuple[ImagePart, ...] = ()  # in order of ``at`` (non-decreasing)
 
 
 class Continuation(msgspec.Struct, frozen=True):
@@ -158,8 +179,22 @@ def _arguments(text: str) -> Any:
     return value if isinstance(value, dict) else text
 
 
-def template_message(message: Message) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
+def content_with_images(message: Message, placeholder: str) -> str:
+    """The message's text with ``placeholder`` (the processor's, e.g. Qwen2.5-VL's
+    ``<|vision_start|><|image_pad|><|vision_end|>``) where each of its images stands."""
+    if not message.images:
+        return message.content
+    text, pieces, cut = message.content, [], 0
+    for image in message.images:
+        pieces += (text[cut:image.at], placeholder)
+        cut = image.at
+    pieces.append(text[cut:])
+    return "".join(pieces)
+
+
+def template_message(message: Message, image_placeholder: str = "") -> dict[str, Any]:
+    """``image_placeholder``: what the template gets where an image stands (see :func:`content_with_images`)."""
+    out: dict[str, Any] = {"role": message.role, "content": content_with_images(message, image_placeholder)}
     if message.tool_calls:
         out["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c.arguments)}}

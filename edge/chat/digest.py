@@ -8,7 +8,8 @@ chain's tip is one 16-byte value and a request's prefixes are one pass over its 
 Canonical forms ignore what agents legitimately rewrite when they echo a conversation
 back: tool-call ids, the formatting of tool-call argument JSON, ``developer`` vs
 ``system``, text split into parts, ``None`` vs empty content, and reasoning (which many
-clients drop).
+clients drop). A message's images count by where they stand in its text and what they are: the
+sha256 of their bytes (an http(s) image: its URL, fetched or not), so that another image is another history.
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ def _extend(previous: bytes, message: Message) -> bytes:
     for call in message.tool_calls:
         h.update(_field(call.name.encode()))
         h.update(_field(canonical_arguments(call.arguments)))
+    for image in message.images:  # (none: the digest of a text-only message is as it always was)
+        identity = image.url.encode() if image.url else \
+            bytes.fromhex(image.info.digest) if image.info is not None else hashlib.sha256(image.data).digest()
+        h.update(_field(b"image:%d:" % image.at + identity))
     return h.digest()
 
 

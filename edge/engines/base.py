@@ -47,6 +47,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     sampling: SamplingParams
     return_logprob: bool = True
     constraint: Constraint | None = None  # sample only text the constraint admits
+    # The raw bytes of the images whose placeholders appear in input_ids, in order; the ids hold each image's
+    # expanded <|image_pad|> run, as verl's prompt ids do (vision.processor says how many).
+    images: tuple[bytes, ...] = ()
 
 
 class GenerateChunk(msgspec.Struct, frozen=True, kw_only=True):

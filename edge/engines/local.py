@@ -46,7 +46,9 @@ from edge.engines.base import FinishReason, GenerateChunk, GenerateRequest, Gene
 from edge.engines.grammar import MISSING, GrammarTokenizer, TokenMatcher, constrain
 from edge.engines.models import build_tiny_qwen2, load_model
 from edge.engines.models import weight_version as model_version
-from schemas.errors import EngineError, EngineRefused
+from schemas.errors import EngineError, EngineRefused, RollbusError
+from vision.processor import BUILTIN as BUILTIN_PROCESSOR
+from vision.processor import Processor, load_processor
 
 if TYPE_CHECKING:
     import torch
@@ -58,6 +60,8 @@ Candidates = tuple["torch.Tensor", "torch.Tensor | None"]
 class _Model:
     """A causal LM with the forward-call details of the installed transformers version."""
 
+    takes_images = False
+
     def __init__(self, model: Any) -> None:
         import inspect
 
@@ -65,7 +69,7 @@ class _Model:
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"  # transformers >= 5: cache
         self._keep_last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-        config = model.config
+        config = model.config.get_text_config()
         self.vocab_size: int = config.vocab_size
         self.context_length: int = getattr(config, "max_position_embeddings", 1 << 31)
         generation = getattr(model, "generation_config", None)
@@ -77,14 +81,65 @@ class _Model:
 
         return DynamicCache()
 
-    def next_logits(self, ids: Sequence[int], cache: Any) -> torch.Tensor:
-        """Feed ``ids`` after what ``cache`` holds; the float32 logits for the next token."""
+    def prefill(self, request: GenerateRequest, cache: Any) -> tuple[torch.Tensor, int]:
+        """Feed the prompt into an empty ``cache``: the logits for the first token, and the position of the next."""
+        return self.next_logits(request.input_ids, cache, len(request.input_ids)), len(request.input_ids)
+
+    def next_logits(self, ids: Sequence[int], cache: Any, position: int) -> torch.Tensor:
+        """Feed ``ids`` after what ``cache`` holds (the first at ``position``, which a text model knows from the
+        cache); the float32 logits for the next token."""
         import torch
 
         inputs = torch.tensor([id_list(ids)], dtype=torch.long)
-        kwargs = {self._cache_kwarg: cache, "use_cache": True, **self._keep_last}
-        with torch.inference_mode():
-            return self.model(inputs, **kwargs).logits[0, -1].float()
+        return self._forward(inputs)(**{self._cache_kwarg: cache})
+
+    def _forward(self, inputs: torch.Tensor, **extra: Any) -> Callable[..., torch.Tensor]:
+        import torch
+
+        def call(**cache: Any) -> torch.Tensor:
+            with torch.inference_mode():
+                return self.model(inputs, use_cache=True, **cache, **self._keep_last, **extra).logits[0, -1].float()
+
+        return call
+
+
+class _VisionModel(_Model):
+    """A Qwen2-VL-family model: the prompt's ``<|image_pad|>`` runs take the images' embeddings (pixel values and
+    grids from the processor) and every token its M-RoPE position, given explicitly (the model's own cached rope
+    offset is one per model, and requests interleave on the worker thread)."""
+
+    takes_images = True
+
+    def __init__(self, model: Any, processor: Processor) -> None:
+        super().__init__(model)
+        self.processor = processor
+
+    def prefill(self, request: GenerateRequest, cache: Any) -> tuple[torch.Tensor, int]:
+        import torch
+
+        ids = torch.tensor([id_list(request.input_ids)], dtype=torch.long)
+        try:
+            inputs = self.processor.model_inputs(request.images)
+        except RollbusError as exc:  # an image that does not decode: the agent's to fix
+            raise EngineRefused(f"local engine refused the request: {exc.message}") from exc
+        grid = inputs.get("image_grid_thw")
+        pads = int((ids == self.processor.pad_id).sum())
+        merge = self.model.config.vision_config.spatial_merge_size
+        expected = 0 if grid is None else int(grid.prod(-1).sum()) // merge**2
+        if pads != expected:
+            raise EngineRefused(f"local engine refused the request: the prompt holds {pads} image pad tokens, its "
+                                f"{len(request.images)} images expand to {expected}")
+        positions = self.processor.position_ids(ids[0], torch.ones_like(ids[0]), grid).unsqueeze(1)  # (3, 1, L)
+        images = {} if grid is None else {"pixel_values": inputs["pixel_values"], "image_grid_thw": grid}
+        logits = self._forward(ids, position_ids=positions, **images)(**{self._cache_kwarg: cache})
+        return logits, int(positions.max()) + 1
+
+    def next_logits(self, ids: Sequence[int], cache: Any, position: int) -> torch.Tensor:
+        import torch
+
+        inputs = torch.tensor([id_list(ids)], dtype=torch.long)
+        positions = torch.arange(position, position + inputs.shape[1]).view(1, 1, -1).expand(3, 1, -1)
+        return self._forward(inputs, position_ids=positions)(**{self._cache_kwarg: cache})
 
 
 def _nucleus(values: torch.Tensor, ids: torch.Tensor, top_p: float, log_norm: torch.Tensor) -> Candidates:
@@ -165,7 +220,7 @@ class _Decoding:
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.finish: FinishReason | None = "length" if self._room <= 0 else None
-        self._logits = None if self.finish else model.next_logits(request.input_ids, self._cache)
+        self._logits, self._position = (None, 0) if self.finish else model.prefill(request, self._cache)
 
     def advance(self, max_tokens: int) -> int:
         """Decode up to ``max_tokens`` more tokens; returns how many were added."""
@@ -179,7 +234,8 @@ class _Decoding:
             self.logprobs.append(logprob)
             self.finish = self._finished(token)
             if self.finish is None:
-                self._logits = self._model.next_logits([token], self._cache)
+                self._logits = self._model.next_logits([token], self._cache, self._position)
+                self._position += 1
         return len(self.token_ids) - before
 
     def _finished(self, token: int) -> FinishReason | None:
@@ -206,13 +262,16 @@ class LocalEngine:
         decode: Decode | None = None,
         weight_version: str | None = None,
         tokenizer: Any = None,
+        processor: Processor | None = None,
     ) -> None:
         """``tokenizer``: the session's (:class:`edge.tokens.tokenizer.Tokenizer`), which constrained
-        decoding needs; without it a request with a constraint is refused."""
+        decoding needs; without it a request with a constraint is refused. ``processor``: what turns a
+        request's images into the vision model's inputs (a Qwen2-VL-family model takes images; by default with
+        ``builtin:qwen2.5-vl``); a model without a vision tower refuses a request with images."""
         import torch
 
         torch.set_num_threads(1)
-        self._model = _Model(load_model(model, seed))
+        self._model = _loaded(load_model(model, seed), tokenizer, processor)
         self._seed = seed
         self._chunk_tokens = max(1, chunk_tokens)
         self._decode = decode
@@ -262,6 +321,9 @@ class LocalEngine:
             raise EngineRefused(f"local engine refused the request: {MISSING}, and the engine its tokenizer")
         if request.sampling.stop and self._decode is None:
             raise EngineRefused("local engine refused the request: stop strings need the engine's decode option")
+        if request.images and not self._model.takes_images:
+            raise EngineRefused("local engine refused the request: its model takes no images (--model tiny-qwen2-vl "
+                                "does)")
         if not all(0 <= token < self._model.vocab_size for token in request.input_ids):
             raise EngineRefused("local engine refused the request: a prompt token is outside the vocabulary "
                                 f"(0..{self.vocab_size - 1})")
@@ -274,6 +336,25 @@ class LocalEngine:
 
     async def aclose(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _loaded(model: Any, tokenizer: Any, processor: Processor | None) -> _Model:
+    """The model with its forward-call details; a vision-language one with the processor of its images."""
+    config = model.config
+    if getattr(config, "vision_config", None) is None:
+        return _Model(model)
+    return _VisionModel(model, processor or load_processor(BUILTIN_PROCESSOR, tokenizer or _VisionTokens(config)))
+
+
+class _VisionTokens:
+    """The vision token ids a Qwen2-VL config names: the processor's vocabulary when the engine has no tokenizer."""
+
+    def __init__(self, config: Any) -> None:
+        self._ids = {"<|vision_start|>": config.vision_start_token_id, "<|image_pad|>": config.image_token_id,
+                     "<|vision_end|>": config.vision_end_token_id}
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._ids.get(token)
 
 
 __all__ = ["LocalEngine", "build_tiny_qwen2", "candidates", "sample"]

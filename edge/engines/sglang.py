@@ -4,7 +4,11 @@ Request (``GenerateReqInput``, sglang ``python/sglang/srt/managers/io_struct.py`
 
     {"input_ids": [...], "rid": "<request_id>", "return_logprob": true, "stream": false,
      "sampling_params": {"max_new_tokens", "temperature", "top_p", "top_k", "stop",
-                         "stop_token_ids", "skip_special_tokens": false, "no_stop_trim": true}}
+                         "stop_token_ids", "skip_special_tokens": false, "no_stop_trim": true},
+     "image_data"?: ["data:image/png;base64,...", ...]}
+
+``image_data`` (only when the turn has images) holds the images whose pad tokens are in ``input_ids``
+(expanded, as verl's prompt ids hold them), in order, as data URLs, which SGLang's image loader decodes.
 
 Response (``TokenizerManager._handle_batch_output``)::
 
@@ -35,6 +39,8 @@ Aborts: ``POST /abort_request {"rid": ...}``; the request then ends with finish 
 """
 
 from __future__ import annotations
+
+import base64
 
 import msgspec
 
@@ -103,8 +109,10 @@ def constraint_params(constraint: Constraint | None) -> dict[str, str]:
 
 def payload(request: GenerateRequest, *, stream: bool) -> bytes:
     sampling = request.sampling
+    images = {"image_data": [data_url(image) for image in request.images]} if request.images else {}
     return msgspec.json.encode(
         {
+            **images,
             "input_ids": id_list(request.input_ids),  # numpy ids too
             "sampling_params": {
                 "max_new_tokens": sampling.max_new_tokens,
@@ -122,6 +130,21 @@ def payload(request: GenerateRequest, *, stream: bool) -> bytes:
             "rid": request.request_id,
         }
     )
+
+
+def data_url(image: bytes) -> str:
+    """An image's bytes as a data URL (its media type from its first bytes; PNG when none is recognized)."""
+    return f"data:{media_type(image)};base64,{base64.b64encode(image).decode()}"
+
+
+_SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF87a", "image/gif"),
+               (b"GIF89a", "image/gif"))
+
+
+def media_type(image: bytes) -> str:
+    if image[:4] == b"RIFF" and image[8:12] == b"WEBP":
+        return "image/webp"
+    return next((kind for head, kind in _SIGNATURES if image.startswith(head)), "image/png")
 
 
 def _decode(data: bytes | str, *, first: bool = False) -> _Output:
@@ -192,4 +215,4 @@ def _finish_reason(finish: _FinishReason) -> FinishReason:
         raise EngineError(f"{LABEL} sent an unknown finish reason {finish.type!r}") from None
 
 
-__all__ = ["SGLangEngine", "constraint_params", "payload"]
+__all__ = ["SGLangEngine", "constraint_params", "data_url", "media_type", "payload"]

@@ -1,4 +1,4 @@
-"""verl's rollout servers through its ``LLMServerClient``, so the edge can run inside a verl job.
+r"""verl's rollout servers through its ``LLMServerClient``, so the edge can run inside a verl job.
 
 verl is not imported (nor required): the client is duck-typed on the signature of
 ``verl/workers/rollout/llm_server.py``::
@@ -19,7 +19,9 @@ What rollbus sends: ``request_id`` is the **session id** (verl's client load-bal
 it and keeps a session on one server for prefix caching; it picks its own id for the
 server request); ``sampling_params`` is ``{"max_tokens", "temperature", "top_p", "top_k",
 "logprobs"}`` plus ``stop`` and ``stop_token_ids`` when set (verl's vLLM and SGLang
-servers both read these keys).
+servers both read these keys); ``image_data`` (only when the turn has images) the images whose pad
+tokens are in ``prompt_ids``, in order, as RGB ``PIL.Image.Image``\ s, as verl's own agent loop hands
+them over (its vLLM server puts them in ``multi_modal_data``, its SGLang server in ``image_data``).
 
 Finish reasons: verl folds ``stop`` and ``length`` into ``"completed"``; rollbus must not
 (a truncated turn reaches the agent as ``finish_reason: "length"``). For ``"completed"``
@@ -48,6 +50,7 @@ There is no streaming either: :meth:`VerlEngine.stream` yields the whole generat
 from __future__ import annotations
 
 import asyncio
+import io
 import re
 from collections.abc import AsyncIterator, Sequence
 from numbers import Integral
@@ -84,10 +87,11 @@ class VerlEngine:
         if request.constraint is not None:
             raise EngineRefused(f"the verl engine cannot sample under a constraint ({request.constraint.label}): "
                                 "forced tool choice and JSON response formats need the sglang, vllm or local engine")
+        images = {"image_data": await asyncio.to_thread(pil_images, request.images)} if request.images else {}
         try:
             output = await asyncio.wait_for(
                 self._client.generate(session_of(request.request_id), prompt_ids=id_list(request.input_ids),
-                                      sampling_params=sampling_params(request)),
+                                      sampling_params=sampling_params(request), **images),
                 self._timeout,
             )
         except TimeoutError as exc:  # asyncio's, and Ray's GetTimeoutError
@@ -104,6 +108,20 @@ class VerlEngine:
 
     async def aclose(self) -> None:
         """The client belongs to the verl job; nothing to close here."""
+
+
+def pil_images(images: Sequence[bytes]) -> list[Any]:
+    r"""The images as RGB ``PIL.Image.Image``\ s (the edge checked each one's header and size before)."""
+    from PIL import Image  # (only for a turn with images)
+
+    out = []
+    for index, data in enumerate(images):
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                out.append(image.convert("RGB"))
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:  # PIL's errors for bad pixel data
+            raise EngineRefused(f"image {index} of the turn does not decode: {exc}") from exc
+    return out
 
 
 def sampling_params(request: GenerateRequest) -> dict[str, Any]:

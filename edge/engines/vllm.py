@@ -31,6 +31,15 @@ server started with ``--structured-outputs-config.backend xgrammar`` refuses it.
 ``stop`` and ``length`` stay distinct (vLLM's own finish reasons, passed through); verl's
 client folds both into ``completed``, rollbus does not.
 
+Images: neither route takes images with token ids. ``/v1/completions`` takes a token-id ``prompt`` and no
+multimodal data; ``/inference/v1/generate``'s ``features`` carries vLLM's own pre-processed multimodal items
+(serialized tensors from its render step, with placeholder ranges), not images, and vLLM's ``/generate`` does
+not consume them yet. Only the chat routes take images, and they render and tokenize the messages
+themselves, which would lose the exact tokens the log must hold. A turn with images is therefore refused
+(400, :class:`~schemas.errors.EngineRefused`) and ``rollbus up --processor`` refuses ``--engine vllm`` at
+start; images run on SGLang, verl's servers (whose vLLM takes ``multi_modal_data`` in-process) and the
+local engine.
+
 Aborts: vLLM aborts a request whose connection closes; rollbus also posts
 ``/abort_requests {"request_ids": ["generate-tokens-<id>"]}`` (served in vLLM's
 ``--tokens-only`` mode; a 404 elsewhere is ignored). vLLM reports no weight version.
@@ -53,6 +62,9 @@ Api = Literal["generate", "completions"]
 LABEL = "vLLM"
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 _PREFIX: dict[Api, str] = {"generate": "generate-tokens-", "completions": "cmpl-"}
+NO_IMAGES = ("the vllm engine takes no images: vLLM's token-in routes (/inference/v1/generate, /v1/completions) "
+             "accept no raw images with token ids; serve images with --engine sglang, verl's servers or the local "
+             "engine")
 
 
 class _Content(msgspec.Struct):
@@ -105,6 +117,8 @@ class VLLMEngine(HttpEngine):
         self._model = model
 
     def _generate_call(self, url: str, request: GenerateRequest, *, stream: bool) -> Call:
+        if request.images:
+            raise EngineRefused(NO_IMAGES)
         api = self.api[url]
         body = _generate_body(request, stream) if api == "generate" else _completions_body(request, stream, self._model)
         path = "/inference/v1/generate" if api == "generate" else "/v1/completions"
@@ -266,4 +280,4 @@ def _finish(reason: str) -> FinishReason:
         raise EngineError(f"{LABEL} finished with {reason!r}") from None
 
 
-__all__ = ["VLLMEngine", "structured_outputs"]
+__all__ = ["NO_IMAGES", "VLLMEngine", "structured_outputs"]

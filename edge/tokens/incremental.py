@@ -39,6 +39,10 @@ A system message after the first one (Claude Code sends them mid-conversation) i
 where it stands, in the prompt and in increments alike, when the template does so
 (:attr:`TemplateCodec.mid_system`, probed once); a conversation with one is refused with a
 400 otherwise (:meth:`TemplateCodec.check_system_placement`), never dropped or moved.
+
+A message's images are rendered as :attr:`TemplateCodec.image_placeholder` where they stand, in a prompt
+and in an increment alike (never through a frame); :mod:`edge.tokens.images` expands each placeholder into
+the image's tokens, so an image resent in a later prompt gets the same tokens.
 """
 
 from __future__ import annotations
@@ -106,6 +110,9 @@ class TemplateCodec:
         cut from a render (see the module docstring); :func:`edge.tokens.fidelity.load_codec` probes which."""
         self.tokenizer = tokenizer
         self.mode = mode
+        # What the template gets where a message's image stands: the processor's placeholder text, set by the
+        # edge that has one (edge.tokens.images expands it); "": none (images are refused before rendering).
+        self.image_placeholder = ""
         self._template = tokenizer.chat_template
         self._eos = tokenizer.eos_token
         self._prompted = self._render(_BASE, add_generation_prompt=True)
@@ -188,7 +195,7 @@ class TemplateCodec:
                   add_generation_prompt: bool) -> str:
         """The template's render of the whole conversation (what incremental encoding must equal)."""
         return self._render(
-            [template_message(m) for m in messages],
+            [template_message(m, self.image_placeholder) for m in messages],
             tools=template_tools(tuple(tools)),
             add_generation_prompt=add_generation_prompt,
         )
@@ -211,7 +218,8 @@ class TemplateCodec:
         ids = self._prompts.get(key)
         if ids is None:
             ids = tuple(self._encode(self.prompt_text(messages, tools), room))
-            self._prompts.put(key, ids, 8 * len(ids) + sum(len(m.content) for m in messages) + len(key[0]))
+            self._prompts.put(key, ids, 8 * len(ids) + len(key[0]) +
+                             sum(len(m.content) + sum(len(i.data) for i in m.images) for m in messages))
         return list(ids)
 
     def increment_text(self, new_messages: Sequence[Message], *, ended_with_eos: bool) -> str:
@@ -224,7 +232,7 @@ class TemplateCodec:
         frame = self._frame(new_messages)
         if frame is not None:
             return frame[0] + "".join(m.content + part for m, part in zip(new_messages, frame[1:], strict=True))
-        return self._rendered_tail([template_message(m) for m in new_messages])
+        return self._rendered_tail([template_message(m, self.image_placeholder) for m in new_messages])
 
     def _rendered_tail(self, messages: list[dict[str, Any]]) -> str:
         """What the template writes for ``messages`` after the stand-in history, with the generation prompt:
@@ -245,7 +253,7 @@ class TemplateCodec:
     def _frame(self, messages: Sequence[Message]) -> Frame | None:
         """The literal text around each message's content, for messages of this shape, if the
         template inserts contents verbatim (checked once per shape against a real render)."""
-        if len(messages) > _MAX_FRAMED or any(m.tool_calls or m.reasoning is not None for m in messages):
+        if len(messages) > _MAX_FRAMED or any(m.tool_calls or m.reasoning is not None or m.images for m in messages):
             return None
         shape: Shape = tuple((m.role, m.name is not None, m.tool_call_id is not None) for m in messages)
         if shape not in self._frames:

@@ -10,10 +10,10 @@ the same tokens on either wire):
 - a ``system`` message inside ``messages`` (Claude Code sends them mid-conversation: a string or
   text blocks) becomes a system message where it stands, which the template renders with its
   system role (one that cannot is refused per request: :meth:`TemplateCodec.check_system_placement`);
-- a user message's blocks become, in order, a user message per run of text blocks
-  (empty text blocks are dropped) and a tool message per ``tool_result`` (its text, or
-  its text blocks joined; ``is_error`` is accepted but the chat template has no slot
-  for it);
+- a user message's blocks become, in order, a user message per run of text and ``image`` blocks
+  (empty text blocks are dropped; the images stand where they were among the text, :mod:`edge.wires.images`)
+  and a tool message per ``tool_result`` (its text, or its text and image blocks; ``is_error`` is accepted
+  but the chat template has no slot for it);
 - an assistant message's ``thinking`` blocks become its reasoning, its text blocks its
   content, its ``tool_use`` blocks its tool calls (``input`` as JSON text);
 - a ``tool_use`` block needs its ``id`` and ``name``, a ``tool_result`` its ``tool_use_id``
@@ -24,7 +24,8 @@ the same tokens on either wire):
   (:mod:`edge.tokens.constraint`); ``stop_sequences``, ``max_tokens`` (required), ``temperature``, ``top_p``, ``top_k``;
 - a ``count_tokens`` body is the same request without ``max_tokens`` (:func:`decode_count_request`).
 
-Refused with a 400 naming the field: images, documents and other block types,
+Refused with a 400 naming the field: documents and other block types, an image source other than
+``base64`` or ``url``,
 ``redacted_thinking``, server tools, a final assistant message (prefill), sampling values
 out of range and nesting past the bounds (:mod:`edge.wires.strict`). ``thinking`` (the request
 option), ``metadata``, ``context_management`` and ``output_config`` are accepted and have no
@@ -54,6 +55,7 @@ import msgspec
 from edge.chat.cache import BoundedCache
 from edge.chat.conversation import (
     Conversation,
+    ImagePart,
     Message,
     NamedTool,
     SamplingOverrides,
@@ -66,10 +68,11 @@ from edge.chat.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFi
 from edge.chat.digest import decode_expanding_history, tools_digest
 from edge.http_errors import http_error
 from edge.wires.adapter import TokenText, sse
+from edge.wires.images import TextWithImages, from_base64, from_url
 from edge.wires.prefix import KnownPrefix, cut_holds, learn, skip_known
 from edge.wires.strict import check_sampling, decode_strict
 from schemas import wire_anthropic as w
-from schemas.errors import MalformedRequest, RollbusError
+from schemas.errors import ImageRefused, MalformedRequest, RollbusError
 from schemas.events import ToolCall
 from schemas.values import check_free_form
 
@@ -94,27 +97,58 @@ def _text_of(blocks: str | list[w.ContentBlock] | None, where: str) -> str:
     return "".join(texts)
 
 
+def _image(block: w.ContentBlock, at: int, where: str) -> ImagePart:
+    """An ``image`` block: its ``source``, base64 or a URL (a ``file`` source is refused)."""
+    source = block.source
+    if source is None:
+        raise ImageRefused("an image block needs its source", param=f"{where}.source")
+    if source.type == "base64" and source.data is not None:
+        return from_base64(source.data, source.media_type, at, f"{where}.source.data")
+    if source.type == "url" and source.url is not None:
+        return from_url(source.url, at, f"{where}.source.url")
+    raise ImageRefused(f"an image source of type {source.type!r} is not supported (base64, url)",
+                       param=f"{where}.source.type")
+
+
+def _content_of(blocks: str | list[w.ContentBlock] | None, where: str) -> tuple[str, tuple[ImagePart, ...]]:
+    """A tool result's content: its text, and its image blocks where they stand."""
+    if blocks is None or isinstance(blocks, str):
+        return blocks or "", ()
+    read = TextWithImages()
+    for j, block in enumerate(blocks):
+        if block.type == "text" and block.text is not None:
+            read.text(block.text)
+        elif block.type == "image":
+            read.image(_image(block, read.at, f"{where}[{j}]"))
+        else:
+            raise _unsupported(block, f"{where}[{j}]")
+    return read.content(), tuple(read.images)
+
+
 def _user(where: str, content: str | list[w.ContentBlock]) -> tuple[Message, ...]:
     if isinstance(content, str):
         return (Message(role="user", content=content),)
     out: list[Message] = []
-    texts: list[str] = []
+    run = TextWithImages()  # the text and image blocks since the last tool result
     for j, block in enumerate(content):
         if block.type == "text" and block.text is not None:
-            texts.append(block.text)
+            run.text(block.text)
+            continue
+        if block.type == "image":
+            run.image(_image(block, run.at, f"{where}[{j}]"))
             continue
         if block.type != "tool_result":
             raise _unsupported(block, f"{where}[{j}]")
         if not block.tool_use_id:
             raise MalformedRequest("a tool_result block needs the tool_use_id of its tool_use",
                                    param=f"{where}[{j}].tool_use_id")
-        if "".join(texts):
-            out.append(Message(role="user", content="".join(texts)))
-        texts = []
-        out.append(Message(role="tool", content=_text_of(block.content, f"{where}[{j}].content"),
-                           tool_call_id=block.tool_use_id))
-    if "".join(texts) or not out:
-        out.append(Message(role="user", content="".join(texts)))
+        if run:
+            out.append(Message(role="user", content=run.content(), images=tuple(run.images)))
+        run = TextWithImages()
+        text, images = _content_of(block.content, f"{where}[{j}].content")
+        out.append(Message(role="tool", content=text, tool_call_id=block.tool_use_id, images=images))
+    if run or not out:
+        out.append(Message(role="user", content=run.content(), images=tuple(run.images)))
     return tuple(out)
 
 

@@ -1,12 +1,14 @@
 """OpenAI Chat Completions adapter: wire request -> :class:`Conversation`, outcome -> wire reply.
 
 Decoding is strict about types and explicit about what rollbus does not serve
-(``n > 1``, non-text content parts): those are 400s with the parameter named, never silently
+(``n > 1``, content parts other than text and images): those are 400s with the parameter named, never silently
 ignored, and so are sampling values out of range and nesting past the bounds
 (:mod:`edge.wires.strict`). ``tool_choice`` ``required`` and ``{"type": "function",
 "function": {"name"}}`` (a tool the request defines; else a 400), ``parallel_tool_calls`` and
 ``response_format`` ``json_object`` / ``json_schema`` are decoded into the conversation, and the
-turn is sampled under the constraint they imply (:mod:`edge.tokens.constraint`).
+turn is sampled under the constraint they imply (:mod:`edge.tokens.constraint`). ``image_url`` parts of
+user and tool messages are the message's images (:mod:`edge.wires.images`), at the character of its text
+where they stand.
 
 Streaming (``stream: true``) sends ``chat.completion.chunk`` events: the role, then
 ``reasoning_content`` and ``content`` deltas as they come, each tool call as a delta with
@@ -23,6 +25,7 @@ import msgspec
 from edge.chat.cache import BoundedCache
 from edge.chat.conversation import (
     Conversation,
+    ImagePart,
     Message,
     NamedTool,
     OutputFormat,
@@ -37,6 +40,7 @@ from edge.chat.deltas import ContentDelta, ReasoningDelta, StreamEvent, StreamFi
 from edge.chat.digest import decode_history, tools_digest
 from edge.http_errors import http_error
 from edge.wires.adapter import TokenText, sse
+from edge.wires.images import TextWithImages, from_url
 from edge.wires.prefix import KnownPrefix, cut_holds, learn, skip_known
 from edge.wires.strict import TOO_DEEP, check_json_text, check_max_tokens, check_sampling, decode_strict
 from schemas.errors import MalformedRequest, RollbusError
@@ -66,15 +70,25 @@ from schemas.wire_openai import (
 
 _encoder = msgspec.json.Encoder()
 
-def _text(content: str | list[ContentPart] | None, where: str) -> str:
+_IMAGE_ROLES = ("user", "tool")
+
+
+def _content(content: str | list[ContentPart] | None, where: str, role: str) -> tuple[str, tuple[ImagePart, ...]]:
+    """The message's text and its images (``image_url`` parts, in user and tool messages)."""
     if content is None or isinstance(content, str):
-        return content or ""
-    texts = []
-    for part in content:
-        if part.type != "text" or part.text is None:
+        return content or "", ()
+    read = TextWithImages()
+    for j, part in enumerate(content):
+        if part.type == "text" and part.text is not None:
+            read.text(part.text)
+        elif part.type == "image_url" and part.image_url is not None and role in _IMAGE_ROLES:
+            read.image(from_url(part.image_url.url, read.at, f"{where}[{j}].image_url.url"))
+        elif part.type == "image_url":
+            why = "needs its image_url" if part.image_url is None else f"is not supported in a {role} message"
+            raise MalformedRequest(f"an image_url content part {why}", param=f"{where}[{j}]")
+        else:
             raise MalformedRequest(f"content part type {part.type!r} is not supported", param=where)
-        texts.append(part.text)
-    return "".join(texts)
+    return read.content(), tuple(read.images)
 
 
 def _message(index: int, m: MessageIn) -> Message:
@@ -89,9 +103,11 @@ def _message(index: int, m: MessageIn) -> Message:
         raise MalformedRequest("only assistant messages carry tool_calls", param=f"{where}.tool_calls")
     for i, call in enumerate(calls):
         check_json_text(call.arguments, f"{where}.tool_calls[{i}].function.arguments")
+    content, images = _content(m.content, f"{where}.content", m.role)
     return Message(
         role="system" if m.role == "developer" else m.role,
-        content=_text(m.content, f"{where}.content"),
+        content=content,
+        images=images,
         tool_calls=calls,
         tool_call_id=m.tool_call_id,
         name=m.name,

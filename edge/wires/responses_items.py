@@ -3,10 +3,12 @@
 **Items** (each decoded strictly, once per distinct raw JSON: an agent resends its history):
 
 - ``message``: ``user``, ``system``, ``developer`` (a system message, as on the chat wire) or
-  ``assistant``; its content a string or text parts (``input_text``, ``output_text``), joined;
+  ``assistant``; its content a string or text parts (``input_text``, ``output_text``), joined, and in a
+  user message ``input_image`` parts (``image_url``: a data URL, or an http(s) URL the edge may fetch), the
+  message's images where they stand (:mod:`edge.wires.images`);
 - ``function_call`` (``call_id``, ``name``, ``arguments``, and ``namespace`` for a function of a
   namespace: the call's name is then ``<namespace>.<name>``, as the tools are flattened below);
-- ``function_call_output`` (``call_id``; ``output`` a string or text parts): a tool message;
+- ``function_call_output`` (``call_id``; ``output`` a string or text and ``input_image`` parts): a tool message;
 - ``reasoning``: its ``content`` (``reasoning_text`` parts), else its ``summary``
   (``summary_text`` parts, joined by a blank line), is the assistant message's reasoning; an
   ``encrypted_content`` must be a reference rollbus issued (:mod:`edge.wires.reasoning_refs`):
@@ -16,7 +18,8 @@ The assistant items of one response (reasoning, then a message, then function ca
 rollbus writes them) become **one assistant message**, the reply the session's chain holds, so a
 history sent back item by item continues its chain. A reasoning item after an assistant message
 or call, or a message after a call, starts the next assistant message. Any other item type
-(``item_reference``, images and files, hosted tools' calls, ``custom_tool_call``) is a 400 naming it.
+(``item_reference``, files, an image by ``file_id``, hosted tools' calls, ``custom_tool_call``) is a 400
+naming it.
 
 **Tools**: ``function`` tools as they are (``strict`` accepted; rollbus does not constrain the
 arguments). A ``namespace`` groups functions the model calls as ``<namespace>.<function>``: that
@@ -38,11 +41,12 @@ from typing import Literal
 import msgspec
 
 from edge.chat.cache import BoundedCache
-from edge.chat.conversation import Message, ToolSpec
+from edge.chat.conversation import ImagePart, Message, ToolSpec
 from edge.chat.digest import extend
+from edge.wires.images import TextWithImages, from_url
 from edge.wires.reasoning_refs import ReasoningRefs
 from edge.wires.strict import TOO_DEEP, check_json_text
-from schemas.errors import MalformedRequest
+from schemas.errors import ImageRefused, MalformedRequest
 from schemas.events import ToolCall
 from schemas.values import check_free_form
 from schemas.wire_responses import InputItem, Part, ToolParam
@@ -77,6 +81,24 @@ def _parts_text(parts: str | list[Part] | None, where: str, allowed: tuple[str, 
     return "".join(texts)
 
 
+def _parts_content(parts: str | list[Part] | None, where: str) -> tuple[str, tuple[ImagePart, ...]]:
+    """Text parts joined, and ``input_image`` parts as the images where they stand."""
+    if parts is None or isinstance(parts, str):
+        return parts or "", ()
+    read = TextWithImages()
+    for j, part in enumerate(parts):
+        if part.type in _TEXT_PARTS and part.text is not None:
+            read.text(part.text)
+        elif part.type == "input_image" and part.image_url is not None:
+            read.image(from_url(part.image_url, read.at, f"{where}[{j}].image_url"))
+        elif part.type == "input_image":
+            raise ImageRefused("an input_image needs an image_url (a data URL; rollbus holds no files)",
+                               param=f"{where}[{j}].image_url")
+        else:
+            raise MalformedRequest(f"content part type {part.type!r} is not supported", param=f"{where}[{j}].type")
+    return read.content(), tuple(read.images)
+
+
 def _required(value: str | None, what: str, where: str) -> str:
     if not value:
         raise MalformedRequest(f"a {what} needs a non-empty {where.rpartition('.')[2]}", param=where)
@@ -86,11 +108,12 @@ def _required(value: str | None, what: str, where: str) -> str:
 def _message(item: InputItem, where: str) -> Piece:
     if item.role is None:
         raise MalformedRequest("a message needs a role", param=f"{where}.role")
-    text = _parts_text(item.content, f"{where}.content")
     if item.role == "assistant":
-        return Piece("text", text=text)
-    role = "user" if item.role == "user" else "system"
-    return Piece("message", message=Message(role=role, content=text))
+        return Piece("text", text=_parts_text(item.content, f"{where}.content"))
+    if item.role != "user":
+        return Piece("message", message=Message(role="system", content=_parts_text(item.content, f"{where}.content")))
+    text, images = _parts_content(item.content, f"{where}.content")
+    return Piece("message", message=Message(role="user", content=text, images=images))
 
 
 def _call(item: InputItem, where: str) -> Piece:
@@ -105,8 +128,8 @@ def _call(item: InputItem, where: str) -> Piece:
 
 def _output(item: InputItem, where: str) -> Piece:
     call_id = _required(item.call_id, "function_call_output", f"{where}.call_id")
-    text = _parts_text(item.output, f"{where}.output")
-    return Piece("message", message=Message(role="tool", content=text, tool_call_id=call_id))
+    text, images = _parts_content(item.output, f"{where}.output")
+    return Piece("message", message=Message(role="tool", content=text, tool_call_id=call_id, images=images))
 
 
 def _reasoning(item: InputItem, where: str, refs: ReasoningRefs) -> Piece:

@@ -9,7 +9,7 @@
     rollbus import FILE [--nats URL | --data-dir DIR]
 
 An export holds the envelopes as the stream stores them (subject, headers, stream sequence,
-time, the payload bytes), the large pieces they reference in the object store, and the
+time, the payload bytes), the large pieces and the images they reference in the object store, and the
 session's materializer marker (format: :mod:`schemas.archive`). An import republishes each
 session's envelopes in order with their subjects and headers (``Nats-Msg-Id`` included; the
 expected-last-sequence headers are the target stream's own), restores the pieces before the
@@ -175,8 +175,10 @@ async def _export_envelopes(js: JetStreamContext, cfg: LogConfig, sessions: set[
         if sessions is not None and session_id not in sessions:
             continue
         headers = dict(msg.headers or {})
-        if HDR_BLOBS in headers:
-            for digest in blobs.references(msg.data):
+        digests = blobs.references(msg.data) if HDR_BLOBS in headers else []
+        digests += [bytes.fromhex(image) for image in blobs.image_digests(msg.data)]  # images: pieces too
+        if digests:
+            for digest in digests:
                 if (session_id, digest) in written:
                     continue
                 written.add((session_id, digest))

@@ -2,11 +2,12 @@
 
 ::
 
-    rollbus replay SESSION_ID             its chains: turns, token counts, masks, reward
+    rollbus replay SESSION_ID             its chains: turns, token counts, masks, images, reward
     rollbus replay SESSION_ID --json      the same with every token id, mask and log prob
     rollbus replay SESSION_ID --request N the raw body of its request N, byte for byte as the agent sent it
-    rollbus replay --verify SESSION_ID    re-derive its records, compare digests with its marker, and
-                                          rebuild every raw request body and check it against its sha256
+    rollbus replay --verify SESSION_ID    re-derive its records, compare digests with its marker,
+                                          rebuild every raw request body and check it against its sha256, and
+                                          fetch every image back from the object store and check its sha256
     rollbus replay --verify --all         the same for every session of the log, in one pass
 
 Exit status: 0 (no difference), 1 (differences, each printed), 2 (no such session, no NATS).
@@ -22,9 +23,18 @@ from collections.abc import Sequence
 import msgspec
 from nats.js.client import JetStreamContext
 
+from eventlog.pieces import PieceStore, open_pieces
 from eventlog.reader import read_session
 from materializer.records import derive_records
-from materializer.verify import Difference, body_differences, compare, load_markers, read_marker
+from materializer.verify import (
+    Difference,
+    body_differences,
+    compare,
+    image_differences,
+    load_markers,
+    read_marker,
+    session_images,
+)
 from rollbus.progress import PLAIN_EVERY_S, Progress, rate_text, summary
 from rollbus.tools import EXIT_DIFFERENT, EXIT_ERROR, EXIT_OK, run_tool
 from schemas.bodies import rebuild
@@ -87,7 +97,8 @@ def _print_body(events: Sequence[AnyEvent], session_id: str, request_no: int) ->
 def replay_json(state: SessionState, info: dict[str, int]) -> str:
     chains = []
     for view, chain in zip(chain_views(state), state.chains, strict=True):
-        chains.append({**msgspec.to_builtins(view), **chain_tokens(chain)})
+        images = {"images": msgspec.to_builtins(chain.images)} if chain.images else {}  # (offsets: prompt + response)
+        chains.append({**msgspec.to_builtins(view), **chain_tokens(chain), **images})
     body = {"session": msgspec.to_builtins(summarize(state)), **info, "chains": chains, "records": _records(state)}
     return msgspec.json.encode(body).decode()
 
@@ -108,8 +119,10 @@ def replay_table(state: SessionState, info: dict[str, int]) -> str:
              f"agent {state.agent_name or '-'}  {state.status}{closed}  reward {reward}{extra}",
              f"log: {info['events']} events, last at stream seq {info['last_stream_seq']}; "
              f"requests {summary.requests}, turns {summary.turns}, chains {len(state.chains)}"]
-    for view in chain_views(state):
+    for view, chain in zip(chain_views(state), state.chains, strict=True):
         lines += ["", *_chain_lines(view, state.status)]
+        lines += [f"  image at token {i.offset} ({i.tokens} tokens): {i.media_type} {i.width}x{i.height} "
+                  f"sha256 {i.digest[:16]}" for i in chain.images]
     records = _records(state)
     if records:
         lines += ["", "records (as the materializer derives them):"]
@@ -151,18 +164,41 @@ def _print_differences(differences: list[Difference]) -> None:
         print(f"DIFF {d.session_id} {d.kind} {d.key or '-'} {d.detail}".rstrip())
 
 
-def verdict(replayed: Replayed, marker: MaterializedMarker | None) -> list[Difference]:
-    """What differs for one replayed session: the same for ``--verify SID`` and ``--verify --all``."""
+def verdict(replayed: Replayed, marker: MaterializedMarker | None,
+            images: list[Difference] | None = None) -> list[Difference]:
+    """What differs for one replayed session: the same for ``--verify SID`` and ``--verify --all``
+    (``images``: its images' differences, :class:`_Images`)."""
     differences = body_differences(replayed.session_id, replayed.bad_bodies)
     if replayed.state is None:
         return [*differences, Difference(session_id=replayed.session_id, kind="unreadable",
                                          detail=replayed.error or "")]
-    return differences + compare(replayed.state, marker)
+    return differences + compare(replayed.state, marker) + (images or [])
+
+
+class _Images:
+    """Each image of a session fetched back from the log's object store and checked against its digest (the store
+    bound once, at the first session that has images)."""
+
+    def __init__(self, js: JetStreamContext, cfg: LogConfig) -> None:
+        self._js, self._cfg = js, cfg
+        self._store: PieceStore | None = None
+        self._opened = False
+
+    async def differences(self, replayed: Replayed) -> list[Difference]:
+        images = session_images(replayed.state) if replayed.state is not None else {}
+        if not images:
+            return []
+        if not self._opened:
+            self._store, self._opened = await open_pieces(self._js, self._cfg), True
+        store = self._store
+        stored = {digest: await store.get(replayed.session_id, bytes.fromhex(digest)) if store is not None else None
+                  for digest in images}
+        return image_differences(replayed.session_id, images, stored)
 
 
 async def verify_one(js: JetStreamContext, cfg: LogConfig, replayed: Replayed, *, as_json: bool) -> int:
     marker = await read_marker(js, cfg, replayed.session_id)
-    differences = verdict(replayed, marker)
+    differences = verdict(replayed, marker, await _Images(js, cfg).differences(replayed))
     if as_json:
         print(msgspec.json.encode({"sessions": 1, "differences": differences}).decode())
     else:
@@ -199,12 +235,12 @@ class _Verdicts:
         self.differences = 0
         self._by_session: dict[str, _Verdict] = {}
 
-    def add(self, replayed: Replayed) -> None:
+    def add(self, replayed: Replayed, images: list[Difference] | None = None) -> None:
         marker = self.markers.get(replayed.session_id)
         state = replayed.state
         kind = "unreadable" if state is None else state.status
         records = len(marker.digests) if marker is not None and kind == "finalized" else 0
-        new = _Verdict(kind, records, tuple(verdict(replayed, marker)))
+        new = _Verdict(kind, records, tuple(verdict(replayed, marker, images)))
         old = self._by_session.get(replayed.session_id)
         self._count(old, -1)
         self._count(new, 1)
@@ -231,11 +267,12 @@ async def verify_all(js: JetStreamContext, cfg: LogConfig, *, as_json: bool, pro
     on stderr (a bar on a terminal, else a line every ``progress_s`` and one at the end), then the summary
     table there."""
     verdicts = _Verdicts(await load_markers(js, cfg))
+    images = _Images(js, cfg)
     stats = ReplayStats()
     progress = Progress("verify", unit="envelopes", every_s=progress_s, line=lambda: _progress_line(stats, verdicts))
     with progress:
         async for replayed in replay_all(js, cfg, stats, check_bodies=True):
-            verdicts.add(replayed)
+            verdicts.add(replayed, await images.differences(replayed))
             progress.update(stats.envelopes, total=stats.last_stream_seq,
                             detail=f"{verdicts.tally.sessions} sessions, {verdicts.differences} differences")
     differences = verdicts.all_differences()

@@ -39,7 +39,7 @@ edge service on it the way :func:`stack.runtime.build_edge_service` builds one o
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import msgspec
 
@@ -154,6 +154,11 @@ class InMemoryLog:
             ack = self._publish(session_id, fit, ack.seq)
         return Appended(stream=self.cfg.stream, stream_seq=ack.seq, duplicate=ack.duplicate, envelopes=len(fitted))
 
+    async def put_pieces(self, session_id: str, pieces: Mapping[bytes, bytes]) -> None:
+        """Store values by digest in the object store, as :meth:`JetStreamLog.put_pieces` does."""
+        for digest, data in pieces.items():
+            self.pieces[blobs.object_name(session_id, digest)] = data
+
     def _publish(self, session_id: str, fit: Envelope, expected_last: int) -> _Ack:
         """What JetStream does with one publish: the expected-last check, then the duplicate window."""
         batch, payload = fit.events, fit.payload
@@ -230,6 +235,9 @@ class InMemoryLog:
                 arrived=self._arrived, redelivery_delay=self._redelivery_delay)
         consumer.ack_wait, consumer.max_ack_pending = ack_wait, max_ack_pending
         return MemorySubscription(consumer, self._arrived, max_wait=self._max_wait)
+
+    async def image(self, session_id: str, digest: str) -> bytes | None:
+        return self.pieces.get(blobs.object_name(session_id, bytes.fromhex(digest)))
 
     def kv(self, bucket: str, *, timeout: float = 5.0) -> InMemoryKv:
         """The bucket (made on first use: a provisioned log has them all)."""

@@ -15,6 +15,7 @@ backend's log is configured with ``max_event_bytes = LIMIT``, so that large even
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -400,3 +401,12 @@ class PortContract:
         bucket = backend.log.kv(backend.cfg.markers_bucket)
         revision = await bucket.create("k", b"v")
         assert await backend.log.kv(backend.cfg.markers_bucket).get("k") == (b"v", revision)
+
+    async def test_an_image_stored_for_a_session_is_read_back_by_its_digest_and_only_for_it(
+            self, backend: Backend) -> None:
+        data = bytes(range(256)) * 40
+        digest = hashlib.sha256(data).digest()
+        await backend.log.put_pieces(A, {digest: data})  # as the edge stores an image, before its events
+        assert await backend.log.image(A, digest.hex()) == data
+        assert await backend.log.image(B, digest.hex()) is None  # images are kept per session
+        assert await backend.log.image(A, "00" * 32) is None

@@ -110,7 +110,10 @@ BAD = [
     ({**GOOD, "messages": []}, "messages"),
     ({**GOOD, "max_tokens": 0}, "max_tokens"),
     ({**GOOD, "temperature": -1}, "temperature"),
-    ({**GOOD, "messages": [{"role": "user", "content": [IMAGE]}]}, "messages[0].content[0].type"),
+    ({**GOOD, "messages": [{"role": "user", "content": [IMAGE]}]},
+     "messages[0].content[0].source.data: this edge has no image processor"),  # (a stack without --processor)
+    ({**GOOD, "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
+     "messages[0].content[0].type"),
     ({**GOOD, "tool_choice": {"type": "any"}}, "tool_choice: tool_choice forces a tool call"),  # no tools
     ({**GOOD, "tool_choice": {"type": "some"}}, "tool_choice.type"),
     ({**GOOD, "tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools[0].type"),

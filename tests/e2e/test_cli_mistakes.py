@@ -129,6 +129,19 @@ def test_up_with_a_remote_engine_and_no_url(tmp_path: Path):
     refused(rollbus("up", "--engine", "sglang", "--data-dir", tmp_path / "data"), "--engine-url")
 
 
+@pytest.mark.parametrize(("flags", "needles"), [
+    (["--processor", "builtin:nope"], ["--processor builtin:nope", "builtin:qwen2.5-vl"]),
+    (["--processor", "missing-processor-dir"], ["--processor missing-processor-dir", "preprocessor_config.json"]),
+    (["--processor", "builtin:qwen2.5-vl", "--engine", "vllm", "--engine-url", "http://127.0.0.1:9"],
+     ["--processor", "vllm engine takes no images"]),
+    (["--image-max-bytes", "0"], ["--image-max-bytes", "more than 0"]),
+    (["--processor", "builtin:qwen2.5-vl"], ["local model tiny-qwen2 takes no images", "tiny-qwen2-vl"]),
+])
+def test_up_with_a_processor_that_cannot_be(tmp_path: Path, flags: list[str], needles: list[str]):
+    refused(rollbus("up", "--port", "0", "--data-dir", tmp_path / "data", *flags), *needles)
+    assert not (tmp_path / "data" / "nats").exists(), "the processor is checked before anything starts"
+
+
 # 4. an unusable --data-dir
 
 def _a_file(tmp_path: Path) -> Path:

@@ -119,3 +119,25 @@ async def test_an_unconstrained_request_carries_no_constraint(server, engine) ->
     server.push(ScriptedReply([4]))
     await engine.generate(request())
     assert server.constraints == [None]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_turns_images_reach_sglang_as_image_data_in_order(server, engine, streamed: bool) -> None:
+    from tests.images import data_url, png
+
+    red, gif = png(8, 8, (255, 0, 0)), b"GIF89a" + png(4, 4)[6:]
+    server.push(ScriptedReply([4]))
+    sent = msgspec.structs.replace(request(), images=(red, gif))
+    if streamed:
+        _ = [item async for item in engine.stream(sent)]
+    else:
+        await engine.generate(sent)
+    body = server.requests[-1]
+    assert body["image_data"] == [data_url(red), data_url(gif, "image/gif")]
+    assert body["input_ids"] == [1, 2, 3]
+
+
+async def test_a_turn_without_images_sends_no_image_data(server, engine) -> None:
+    server.push(ScriptedReply([4]))
+    await engine.generate(request())
+    assert "image_data" not in server.requests[-1]

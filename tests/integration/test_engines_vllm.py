@@ -150,3 +150,17 @@ async def test_a_constraint_reaches_vllm_as_structured_outputs(server, api: str)
     assert server.constraints == [{"grammar": GRAMMAR.grammar}, {"json": {"type": "integer"}}, None]
     sampling = server.requests[0]["sampling_params"] if api == "generate" else server.requests[0]
     assert sampling["structured_outputs"] == {"grammar": GRAMMAR.grammar}
+
+
+@pytest.mark.parametrize("api", ["generate", "completions"])
+async def test_a_turn_with_images_is_refused_before_anything_is_sent(server, api) -> None:
+    from edge.engines.vllm import NO_IMAGES
+    from edge.http_errors import http_error
+    from schemas.errors import EngineRefused
+
+    engine = VLLMEngine([server.url], api=api)  # type: ignore[arg-type]
+    with pytest.raises(EngineRefused) as refused:
+        await engine.generate(msgspec.structs.replace(request(), images=(b"\x89PNG...",)))
+    await engine.aclose()
+    assert refused.value.message == NO_IMAGES and http_error(refused.value).status == 400
+    assert server.requests == []

@@ -50,6 +50,21 @@ def test_verls_keys_are_read_with_their_defaults():
         1, 0, "any_success", True)
 
 
+def test_the_image_processor_is_the_model_directorys_own_unless_given(tmp_path: Path):
+    from edge.tokens.tokenizer import load_tokenizer
+
+    model = load_tokenizer("builtin:qwen2.5").save(tmp_path / "vl")
+    assert load_config(with_("actor_rollout_ref.model.path", str(model))).processor == ""  # a text model
+    (model / "preprocessor_config.json").write_text('{"image_processor_type": "Qwen2VLImageProcessor"}')
+    assert load_config(with_("actor_rollout_ref.model.path", str(model))).processor == str(model)
+    section = "actor_rollout_ref.rollout.custom.agent_framework"
+    given = with_("actor_rollout_ref.model.path", str(model))
+    given["actor_rollout_ref"]["rollout"]["custom"]["agent_framework"]["processor"] = ""
+    assert load_config(given).processor == ""  # "": none, whatever the model holds
+    assert load_config(with_(f"{section}.processor", "builtin:qwen2.5-vl")).processor == "builtin:qwen2.5-vl"
+    assert load_config(BASE).processor == ""
+
+
 def test_an_omegaconf_config_reads_the_same():
     from omegaconf import OmegaConf
 

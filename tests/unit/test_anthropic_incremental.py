@@ -190,9 +190,11 @@ for _ in range(100):  # past the bound on a free-form value's nesting
     NESTED = [NESTED]
 
 BAD: list[tuple[str | None, list[dict[str, Any]], dict[str, Any]]] = [
-    ("messages[7].content[0].type", [*session(4), {"role": "user", "content": [{"type": "image", "source": {}}]}], {}),
-    ("messages[7].content[0].content[0].type", [*session(4), {"role": "user", "content": [
+    ("messages[7].content[0].source.type",
+     [*session(4), {"role": "user", "content": [{"type": "image", "source": {}}]}], {}),
+    ("messages[7].content[0].content[0].source.type", [*session(4), {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}]}], {}),
+    ("messages[7].content[0].type", [*session(4), {"role": "user", "content": [{"type": "document"}]}], {}),
     ("messages[1].content[0].type", [{"role": "user", "content": "a"}, {"role": "assistant", "content": [
         {"type": "redacted_thinking", "data": "x"}]}, {"role": "user", "content": "b"}], {}),
     ("messages", [*session(4), assistant(9)], {}),  # prefill
@@ -224,7 +226,7 @@ BAD: list[tuple[str | None, list[dict[str, Any]], dict[str, Any]]] = [
         {"type": "tool_use", "id": "t", "name": "calc", "input": {"x": NESTED}}]}, tool_result(1)], {}),
     ("tools[1].input_schema", session(3), {"tools": [TOOLS[0], {"name": "deep", "input_schema": {"x": NESTED}}]}),
     # Which refusal comes first is as by value: the messages before tools, tool_choice, sampling.
-    ("messages[7].content[0].type", [*session(4), {"role": "user", "content": [{"type": "image"}]}],
+    ("messages[7].content[0].source", [*session(4), {"role": "user", "content": [{"type": "image"}]}],
      {"tools": [{"name": "bash", "type": "bash_20250124"}], "tool_choice": {"type": "any"}, "top_p": 0}),
     ("messages", [*session(4), assistant(9)], {"system": [{"type": "image"}], "top_p": 0}),
     ("system[0].type", [*session(3), {"role": "user", "content": [{"type": "image"}]}],

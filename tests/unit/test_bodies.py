@@ -355,3 +355,22 @@ def test_a_v1_request_without_a_digest_gets_the_sha256_of_its_body():
     assert event.body_digest == hashlib.sha256(body).hexdigest()
     assert event.parts == (BodyPart(data=body),)
     assert rebuild([event]).body(1) == body
+
+
+def test_a_known_run_in_a_new_part_becomes_a_reference_and_the_body_rebuilds_byte_for_byte() -> None:
+    from schemas.bodies import MIN_RUN, referencing
+
+    image = bytes(range(65, 91)) * 100  # (as base64 text would be: ASCII, longer than MIN_RUN)
+    first = b'{"messages": [{"image": "' + image + b'"}]}'
+    second = b'{"messages": [{"image": "' + image + b'"}, {"again": "' + image + b'", "and": "' + image + b'"}]}'
+    runs = {image: (1, first.index(image))}
+    parts = referencing(parts_against(second, 1, first), runs)
+    assert sum(len(p.data) for p in parts) < 200 and len(second) > 3 * len(image)
+    assert [p.request_no for p in parts if not p.data] == [1, 1, 1]  # the shared prefix, then the image twice
+    assert referencing(parts, {}) == parts and referencing(literal(b"x" * MIN_RUN), runs) == literal(b"x" * MIN_RUN)
+    events = [RequestReceived(session_id="s", seq=1, time=0.0, request_no=1, wire="openai", parts=literal(first),
+                              body_size=len(first), body_digest=body_digest(first)),
+              RequestReceived(session_id="s", seq=2, time=0.0, request_no=2, wire="openai", parts=parts,
+                              body_size=len(second), body_digest=body_digest(second))]
+    bodies = rebuild(events)
+    assert bodies.body(2) == second and bodies.verify(2)

@@ -30,8 +30,12 @@ FIELDS: dict[str, Callable[[], object]] = {
         ("reasoning_format", "reasoning_format"), ("max_trajectory_length", "max_trajectory_length"),
         ("admin_token", "admin_token"), ("edge_id", "edge_id"), ("lease_ttl", "lease_ttl"),
         ("idle_timeout", "idle_timeout"), ("send_timeout", "send_timeout"), ("body_min_rate", "body_min_rate"),
-        ("metrics_host", "metrics_host"), ("fsync", "fsync")]},
+        ("metrics_host", "metrics_host"), ("fsync", "fsync"),
+        ("image_max_count", "max_images"), ("image_max_bytes", "max_image_bytes"),
+        ("image_max_pixels", "max_image_pixels"), ("image_max_side", "max_image_side"),
+        ("image_fetch_timeout", "image_fetch_timeout")]},
     "engine_url": lambda: list(STACK.engine_urls),
+    "image_fetch_allow": lambda: list(STACK.image_fetch_allow),
     **{dest: (lambda name=name: getattr(MATERIALIZER, name)) for dest, name in [
         ("transfer_queue", "transfer_queue"), ("ray_address", "ray_address"), ("tq_partition", "tq_partition"),
         ("rollout_n", "rollout_n"), ("batch_size", "max_batch"), ("batch_delay", "max_delay"),
@@ -47,6 +51,7 @@ FIELDS: dict[str, Callable[[], object]] = {
 NOT_A_FIELD = {
     "tokenizer": "None: the local model's, else StackOptions' (stack.runtime.model_defaults, checked below)",
     "tool_format": "None: the local model's, else StackOptions' (checked below)",
+    "processor": "None: the local model's, else StackOptions' none (stack.runtime.model_processor, checked below)",
     "prompt_length": "None with response_length: no padding (MaterializerOptions.padding None)",
     "response_length": "None with prompt_length: no padding",
     "log_level": "Python logging's level, no stack setting",
@@ -92,3 +97,21 @@ def test_help_shows_the_structs_defaults():
     shown = {a.dest: a.help for a in _actions("up")}
     assert shown["port"].endswith(f"[{STACK.port}]") and shown["engine_deadline"].endswith("[1800]")
     assert shown["body_min_rate"].endswith("[64KiB]") and shown["batch_size"].endswith(f"[{MATERIALIZER.max_batch}]")
+
+
+def test_the_processor_is_the_local_models_unless_given():
+    from stack.runtime import model_processor
+
+    assert model_processor(STACK.engine, STACK.model, None) == STACK.processor == ""
+    assert model_processor("local", "tiny-qwen2-vl", None) == "builtin:qwen2.5-vl"
+    assert model_processor("sglang", None, None) == "" and model_processor("sglang", None, "/p") == "/p"
+
+
+def test_the_images_line_names_the_processor_the_limits_and_the_hosts():
+    from rollbus.cli import image_summary
+
+    assert image_summary(StackOptions(processor="builtin:qwen2.5-vl")) == (
+        "builtin:qwen2.5-vl (up to 16 a request, 10MiB and 16777216 pixels each; URLs fetched from: none (data URLs "
+        "and base64 only))")
+    assert image_summary(StackOptions(processor="/p", image_fetch_allow=("a.example", "b.example"))).endswith(
+        "URLs fetched from: a.example, b.example)")

@@ -198,3 +198,26 @@ async def test_a_constrained_request_is_refused_not_sampled_free() -> None:
     with pytest.raises(EngineRefused, match=r"cannot sample under a constraint \(tool:required\)"):
         await VerlEngine(client).generate(constrained)
     assert client.calls == []
+
+
+async def test_a_turns_images_reach_verl_as_rgb_pil_images() -> None:
+    from PIL import Image
+
+    from tests.images import png
+
+    client = FakeLLMServerClient(TokenOutput(token_ids=[5, IM_END], log_probs=[-0.1, -0.2], stop_reason="completed"))
+    engine = VerlEngine(client)
+    red = png(6, 4, (255, 0, 0))
+    await engine.generate(msgspec.structs.replace(request(), images=(red, png(3, 3, (0, 0, 255)))))
+    await engine.generate(request())
+    with_images, without = client.calls
+    first, second = with_images["image_data"]
+    assert isinstance(first, Image.Image) and first.mode == "RGB" and first.size == (6, 4)
+    assert first.getpixel((0, 0)) == (255, 0, 0) and second.getpixel((1, 1)) == (0, 0, 255)
+    assert without["image_data"] is None  # no images: verl's default, not an empty list
+
+
+async def test_an_image_that_does_not_decode_is_refused() -> None:
+    engine = VerlEngine(FakeLLMServerClient(TokenOutput(token_ids=[IM_END], log_probs=[-0.1])))
+    with pytest.raises(EngineRefused, match="image 0 of the turn does not decode"):
+        await engine.generate(msgspec.structs.replace(request(), images=(b"\x89PNG\r\n\x1a\nbroken",)))

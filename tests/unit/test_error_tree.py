@@ -18,8 +18,8 @@ import schemas.errors as errors
 from schemas.errors import RollbusError
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("schemas", "session", "eventlog", "observability", "session_projector", "edge", "materializer", "reward",
-            "stack", "agent_framework", "viewer", "rollbus")
+PACKAGES = ("schemas", "vision", "session", "eventlog", "observability", "session_projector", "edge", "materializer",
+            "reward", "stack", "agent_framework", "viewer", "rollbus")
 HOME = "schemas.errors"
 # Private control flow, raised and caught inside one class: no error, and no RollbusError (a comment where each
 # is defined says why).

@@ -1,8 +1,9 @@
 """The production modules' imports, read from their source: no circles, one direction between
 the packages, and no test doubles in a production package.
 
-The packages, from the bottom: ``schemas`` (the contracts); ``session`` (the session domain,
-pure: the fold, chain selection, summaries, views); ``eventlog`` (the log: appending, reading,
+The packages, from the bottom: ``schemas`` (the contracts); ``vision`` (images: limits, headers, the
+processor that turns them into placeholder counts and model inputs; it imports ``schemas`` only) and ``session``
+(the session domain, pure: the fold, chain selection, summaries, views); ``eventlog`` (the log: appending, reading,
 consuming) and ``observability`` (the metrics registry every component shares; each component's metrics
 live beside it); ``session_projector``, ``edge``, ``materializer`` and ``reward`` (peers: they may use
 one another only without a circle); ``stack`` (the parts composed into one process,
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = {"schemas": 0, "session": 1, "eventlog": 2, "observability": 2, "session_projector": 3, "edge": 3,
+LAYERS = {"schemas": 0, "vision": 1, "session": 1, "eventlog": 2, "observability": 2, "session_projector": 3, "edge": 3,
           "materializer": 3, "reward": 3, "stack": 4, "agent_framework": 5, "viewer": 5, "rollbus": 6}
 TEST_DOUBLES = "rollbus.testing"
 
@@ -239,6 +240,7 @@ EDGE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("edge.tokens",),
     ("edge.wires", "edge.http_errors"),
     ("edge", "edge.settings", "edge.metrics", "edge.engine_input", "edge.forks", "edge.idempotency", "edge.stored",
+     "edge.images",
      "edge.ownership", "edge.session_index", "edge.live", "edge.turns", "edge.streaming", "edge.service",
      "edge.keeper"),
     ("edge.routes",),
@@ -273,3 +275,11 @@ def test_the_edge_check_sees_an_arrow_back_up() -> None:
 
 def test_imports_inside_the_edge_run_one_way() -> None:
     assert _edge_upward(GRAPH) == []
+
+
+def test_vision_imports_only_the_contracts() -> None:
+    """``vision`` sits beside ``session``, under everything that meets images: of rollbus it imports ``schemas``."""
+    assert "vision.images" in GRAPH["vision.processor"]
+    arrows = [f"{module} -> {target}" for module, targets in GRAPH.items() if module.split(".")[0] == "vision"
+              for target in targets if target.split(".")[0] not in ("vision", "schemas")]
+    assert arrows == []

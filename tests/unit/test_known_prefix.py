@@ -456,7 +456,9 @@ def same_error(wire: ModuleType, body: bytes, known: KnownPrefix) -> MalformedRe
 
 OA_BAD = [
     ({"role": "function", "content": "x"}, "messages[7].role"),
-    ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}, "messages[7].content"),
+    ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]},
+     "messages[7].content[0].image_url.url"),
+    ({"role": "user", "content": [{"type": "file", "file": {}}]}, "messages[7].content"),
     ({"role": "user", "content": 5}, "messages[7]"),
     ({"role": "robot", "content": "x"}, "messages[7]"),
     ({"role": "tool", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}, "messages[7].tool_calls"),
@@ -508,10 +510,12 @@ def test_a_trailing_comma_after_the_known_messages_is_refused():
 
 
 AN_BAD = [
-    ({"role": "user", "content": [{"type": "image", "source": {}}]}, "messages[6].content[0].type"),
+    ({"role": "user", "content": [{"type": "image", "source": {}}]}, "messages[6].content[0].source.type"),
     ({"role": "user", "content": [{"type": "text", "text": "a"},
                                   {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image"}]}]},
-     "messages[6].content[1].content[0].type"),
+     "messages[6].content[1].content[0].source"),
+    ({"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "not base64!"}}]},
+     "messages[6].content[0].source.data"),
     ({"role": "user", "content": [{"type": "document"}]}, "messages[6].content[0].type"),
     ({"role": "robot", "content": "x"}, None),
     ({"role": "user"}, None),

@@ -125,3 +125,26 @@ def test_abandoned_turns_and_engine_failures_are_in_the_audit_trail_and_tokens_a
     assert (entry.kind, entry.chain, entry.request_no) == ("turn_abandoned", 0, 2)
     assert entry.detail == "client_disconnected; 17 tokens had been sampled"
     assert audit_entry(failed).detail == "EngineTimeout: no answer in 30 s" and audit_entry(failed).chain is None
+
+
+def test_a_window_lists_the_images_that_stand_in_it_at_their_offsets_in_the_part():
+    from schemas.events import ImageRef
+
+    def ref(name: str, offset: int, tokens: int) -> ImageRef:
+        return ImageRef(digest=name * 64, media_type="image/png", width=28, height=28 * tokens, offset=offset,
+                        tokens=tokens)
+
+    pad = 151655
+    script = SessionScript()
+    script.turn(0, [1, 151652, pad, pad, pad, 151653, 2], [3], new_chain=True, images=[ref("a", 2, 3)])
+    script.turn(0, [4, 151652, pad, pad, 151653], [5], images=[ref("b", 2, 2)], n_messages=4, tip="t1")
+    (chain,) = fold(script.events).chains
+    (prompt_image,) = window(chain, None, part="prompt").images
+    assert (prompt_image.digest, prompt_image.offset, prompt_image.tokens) == ("a" * 64, 2, 3)
+    (response_image,) = window(chain, None).images  # the response: [3, 4, start, pad, pad, end, 5]
+    assert (response_image.digest, response_image.offset, response_image.tokens) == ("b" * 64, 3, 2)
+    assert window(chain, None, part="prompt", offset=3, limit=1).images == [prompt_image]  # a window inside its run
+    assert window(chain, None, part="prompt", offset=5).images == []
+    assert window(chain, None, limit=3).images == []
+    assert window(chain, None, limit=4).images == [response_image]
+    assert window(chain, None, offset=5).images == []

@@ -76,7 +76,12 @@ def test_a_user_message_of_empty_text_is_still_a_user_turn():
         {"type": "redacted_thinking", "data": "x"}]}, {"role": "user", "content": "b"}]},
      "messages[1].content[0].type"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
-        {"type": "image", "source": {}}]}]}]}, "messages[0].content[0].content[0].type"),
+        {"type": "image", "source": {}}]}]}]}, "messages[0].content[0].content[0].source.type"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}]}]},
+     "messages[0].content[0].source.type"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": [
+        {"type": "image", "source": {"type": "base64", "data": "AAAA"}}]}, {"role": "user", "content": "b"}]},
+     "messages[1].content[0].type"),
     ({"messages": [{"role": "user", "content": "a"}], "tool_choice": {"type": "tool", "name": "calc"}},
      "tool_choice.name"),  # a tool the request does not define
     ({"messages": [{"role": "user", "content": "a"}], "tool_choice": {"type": "any"}}, "tool_choice"),  # no tools

@@ -124,17 +124,36 @@ function heat(logprob) {
   return `rgba(239, 68, 68, ${alpha.toFixed(3)})`;
 }
 
-function tokenSpans(win) {
+function imageSpan(sessionId, image) {
+  // an image where it stands in the token stream: its thumbnail (from the log's object store) and its token count
+  return el("span", { class: "image", "data-digest": image.digest, "data-i": image.offset, "data-tokens": image.tokens,
+    title: `#${image.offset} ${image.media_type} ${image.width}x${image.height}, ${image.tokens} image tokens, sha256 ${image.digest}` },
+  el("img", { class: "thumb", src: `/api/sessions/${sessionId}/images/${image.digest}`, loading: "lazy",
+    alt: `image ${image.width}x${image.height}` }),
+  el("span", { class: "image-label", text: `image ${image.width}x${image.height} · ${plural(image.tokens, "token")}` }));
+}
+
+function tokenSpans(win, sessionId) {
   const spans = [];
   const starts = new Set(win.turn_starts);
+  const images = win.images || [];
+  let next = 0; // the next image of the window
   for (let i = 0; i < win.ids.length; i++) {
     if (starts.has(i)) spans.push(el("span", { class: "turn-mark", text: "turn", "aria-hidden": "true" }));
+    const at = win.offset + i;
+    while (next < images.length && images[next].offset + images[next].tokens <= at) next++;
+    if (next < images.length && images[next].offset <= at) { // its placeholder run: drawn as the image, once
+      spans.push(imageSpan(sessionId, images[next]));
+      i = Math.min(win.ids.length, images[next].offset + images[next].tokens - win.offset) - 1;
+      next++;
+      continue;
+    }
     const mask = win.mask[i];
     const kind = win.part === "prompt" ? "prompt" : mask ? "model" : "ctx";
     const text = win.text ? win.text[i] : `[${win.ids[i]}]`;
     const logprob = win.logprobs ? win.logprobs[i] : null;
-    const span = el("span", { class: `tok ${kind}`, "data-i": win.offset + i, "data-id": win.ids[i],
-      "data-mask": mask, title: `#${win.offset + i} id ${win.ids[i]}${logprob === null ? "" : ` logprob ${logprob.toFixed(4)}`}` });
+    const span = el("span", { class: `tok ${kind}`, "data-i": at, "data-id": win.ids[i],
+      "data-mask": mask, title: `#${at} id ${win.ids[i]}${logprob === null ? "" : ` logprob ${logprob.toFixed(4)}`}` });
     span.textContent = text;
     if (kind === "model" && logprob !== null) {
       span.style.backgroundColor = heat(logprob);
@@ -151,7 +170,7 @@ function tokenBox(sessionId, chainIndex, part, first) {
   const note = el("p", { class: "muted window-note" });
   const holder = el("div", {}, box, note, more);
   function add(win) {
-    box.append(...tokenSpans(win));
+    box.append(...tokenSpans(win, sessionId));
     const shown = win.offset + win.ids.length;
     note.textContent = `${part}: tokens 0–${shown} of ${win.length}${win.next_offset === null ? "" : " (the rest on demand)"}`;
     more.hidden = win.next_offset === null;

@@ -1,0 +1,91 @@
+"""An image's tokens: the processor's placeholder, expanded where an image stands and nowhere else.
+
+The chat template renders each image as the processor's placeholder text (Qwen2.5-VL:
+``<|vision_start|><|image_pad|><|vision_end|>``, :func:`edge.chat.conversation.content_with_images`);
+the tokenizer makes it its special tokens. :meth:`ImageTokens.expand` then repeats each image's pad
+token for as many tokens as the processor gives the image (from its size, no pixel decoded), as
+verl's prompt ids hold them, and says where each image's pads are (:class:`schemas.events.ImageRef`).
+
+Text can spell the same special tokens (a user pasting ``<|image_pad|>``, a tool result echoing a
+prompt): the tokenizer makes them the very tokens an image gets. They must never make an image
+slot, which the model would be trained to see an image in, and which verl's processor would count
+as an image with no pixels. So a render's tokens must hold the placeholder's tokens exactly where
+the images stand, whole, one placeholder an image, and none anywhere else: otherwise the request is
+refused (400, :class:`~schemas.errors.ImageRefused`), never encoded with a slot no image fills.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from vision.processor import Processor
+
+from edge.chat.conversation import ImagePart, Message
+from edge.tokens.tokenizer import Tokenizer
+from schemas.errors import ImageRefused
+from schemas.events import ImageRef
+
+
+class ImageTokens:
+    """Placeholders and their expansion for one processor and the tokenizer it goes with."""
+
+    def __init__(self, processor: Processor, tokenizer: Tokenizer) -> None:
+        """Raises ``ValueError`` when the processor's placeholder is not special tokens of the tokenizer
+        holding its pad token once (then no text could be told from an image)."""
+        self.processor = processor
+        self.placeholder = processor.placeholder_text
+        ids = tuple(tokenizer.encode(self.placeholder))
+        if ids.count(processor.pad_id) != 1:
+            raise ValueError(f"the processor's placeholder {self.placeholder!r} does not hold its pad token "
+                             f"{processor.pad_id} once in the tokenizer {tokenizer.name} ({list(ids)})")
+        if not all(tokenizer.is_added_token(tokenizer.id_to_token(t) or "") for t in ids):
+            raise ValueError(f"the processor's placeholder {self.placeholder!r} is not special tokens of the "
+                             f"tokenizer {tokenizer.name}")
+        self._ids = ids
+        self._pad_at = ids.index(processor.pad_id)
+        self._marks = np.array(sorted(set(ids)), dtype=np.int64)
+        self._names = "".join(dict.fromkeys(tokenizer.id_to_token(t) or "" for t in ids))
+
+    @property
+    def pad_id(self) -> int:
+        return self.processor.pad_id
+
+    def expand(self, ids: Sequence[int], images: Sequence[ImagePart]) -> tuple[list[int], tuple[ImageRef, ...]]:
+        """``ids`` (a render whose text held the placeholder once where each of ``images`` stands, in
+        order) with each image's pad repeated for its tokens, and the images' places in what comes back.
+        Refused (:class:`ImageRefused`) when the placeholder's tokens are anywhere else."""
+        marked = np.flatnonzero(np.isin(np.asarray(ids, dtype=np.int64), self._marks)) if len(ids) else ()
+        width = len(self._ids)
+        if len(marked) != width * len(images):
+            raise self._refusal(len(images), len(marked))
+        out: list[int] = []
+        refs: list[ImageRef] = []
+        cut = 0
+        for index, image in enumerate(images):
+            start = int(marked[index * width])
+            if tuple(ids[start:start + width]) != self._ids:
+                raise self._refusal(len(images), len(marked))
+            info = image.info
+            if info is None:
+                raise ValueError(f"image {image.param} was not inspected before its tokens were made")
+            count = self.processor.image_tokens(info)
+            out.extend(ids[cut:start + self._pad_at])
+            refs.append(ImageRef(digest=info.digest, media_type=info.media_type, width=info.width,
+                                 height=info.height, offset=len(out), tokens=count))
+            out.extend([self.pad_id] * count)
+            cut = start + self._pad_at + 1
+        out.extend(ids[cut:])
+        return out, tuple(refs)
+
+    def _refusal(self, images: int, found: int) -> ImageRefused:
+        return ImageRefused(
+            f"the text spells the image placeholder's special tokens ({self._names}): only an image makes an "
+            f"image's tokens ({images} image(s) in these messages, {found} such tokens where "
+            f"{len(self._ids) * images} were expected); send images as image parts, not as text",
+            param="messages")
+
+
+def images_of(messages: Sequence[Message]) -> list[ImagePart]:
+    """The images of ``messages``, in order."""
+    return [image for message in messages for image in message.images]

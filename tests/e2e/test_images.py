@@ -170,9 +170,11 @@ def test_hostile_images_through_the_anthropic_sdk_are_refused_naming_the_limit(v
     assert status == 400 and "base64" in message
     assert [type(e) for e in vision_stack.events(session["session_id"])] == [SessionOpened]
     engine.push(reply(tokenizer, "A chart."))  # the session still works
-    answer = client.messages.create(model="m", max_tokens=16, messages=[
-        {"role": "user", "content": [anthropic_image(CHART), {"type": "text", "text": "what is it?"}]}])
+    messages = [{"role": "user", "content": [anthropic_image(CHART), {"type": "text", "text": "what is it?"}]}]
+    counted = client.messages.count_tokens(model="m", messages=messages)  # type: ignore[arg-type]
+    answer = client.messages.create(model="m", max_tokens=16, messages=messages)  # type: ignore[arg-type]
     assert answer.content[0].text == "A chart."  # type: ignore[union-attr]
+    assert counted.input_tokens == answer.usage.input_tokens == len(engine.requests[0]["input_ids"])
     assert [type(e) for e in vision_stack.events(session["session_id"])][:3] == [SessionOpened, RequestReceived,
                                                                                  ChainStarted]
 

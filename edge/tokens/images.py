@@ -89,6 +89,17 @@ class ImageTokens:
                             param="messages")
 
 
+    def check_input(self, ids: Sequence[int], images: int) -> None:
+        """Refuse (400) an engine input whose runs of image pads are not one an image: the chain's own tokens
+        hold a pad no image put there (a model that sampled one), which the engine would take for an image."""
+        pads = np.asarray(ids) == self.pad_id
+        runs = int(np.count_nonzero(pads[1:] & ~pads[:-1]) + (1 if len(pads) and pads[0] else 0))
+        if runs != images:
+            raise ImageRefused(f"the chain holds {runs} runs of image pad tokens for {images} image(s): a pad no image "
+                               "put there (sampled by the model?) cannot be sent to the engine; start a new "
+                               "conversation", param="messages")
+
+
 def images_of(messages: Sequence[Message]) -> list[ImagePart]:
     """The images of ``messages``, in order."""
     return [image for message in messages for image in message.images]

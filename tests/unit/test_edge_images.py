@@ -430,3 +430,16 @@ async def test_a_token_count_counts_each_images_pads(codec, image_tokens):
     await turns.run(live, openai([user("compare")]))
     with_images, text_only = (len(id_list(r.input_ids)) for r in engine.requests)
     assert counted == with_images == text_only + (1 + 4 + 1) + (1 + 8 + 1)  # start, pads, end of each image
+
+
+async def test_a_chain_holding_a_pad_no_image_put_there_is_not_sent_to_the_engine(codec, image_tokens):
+    sampled = [*codec[0].tokenizer.encode("look: "), IMAGE_PAD, IM_END]  # a model that samples an image pad
+    log, engine = InMemoryLog(), HandlerEngine(lambda request: result(sampled))
+    live = await opened(log)
+    turns = runner(codec, log, engine, EdgeImages(image_tokens))
+    history = [user("what is this?", RED)]
+    first = await turns.run(live, openai(history))
+    history += [{"role": "assistant", "content": first.content}, user("and?")]
+    with pytest.raises(ImageRefused, match="2 runs of image pad tokens for 1 image") as refused:
+        await turns.run(live, openai(history))
+    assert refused.value.param == "messages" and len(engine.requests) == 1

@@ -73,15 +73,21 @@ class ImageFetcher:
         async with self._client.stream("GET", url) as response:
             if response.status_code != 200:
                 raise ImageRefused(f"fetching the image answered HTTP {response.status_code}", param=param)
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self._max_bytes:  # refused before any of it is read
+                raise self._too_large(param)
             chunks: list[bytes] = []
             size = 0
             async for chunk in response.aiter_bytes():
                 size += len(chunk)
                 if size > self._max_bytes:
-                    raise ImageTooLarge(f"the fetched image exceeds {self._max_bytes} bytes (max_image_bytes, "
-                                        "--image-max-bytes)", param=param)
+                    raise self._too_large(param)
                 chunks.append(chunk)
             return b"".join(chunks)
+
+    def _too_large(self, param: str) -> ImageTooLarge:
+        return ImageTooLarge(f"the fetched image exceeds {self._max_bytes} bytes (max_image_bytes, --image-max-bytes)",
+                             param=param)
 
     async def aclose(self) -> None:
         await self._client.aclose()

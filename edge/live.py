@@ -44,7 +44,7 @@ from edge.ownership import KvLeases, LeaseHandle
 from edge.settings import Clock
 from edge.stored import StoredConversations
 from eventlog.publisher import EventLog
-from schemas.bodies import MIN_RUN, literal, parts_against, referencing
+from schemas.bodies import MIN_RUN, literal, occurrences, parts_against, referencing
 from schemas.errors import LogUnavailable, OwnershipLost, SessionClosed
 from schemas.events import BodyPart, Event
 from schemas.metadata import or_default, read_settings
@@ -98,7 +98,7 @@ class StoredBodies:
                 continue
             self._digests.add(digest)
             text = base64.b64encode(data)
-            start = body.find(text)
+            start = next(iter(occurrences(body, text)), -1)
             if start >= 0:
                 if len(self._runs) >= self._keep_images:
                     self._runs.pop(next(iter(self._runs)))

@@ -374,9 +374,12 @@ class TurnRunner:
             return msgspec.structs.replace(prepared, closing=plan.chain)
         sampling = self._sampling(state, request.conversation, limit - plan.input_length)
         images = images_of(request.conversation.messages)  # the chain's and the new ones: all the engine sees
-        generate = GenerateRequest(request_id=f"{state.session_id}:{received.request_no}",
-                                   input_ids=self._engine_input(live, state, plan, prompt), sampling=sampling,
-                                   constraint=constraint, images=tuple(image.data for image in images))
+        input_ids = self._engine_input(live, state, plan, prompt)
+        if self.images.tokens is not None:
+            self.images.tokens.check_input(input_ids, len(images))
+        generate = GenerateRequest(request_id=f"{state.session_id}:{received.request_no}", input_ids=input_ids,
+                                   sampling=sampling, constraint=constraint,
+                                   images=tuple(image.data for image in images))
         new = {image.info.digest: image.data for image in images if image.info is not None}
         return msgspec.structs.replace(prepared, generate=generate,
                                        image_bytes={ref.digest: new[ref.digest] for ref in plan.images})

@@ -123,10 +123,8 @@ def _split(part: BodyPart, runs: dict[bytes, tuple[int, int]]) -> list[BodyPart]
     found: list[tuple[int, bytes]] = []
     data = part.data
     for run in runs:
-        at = data.find(run)
-        while at >= 0:
+        for at in occurrences(data, run):
             found.append((at, run))
-            at = data.find(run, at + len(run))
     if not found:
         return [part]
     out: list[BodyPart] = []
@@ -142,6 +140,21 @@ def _split(part: BodyPart, runs: dict[bytes, tuple[int, int]]) -> list[BodyPart]
     if cut < len(data):
         out.append(BodyPart(data=data[cut:]))
     return out
+
+
+def occurrences(data: bytes, run: bytes, head: int = 64) -> list[int]:
+    """Where ``run`` occurs in ``data``, not overlapping: its first ``head`` bytes are looked for (a search for a
+    megabyte-long needle would first preprocess all of it), each place found then checked whole."""
+    found: list[int] = []
+    key = run[:head]
+    at = data.find(key)
+    while at >= 0:
+        if data.startswith(run, at):
+            found.append(at)
+            at = data.find(key, at + len(run))
+        else:
+            at = data.find(key, at + 1)
+    return found
 
 
 Span = tuple[bytes, int, int]  # (buffer, start, end)

@@ -63,7 +63,8 @@ def extend(previous: bytes, message: Message) -> bytes:
     """The digest of a history one message longer. Cached, since every request repeats its history."""
     digest = _EXTENDED.get((previous, message))
     if digest is None:
-        digest = _EXTENDED.put((previous, message), _extend(previous, message), len(message.content))
+        size = len(message.content) + sum(len(image.data) for image in message.images)  # (the key holds them)
+        digest = _EXTENDED.put((previous, message), _extend(previous, message), size)
     return digest
 
 

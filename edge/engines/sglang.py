@@ -41,6 +41,7 @@ Aborts: ``POST /abort_request {"rid": ...}``; the request then ends with finish 
 from __future__ import annotations
 
 import base64
+from collections import OrderedDict
 
 import msgspec
 
@@ -132,9 +133,22 @@ def payload(request: GenerateRequest, *, stream: bool) -> bytes:
     )
 
 
+_DATA_URLS: OrderedDict[bytes, str] = OrderedDict()  # the latest images' data URLs, most recent last
+_DATA_URL_BYTES = 64 * 2**20  # what they may hold, roughly
+
+
 def data_url(image: bytes) -> str:
-    """An image's bytes as a data URL (its media type from its first bytes; PNG when none is recognized)."""
-    return f"data:{media_type(image)};base64,{base64.b64encode(image).decode()}"
+    """An image's bytes as a data URL (its media type from its first bytes; PNG when none is recognized). The
+    latest are kept: every turn of a chain sends the chain's images again."""
+    url = _DATA_URLS.get(image)
+    if url is not None:
+        _DATA_URLS.move_to_end(image)
+        return url
+    url = f"data:{media_type(image)};base64,{base64.b64encode(image).decode()}"
+    _DATA_URLS[image] = url
+    while sum(len(key) + len(value) for key, value in _DATA_URLS.items()) > _DATA_URL_BYTES and len(_DATA_URLS) > 1:
+        _DATA_URLS.popitem(last=False)
+    return url
 
 
 _SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF87a", "image/gif"),

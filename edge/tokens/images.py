@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from vision.processor import Processor
 
 from edge.chat.conversation import ImagePart, Message
 from edge.tokens.tokenizer import Tokenizer
 from schemas.errors import ImageRefused
 from schemas.events import ImageRef
+from vision.processor import Processor
 
 
 class ImageTokens:
@@ -79,11 +79,25 @@ class ImageTokens:
         return out, tuple(refs)
 
     def _refusal(self, images: int, found: int) -> ImageRefused:
-        return ImageRefused(
-            f"the text spells the image placeholder's special tokens ({self._names}): only an image makes an "
-            f"image's tokens ({images} image(s) in these messages, {found} such tokens where "
-            f"{len(self._ids) * images} were expected); send images as image parts, not as text",
-            param="messages")
+        expected = len(self._ids) * images
+        counts = f"{images} image(s) in these messages, {found} such tokens where {expected} were expected"
+        if found < expected:  # a template that drops or rewrites where an image stands
+            return ImageRefused(f"the chat template did not render every image's placeholder ({self._names}) where "
+                                f"the image stands ({counts})", param="messages")
+        return ImageRefused(f"the text spells the image placeholder's special tokens ({self._names}): only an image "
+                            f"makes an image's tokens ({counts}); send images as image parts, not as text",
+                            param="messages")
+
+
+    def check_input(self, ids: Sequence[int], images: int) -> None:
+        """Refuse (400) an engine input whose runs of image pads are not one an image: the chain's own tokens
+        hold a pad no image put there (a model that sampled one), which the engine would take for an image."""
+        pads = np.asarray(ids) == self.pad_id
+        runs = int(np.count_nonzero(pads[1:] & ~pads[:-1]) + (1 if len(pads) and pads[0] else 0))
+        if runs != images:
+            raise ImageRefused(f"the chain holds {runs} runs of image pad tokens for {images} image(s): a pad no image "
+                               "put there (sampled by the model?) cannot be sent to the engine; start a new "
+                               "conversation", param="messages")
 
 
 def images_of(messages: Sequence[Message]) -> list[ImagePart]:

@@ -53,11 +53,15 @@ def run_openai(client: openai.OpenAI) -> None:
     assert second.choices[0].message.content == "The green bar."
 
 
-def run_anthropic(client: anthropic.Anthropic) -> None:
+def run_anthropic(client: anthropic.Anthropic, *, stream: bool = False) -> None:
     messages: list[dict[str, Any]] = [
         {"role": "user", "content": [{"type": "text", "text": QUESTION}, anthropic_image(CHART)]}]
     request = {"model": "m", "max_tokens": 256, "system": "Look carefully.", "tools": ANTHROPIC_TOOLS}
-    first = client.messages.create(messages=messages, **request)  # type: ignore[arg-type]
+    if stream:
+        with client.messages.stream(messages=messages, **request) as events:  # type: ignore[arg-type]
+            first = events.get_final_message()
+    else:
+        first = client.messages.create(messages=messages, **request)  # type: ignore[arg-type]
     assert first.stop_reason == "tool_use"
     use = next(block for block in first.content if block.type == "tool_use")
     messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
@@ -80,7 +84,9 @@ def pieces_of(stack, session_id: str, digests: list[str]) -> list[bytes | None]:
     return asyncio.run(read())
 
 
-def test_one_conversation_with_images_through_both_sdks_leaves_identical_tokens(vision_stack, engine, tokenizer):
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "anthropic-streamed"])
+def test_one_conversation_with_images_through_both_sdks_leaves_identical_tokens(vision_stack, engine, tokenizer,
+                                                                                 stream: bool):
     logged = []
     for wire in ("openai", "anthropic"):
         engine.push(reply(tokenizer, "Let me look.\n" + call_text("bars")), reply(tokenizer, "The green bar."))
@@ -89,7 +95,7 @@ def test_one_conversation_with_images_through_both_sdks_leaves_identical_tokens(
             run_openai(openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0))
         else:
             run_anthropic(anthropic.Anthropic(base_url=session["anthropic_base_url"], api_key=session["api_key"],
-                                              max_retries=0))
+                                              max_retries=0), stream=stream)
         events = vision_stack.events(session["session_id"])
         assert next(e for e in events if type(e) is SessionOpened).processor == PROCESSOR
         started = next(e for e in events if type(e) is ChainStarted)
@@ -164,9 +170,11 @@ def test_hostile_images_through_the_anthropic_sdk_are_refused_naming_the_limit(v
     assert status == 400 and "base64" in message
     assert [type(e) for e in vision_stack.events(session["session_id"])] == [SessionOpened]
     engine.push(reply(tokenizer, "A chart."))  # the session still works
-    answer = client.messages.create(model="m", max_tokens=16, messages=[
-        {"role": "user", "content": [anthropic_image(CHART), {"type": "text", "text": "what is it?"}]}])
+    messages = [{"role": "user", "content": [anthropic_image(CHART), {"type": "text", "text": "what is it?"}]}]
+    counted = client.messages.count_tokens(model="m", messages=messages)  # type: ignore[arg-type]
+    answer = client.messages.create(model="m", max_tokens=16, messages=messages)  # type: ignore[arg-type]
     assert answer.content[0].text == "A chart."  # type: ignore[union-attr]
+    assert counted.input_tokens == answer.usage.input_tokens == len(engine.requests[0]["input_ids"])
     assert [type(e) for e in vision_stack.events(session["session_id"])][:3] == [SessionOpened, RequestReceived,
                                                                                  ChainStarted]
 
@@ -229,3 +237,17 @@ def test_the_local_vision_model_answers_a_turn_with_images(local_vision_stack):
     sampled = next(e for e in events if type(e) is TokensGenerated)
     assert second.usage.prompt_tokens == sum(map(tokens.count, (started.prompt_ids, sampled.token_ids,
                                                                 appended.token_ids)))
+
+
+def test_a_response_continued_by_previous_response_id_keeps_its_images(vision_stack, engine, tokenizer):
+    engine.push(reply(tokenizer, "A chart."), reply(tokenizer, "Green."))
+    session = open_session(vision_stack)
+    client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+    first = client.responses.create(model="m", store=True, input=[{"role": "user", "content": [
+        {"type": "input_text", "text": QUESTION}, {"type": "input_image", "image_url": data_url(CHART)}]}])
+    second = client.responses.create(model="m", previous_response_id=first.id, input="Which color?")
+    assert second.output_text == "Green."
+    events = vision_stack.events(session["session_id"])
+    assert [type(e) for e in events].count(ChainStarted) == 1  # the stored conversation continued its chain
+    assert engine.requests[1]["image_data"] == [data_url(CHART)]  # the engine still sees the chain's image
+    assert engine.requests[1]["input_ids"][:len(engine.requests[0]["input_ids"])] == engine.requests[0]["input_ids"]

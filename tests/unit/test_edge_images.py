@@ -4,6 +4,7 @@ images, refusals before anything is recorded, the fetch allow-list, and what a r
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -257,6 +258,35 @@ async def test_an_allowed_image_url_is_fetched_once_a_session_within_its_size(co
         await turns.run(live, openai([url_user("https://img.example/big.png")]))
     with pytest.raises(ImageRefused, match="HTTP 404"):
         await turns.run(live, openai([url_user("https://img.example/gone.png")]))
+    assert seen == ["https://img.example/red.png", "https://img.example/big.png", "https://img.example/gone.png"]
+
+
+async def test_a_fetch_is_bounded_by_its_declared_size_its_bytes_and_its_time(codec, image_tokens):
+    streamed: list[int] = []
+
+    async def trickle(request: httpx.Request) -> httpx.Response:
+        async def body():
+            for _ in range(100):
+                streamed.append(1)
+                yield b"x" * 1024
+                await asyncio.sleep(0.01)
+
+        headers = {"content-length": "9999999"} if "declared" in str(request.url) else {}
+        return httpx.Response(200, content=body(), headers=headers)
+
+    log, engine = InMemoryLog(), HandlerEngine(reply(codec[0]))
+    live = await opened(log)
+    for url, timeout, error, words in (("https://img.example/declared", 5, ImageTooLarge, "4096 bytes"),
+                                       ("https://img.example/endless", 5, ImageTooLarge, "4096 bytes"),
+                                       ("https://img.example/slow", 0.05, ImageRefused, "took more than 0.05 s")):
+        streamed.clear()
+        fetcher = ImageFetcher(["img.example"], max_bytes=4096 if timeout == 5 else 2**20, timeout=timeout,
+                               transport=httpx.MockTransport(trickle))
+        turns = runner(codec, log, engine, EdgeImages(image_tokens, fetcher=fetcher))
+        with pytest.raises(error, match=words):
+            await turns.run(live, openai([url_user(url)]))
+        assert len(streamed) < 10, url  # refused early, not after the whole body
+    assert not engine.requests
 
 
 async def test_openai_and_anthropic_give_the_same_images_and_tokens(codec, image_tokens):
@@ -400,3 +430,16 @@ async def test_a_token_count_counts_each_images_pads(codec, image_tokens):
     await turns.run(live, openai([user("compare")]))
     with_images, text_only = (len(id_list(r.input_ids)) for r in engine.requests)
     assert counted == with_images == text_only + (1 + 4 + 1) + (1 + 8 + 1)  # start, pads, end of each image
+
+
+async def test_a_chain_holding_a_pad_no_image_put_there_is_not_sent_to_the_engine(codec, image_tokens):
+    sampled = [*codec[0].tokenizer.encode("look: "), IMAGE_PAD, IM_END]  # a model that samples an image pad
+    log, engine = InMemoryLog(), HandlerEngine(lambda request: result(sampled))
+    live = await opened(log)
+    turns = runner(codec, log, engine, EdgeImages(image_tokens))
+    history = [user("what is this?", RED)]
+    first = await turns.run(live, openai(history))
+    history += [{"role": "assistant", "content": first.content}, user("and?")]
+    with pytest.raises(ImageRefused, match="2 runs of image pad tokens for 1 image") as refused:
+        await turns.run(live, openai(history))
+    assert refused.value.param == "messages" and len(engine.requests) == 1

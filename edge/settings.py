@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
-from vision.images import ImageLimits
 
 from schemas.log import LogConfig
+from vision.images import ImageLimits
 
 Clock = Callable[[], float]
 """Where the edge reads the time (``time.time``; a test's own clock in tests)."""

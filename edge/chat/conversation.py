@@ -26,11 +26,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
-from vision.images import ImageInfo
 
 from schemas.errors import MalformedRequest
 from schemas.events import ToolCall
 from schemas.values import check_free_form
+from vision.images import ImageInfo
 
 Role = Literal["system", "user", "assistant", "tool"]
 

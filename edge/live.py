@@ -44,7 +44,7 @@ from edge.ownership import KvLeases, LeaseHandle
 from edge.settings import Clock
 from edge.stored import StoredConversations
 from eventlog.publisher import EventLog
-from schemas.bodies import MIN_RUN, literal, occurrences, parts_against, referencing
+from schemas.bodies import MIN_RUN, isolating, literal, occurrences, parts_against, referencing
 from schemas.errors import LogUnavailable, OwnershipLost, SessionClosed
 from schemas.events import BodyPart, Event
 from schemas.metadata import or_default, read_settings
@@ -78,13 +78,18 @@ class StoredBodies:
         self._digests: set[str] = set()  # the images whose text is in _runs (or was not found in its body)
         self._runs: dict[bytes, tuple[int, int]] = {}  # an image's base64 text -> (request_no, start) in a body
 
-    def parts(self, body: bytes, chain: int | None) -> tuple[BodyPart, ...]:
+    def parts(self, body: bytes, chain: int | None, images: Sequence[tuple[str, bytes]] = ()) -> tuple[BodyPart, ...]:
         """``body`` as parts against the latest request on ``chain`` (for a new chain, or a chain not
-        remembered, the latest request of any chain), its images' text sent before as references."""
+        remembered, the latest request of any chain), its images' text sent before as references; the text of
+        ``images`` ((digest, bytes) of the request's) not sent before in parts of their own, which the log's writer
+        keeps in the object store (:func:`schemas.bodies.isolating`)."""
         base = self._latest.get(chain) if chain is not None else None
         if base is None and self._latest:
             base = next(reversed(self._latest.values()))
-        return referencing(literal(body) if base is None else parts_against(body, *base), self._runs)
+        parts = referencing(literal(body) if base is None else parts_against(body, *base), self._runs)
+        texts = [base64.b64encode(data) for digest, data in images
+                 if digest not in self._digests and len(data) * 4 // 3 >= MIN_RUN]
+        return isolating(parts, texts)
 
     def stored(self, chain: int, request_no: int, body: bytes, images: Sequence[tuple[str, bytes]] = ()) -> None:
         """Request ``request_no`` (on ``chain``) is in the log; ``images``: (digest, bytes) of the images it

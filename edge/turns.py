@@ -494,7 +494,9 @@ class TurnRunner:
     def _received(self, live: LiveSession, request: TurnRequest, request_no: int, chain: int | None) -> Received:
         """The request, its body stored against the latest one on its chain (schemas/bodies.py)."""
         body = request.body
-        return Received(request_no=request_no, wire=request.wire, parts=live.bodies.parts(body, chain),
+        images = [(image.info.digest, image.data) for image in images_of(request.conversation.messages)
+                  if image.info is not None]
+        return Received(request_no=request_no, wire=request.wire, parts=live.bodies.parts(body, chain, images),
                         body_size=len(body), idempotency_key=request.idempotency_key,
                         body_digest=request.body_digest or body_digest(body), time=self._clock())
 

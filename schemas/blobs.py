@@ -24,7 +24,7 @@ import msgspec
 
 from schemas.envelope import upgrade
 from schemas.errors import FoldError
-from schemas.events import SCHEMA_VERSION, AnyEvent, Event
+from schemas.events import SCHEMA_VERSION, AnyEvent, Event, RequestReceived
 
 MIN_BLOB = 16 * 1024
 BYTES, TEXT = 1, 2  # extension codes
@@ -94,6 +94,27 @@ def externalize(event: Event, limit: int) -> tuple[Event, dict[str, bytes]]:
         event = _replaced(event, path, msgspec.msgpack.Ext(code, digest))
         size -= length - 40
     return event, blobs
+
+
+IMAGE_TEXT_HEADS = (b"iVBORw0KGgo", b"/9j/", b"UklGR", b"R0lGOD")
+"""How the base64 text of a PNG, JPEG, WebP and GIF image begins (their signatures, encoded)."""
+MIN_IMAGE_TEXT = 64
+
+
+def move_image_texts(event: Event, pieces: dict[str, bytes]) -> Event:
+    """``event`` with the images' base64 text its request body holds as parts of their own (the edge isolates the
+    text of an image a request is the first to send: :func:`schemas.bodies.isolating`) replaced by references,
+    as :func:`externalize` does; the moved values added to ``pieces`` (object name -> bytes). So the log's
+    messages hold no image, only digests, whatever its size; another event is returned as it is."""
+    if type(event) is not RequestReceived:
+        return event
+    for index, part in enumerate(event.parts):
+        data = part.data
+        if isinstance(data, bytes) and len(data) >= MIN_IMAGE_TEXT and data.startswith(IMAGE_TEXT_HEADS):
+            digest = hashlib.sha256(data).digest()
+            pieces[object_name(event.session_id, digest)] = data
+            event = _replaced(event, ("parts", index, "data"), msgspec.msgpack.Ext(BYTES, digest))
+    return event
 
 
 def references(payload: bytes) -> list[bytes]:

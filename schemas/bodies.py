@@ -17,7 +17,7 @@ events' own data (never copied until asked for), and a reference takes the spans
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from schemas.errors import FoldError
 from schemas.events import BodyPart, RequestReceived, body_digest
@@ -103,7 +103,7 @@ def parts_against(body: bytes, base_request_no: int, base: bytes) -> tuple[BodyP
     return tuple(parts)
 
 
-MIN_RUN = 1024  # a known run shorter than this is not looked for
+MIN_RUN = 64  # an image text shorter than this is not looked for (a reference costs about 10 bytes)
 
 
 def referencing(parts: tuple[BodyPart, ...], runs: dict[bytes, tuple[int, int]]) -> tuple[BodyPart, ...]:
@@ -120,6 +120,25 @@ def referencing(parts: tuple[BodyPart, ...], runs: dict[bytes, tuple[int, int]])
 
 
 def _split(part: BodyPart, runs: dict[bytes, tuple[int, int]]) -> list[BodyPart]:
+    return _cut(part, runs, lambda run: BodyPart(request_no=runs[run][0], start=runs[run][1], length=len(run)))
+
+
+def isolating(parts: tuple[BodyPart, ...], texts: Sequence[bytes]) -> tuple[BodyPart, ...]:
+    """``parts`` with each occurrence, in their data, of one of ``texts`` (the base64 text of images a request is
+    the first to send) made a data part of its own, so that the log's writer moves it to the object store
+    (:func:`schemas.blobs.move_image_texts`): the log's messages hold its digest, not the image."""
+    if not texts:
+        return parts
+    out: list[BodyPart] = []
+    for part in parts:
+        out += _cut(part, texts, lambda text: BodyPart(data=text)) if part.data and len(part.data) >= MIN_RUN \
+            else [part]
+    return tuple(out)
+
+
+def _cut(part: BodyPart, runs: Iterable[bytes], make: Callable[[bytes], BodyPart]) -> list[BodyPart]:
+    """``part`` cut around each occurrence in its data of one of ``runs`` (the first of overlapping ones), each
+    occurrence the part ``make`` gives for it."""
     found: list[tuple[int, bytes]] = []
     data = part.data
     for run in runs:
@@ -134,8 +153,7 @@ def _split(part: BodyPart, runs: dict[bytes, tuple[int, int]]) -> list[BodyPart]
             continue
         if at > cut:
             out.append(BodyPart(data=data[cut:at]))
-        request_no, start = runs[run]
-        out.append(BodyPart(request_no=request_no, start=start, length=len(run)))
+        out.append(make(run))
         cut = at + len(run)
     if cut < len(data):
         out.append(BodyPart(data=data[cut:]))

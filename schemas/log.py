@@ -123,13 +123,30 @@ def fit_envelopes(events: Sequence[Event], limit: int, payload: bytes | None = N
     halved until each fits; a single event that does not fit has its largest values moved to the
     object store (:func:`schemas.blobs.externalize`), and is refused with :class:`PayloadTooLarge`
     if it still does not fit (nothing is stored then: the caller stores and publishes only after).
-    ``payload``: ``envelope.encode(events)`` when the caller has it already."""
+    ``payload``: ``envelope.encode(events)`` when the caller has it already.
+
+    The base64 text of images a request body holds in parts of their own goes to the object store whatever its
+    size (:func:`schemas.blobs.move_image_texts`): each envelope carries the pieces it refers to."""
+    moved: dict[str, bytes] = {}
+    events = [blobs.move_image_texts(event, moved) for event in events]
+    if not moved:
+        return _fit(events, limit, payload)
+    fitted = _fit(events, limit, None)
+    out = []
+    for fit in fitted:
+        names = {blobs.object_name(fit.events[0].session_id, digest) for digest in blobs.references(fit.payload)}
+        mine = {name: data for name, data in moved.items() if name in names}
+        out.append(Envelope(fit.events, fit.payload, {**fit.pieces, **mine}) if mine else fit)
+    return out
+
+
+def _fit(events: Sequence[Event], limit: int, payload: bytes | None) -> list[Envelope]:
     payload = envelope.encode(events) if payload is None else payload
     if len(payload) <= limit:
         return [Envelope(events, payload)]
     if len(events) > 1:
         middle = len(events) // 2
-        return [*fit_envelopes(events[:middle], limit), *fit_envelopes(events[middle:], limit)]
+        return [*_fit(events[:middle], limit, None), *_fit(events[middle:], limit, None)]
     event, pieces = blobs.externalize(events[0], limit)
     payload = envelope.encode([event])
     if len(payload) > limit:

@@ -7,6 +7,7 @@ hostile images are refused in each wire's shape, naming the field and the limit,
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +18,9 @@ import openai
 import pytest
 
 from eventlog.pieces import open_pieces
+from eventlog.reader import iter_messages, last_stream_seq
 from schemas import tokens
+from schemas.bodies import rebuild
 from schemas.events import ChainStarted, ContextAppended, RequestReceived, SessionOpened, TokensGenerated
 from stack.options import StackOptions
 from tests.e2e.conftest import ADMIN_TOKEN
@@ -71,6 +74,21 @@ def run_anthropic(client: anthropic.Anthropic, *, stream: bool = False) -> None:
     assert [b.text for b in second.content if b.type == "text"] == ["The green bar."]
 
 
+def messages_of(stack, session_id: str) -> list[bytes]:
+    """The session's log messages as stored in the stream (not decoded: pieces not fetched)."""
+    async def read() -> list[bytes]:
+        nc = await nats.connect(stack.nats_url)
+        try:
+            cfg, js = stack.options.log, nc.jetstream()
+            subjects = cfg.session_filter(session_id)
+            until = await last_stream_seq(js, cfg, subjects)
+            return [message.data async for _, message in iter_messages(js, cfg, subjects, until)]
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
 def pieces_of(stack, session_id: str, digests: list[str]) -> list[bytes | None]:
     async def read() -> list[bytes | None]:
         nc = await nats.connect(stack.nats_url)
@@ -104,8 +122,12 @@ def test_one_conversation_with_images_through_both_sdks_leaves_identical_tokens(
         digests = [image_digest(CHART), image_digest(SCREENSHOT)]
         assert [r.digest for r in (*started.images, *appended.images)] == digests
         assert pieces_of(vision_stack, session["session_id"], digests) == [CHART, SCREENSHOT]
-        # the log holds digests, the object store the bytes (the raw bodies keep the base64 the agent sent)
+        # the log holds digests, the object store the bytes, and the base64 text the raw bodies held too
         assert not any(image in msgspec.msgpack.encode(e) for e in events for image in (CHART, SCREENSHOT))
+        texts = [base64.b64encode(image) for image in (CHART, SCREENSHOT)]
+        assert texts[0] in rebuild(events).body(1)  # read back, a body is the agent's, byte for byte
+        assert not any(text in message for message in messages_of(vision_stack, session["session_id"])
+                       for text in texts)
     assert logged[0] == logged[1]
     prompt, images, context, more = logged[0]
     ids = tokens.unpack_ids(prompt).tolist()

@@ -5,6 +5,8 @@ images, refusals before anything is recorded, the fetch allow-list, and what a r
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -114,8 +116,10 @@ async def test_images_become_their_pads_where_they_stand_and_the_log_holds_their
     for ref in started.images:  # each pad run sits between the processor's start and end tokens
         assert prompt[ref.offset - 1] == VISION_START and prompt[ref.offset + ref.tokens] == VISION_END
     assert codec[0].tokenizer.decode(prompt[started.images[1].offset + 8:]).startswith("<|vision_end|>which is red?")
-    # the bytes are in the object store, by digest, and nowhere in the events
-    assert log.pieces == {blobs.object_name(SID, bytes.fromhex(image_digest(i))): i for i in (RED, BLUE)}
+    # the bytes are in the object store, by digest, and nowhere in the events; so is the base64 text the body sent
+    texts = [base64.b64encode(i) for i in (RED, BLUE)]
+    assert log.pieces == {blobs.object_name(SID, hashlib.sha256(v).digest()): v for v in (RED, BLUE, *texts)}
+    assert not any(v in m.data for m in log.messages for v in (RED, BLUE, *texts))  # the log's messages: digests
     assert outcome.prompt_tokens == len(prompt)
 
 
@@ -139,7 +143,8 @@ async def test_a_continued_chain_appends_new_images_and_resends_stored_ones_once
     assert [(r.offset, r.tokens) for r in appended.images] == pad_runs(context)  # offsets into this event's ids
     assert engine.requests[1].images == (RED, BLUE, RED)  # the chain's image, then the new ones
     assert len(pad_runs(id_list(engine.requests[1].input_ids))) == 3
-    assert len(log.pieces) == 2  # RED once, though the chain holds it twice
+    # RED once, though the chain holds it twice; its base64 text too (the second body refers to the first's)
+    assert sorted(log.pieces.values()) == sorted([RED, BLUE, *(base64.b64encode(i) for i in (RED, BLUE))])
 
 
 async def test_an_image_resent_in_history_gets_the_tokens_it_got_the_first_time(codec, image_tokens):
@@ -306,7 +311,8 @@ async def test_openai_and_anthropic_give_the_same_images_and_tokens(codec, image
 
 async def test_a_resent_screenshot_costs_the_log_little(codec, image_tokens):
     """A 200 KB screenshot resent every turn: in the history (the body's shared prefix) and again in a new
-    message (a reference to where an earlier body holds its base64). Its bytes are stored once."""
+    message (a reference to where an earlier body holds its base64). Its bytes, and the base64 text the first body
+    held, are stored once, in the object store: the log's messages hold neither."""
     screenshot = noise_png(260, 260)
     assert 190_000 < len(screenshot) < 220_000
     log, engine = InMemoryLog(), HandlerEngine(reply(codec[0]))
@@ -319,9 +325,8 @@ async def test_a_resent_screenshot_costs_the_log_little(codec, image_tokens):
         outcome = await turns.run(live, openai(history))
         sizes.append(sum(len(m.data) for m in log.messages) - before)
         history += [{"role": "assistant", "content": outcome.content}, user(f"step {step}", screenshot)]
-    assert sizes[0] > len(screenshot) * 4 // 3  # the first body holds the base64 text
-    assert max(sizes[1:]) < 4096, sizes  # later turns: references to it, and the new tokens
-    assert len(log.pieces) == 1 and list(log.pieces.values()) == [screenshot]
+    assert max(sizes) < 4096, sizes  # the first body's base64 text is a piece; later turns: references to it
+    assert sorted(log.pieces.values()) == sorted([screenshot, base64.b64encode(screenshot)])  # each stored once
     events = await events_of(log)
     bodies = rebuild(events)
     for event in events:

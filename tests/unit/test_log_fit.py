@@ -59,3 +59,22 @@ def test_an_event_that_cannot_fit_is_refused_even_after_others_that_did() -> Non
     many = SessionScript(session_id=SID, metadata={f"key{i}": "v" * 100 for i in range(2 * LIMIT // 100)})
     with pytest.raises(PayloadTooLarge, match=f"limit {LIMIT}"):
         fit_envelopes([fits, *many.events], LIMIT)
+
+
+def test_an_images_base64_text_in_a_part_of_its_own_goes_to_the_object_store_whatever_its_size() -> None:
+    from schemas.bodies import isolating
+
+    image = b"iVBORw0KGgo" + b"A" * 300  # a small PNG's base64 text
+    body = b'{"messages": [{"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,' + image + \
+        b'"}}]}]}'
+    parts = isolating(literal(body), [image])
+    assert [part.data for part in parts] == [body[:body.index(image)], image, body[body.index(image) + len(image):]]
+    event = RequestReceived(session_id=SID, seq=1, time=1.0, request_no=1, wire="openai", parts=parts,
+                            body_size=len(body), body_digest=body_digest(body))
+    (fit,) = fit_envelopes([event], LIMIT)
+    assert image not in fit.payload and fit.pieces == {blobs.object_name(SID, hashlib.sha256(image).digest()): image}
+    (decoded,) = blobs.decode_with(fit.payload, {hashlib.sha256(image).digest(): image})
+    assert decoded == event  # read back whole
+    plain = RequestReceived(session_id=SID, seq=1, time=1.0, request_no=1, wire="openai", parts=literal(body),
+                            body_size=len(body), body_digest=body_digest(body))
+    assert fit_envelopes([plain], LIMIT)[0].pieces == {}  # text not set apart (a client's own) stays in the message

@@ -15,7 +15,7 @@ The edge's turn runner (:mod:`edge.turns`) is *load, decide, generate, append*:
    appended meanwhile), :func:`turn_events` gives the turn's events (and
    :func:`refusal_events`, :func:`failure_events`, :func:`abandoned_events` those of a turn
    that did not sample), numbered consecutively from the state's last sequence
-   (:func:`session.numbering.numbered`); a new chain takes the next chain index. The edge calls
+   (:mod:`session.numbering`); a new chain takes the next chain index. The edge calls
    them inside :meth:`edge.live.LiveSession.commit`, which applies them (the fold refuses a
    sequence that is not the next one) and appends.
 """
@@ -43,7 +43,7 @@ from schemas.events import (
 )
 from session.chains import Continue, NewChain, Rollback
 from session.fold import ChainState, SessionState
-from session.numbering import UNNUMBERED, numbered
+from session.numbering import UNNUMBERED, next_seqs, numbered
 
 CAPACITY = "max_trajectory_length"
 """Why a chain that has no room left is closed (its ``materialization_reason``)."""
@@ -60,8 +60,8 @@ class Received(msgspec.Struct, frozen=True, kw_only=True):
     idempotency_key: str | None = None
     time: float
 
-    def event(self, session_id: str) -> RequestReceived:
-        return RequestReceived(session_id=session_id, seq=UNNUMBERED, time=self.time, request_no=self.request_no,
+    def event(self, session_id: str, seq: int = UNNUMBERED) -> RequestReceived:
+        return RequestReceived(session_id=session_id, seq=seq, time=self.time, request_no=self.request_no,
                                wire=self.wire, parts=self.parts, body_size=self.body_size,
                                idempotency_key=self.idempotency_key, body_digest=self.body_digest)
 
@@ -184,26 +184,33 @@ def turn_events(state: SessionState, plan: TurnPlan, received: Received, sampled
     and the chain's closing when the turn leaves it no room (:func:`fills`)."""
     sid, request_no = state.session_id, plan.request_no
     chain = plan.chain if plan.chain is not None else len(state.chains)
-    common = {"session_id": sid, "seq": UNNUMBERED, "time": time, "chain": chain, "request_no": request_no}
-    events: list[Event] = [received.event(sid)]
+    seq = next_seqs(state.seq)  # built numbered: a copy of each event to number it cost a turn 5 us
+    events: list[Event] = [received.event(sid, next(seq))]
     if plan.rollback is not None:
-        events.append(TurnRolledBack(turn_request_no=plan.rollback[0], tokens_dropped=plan.rollback[1], **common))
-    context = {"prefix_digest": plan.prefix_digest, "n_messages": plan.n_messages, "chat_turns": plan.chat_turns,
-               "images": plan.images or msgspec.UNSET}
+        events.append(TurnRolledBack(turn_request_no=plan.rollback[0], tokens_dropped=plan.rollback[1],
+                                     session_id=sid, seq=next(seq), time=time, chain=chain, request_no=request_no))
+    images = plan.images or msgspec.UNSET
     if plan.chain is None:
-        events.append(ChainStarted(prompt_ids=plan.context, fork=plan.fork or msgspec.UNSET, **context, **common))
+        events.append(ChainStarted(prompt_ids=plan.context, fork=plan.fork or msgspec.UNSET,
+                                   prefix_digest=plan.prefix_digest, n_messages=plan.n_messages,
+                                   chat_turns=plan.chat_turns, images=images,
+                                   session_id=sid, seq=next(seq), time=time, chain=chain, request_no=request_no))
     else:
         events.append(ContextAppended(token_ids=plan.context, reserialized=plan.reserialized or msgspec.UNSET,
-                                      **context, **common))
-    events.append(TokensGenerated(token_ids=sampled.token_ids, logprobs=sampled.logprobs, **common))
+                                      prefix_digest=plan.prefix_digest, n_messages=plan.n_messages,
+                                      chat_turns=plan.chat_turns, images=images,
+                                      session_id=sid, seq=next(seq), time=time, chain=chain, request_no=request_no))
+    events.append(TokensGenerated(token_ids=sampled.token_ids, logprobs=sampled.logprobs,
+                                  session_id=sid, seq=next(seq), time=time, chain=chain, request_no=request_no))
     events.append(TurnCompleted(finish_reason=sampled.finish_reason, text=sampled.text, reasoning=sampled.reasoning,
                                 tool_calls=sampled.tool_calls, tip_digest=sampled.tip_digest,
                                 n_messages=plan.n_messages + 1, weight_version=sampled.weight_version,
                                 constrained=msgspec.UNSET if sampled.constrained is None else sampled.constrained,
-                                **common))
+                                session_id=sid, seq=next(seq), time=time, chain=chain, request_no=request_no))
     if fills(plan, tokens.count(sampled.token_ids), limit):
-        events.append(ChainClosed(reason=CAPACITY, **common))
-    return numbered(events, state.seq)
+        events.append(ChainClosed(reason=CAPACITY, session_id=sid, seq=next(seq), time=time, chain=chain,
+                                  request_no=request_no))
+    return tuple(events)
 
 
 def failure_events(state: SessionState, received: Received, chain: int | None, *, error: str, message: str,

@@ -64,6 +64,8 @@ def derive_constraint(tool_format: str, tools: Sequence[ToolSpec], choice: ToolC
     :data:`MARKERS`) that are single tokens of the session's tokenizer; ``reasoning_open``: the
     generation prompt leaves a ``<think>`` open."""
     forced = choice == "required" or isinstance(choice, NamedTool)
+    if not forced and output_format is None:
+        return None  # (most turns: nothing to build)
     rules = _Rules(token_markers)
     if forced:
         chosen = [t for t in tools if not isinstance(choice, NamedTool) or t.name == choice.name]
@@ -78,8 +80,6 @@ def derive_constraint(tool_format: str, tools: Sequence[ToolSpec], choice: ToolC
         if choice == "auto" and tools:
             calls = _calls(rules, tool_format, list(tools), parallel, param="response_format")
             body, json_schema = rules.add("answer", f"{calls} | {body}"), None
-    else:
-        return None
     prefix = ""
     if reasoning_open and "</think>" in token_markers:
         prefix, json_schema = rules.add("reasoning", r'/(?s:.*)/ </think> /\n*/') + " ", None

@@ -117,6 +117,8 @@ def test_an_image_session_in_chromium(nats_server, log_config, logged):
         thumbs = page.locator("#chain-0 .tokens.prompt .image")
         expect(thumbs).to_have_count(2)
         expect(page.locator("#chain-0 .tokens.response .image")).to_have_count(1)
+        page.wait_for_function("""() => [...document.querySelectorAll('#chain-0 .image img')].every(
+            img => img.complete && img.naturalWidth > 0)""")  # each thumbnail loaded (they load in parallel)
         shown = page.eval_on_selector_all("#chain-0 .image", """spans => spans.map(s => ({
             digest: s.dataset.digest, tokens: Number(s.dataset.tokens), label: s.innerText,
             loaded: s.querySelector('img').complete && s.querySelector('img').naturalWidth }))""")

@@ -223,17 +223,24 @@ def _artifacts() -> Path:
     return directory
 
 
+def open_page(playwright):
+    """Debian's chromium, headless, and a page on it whose script errors and failed responses are kept in
+    ``errors`` (each browser test ends asserting there are none)."""
+    browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                         args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("response", lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    return browser, page, errors
+
+
 def test_the_viewer_in_chromium(stack, sessions, log_config, engine, tokenizer):
     sync_playwright, expect = _browser()
     record = sessions["record"]
     with ViewerThread(stack.nats_url, log_config) as viewer, sync_playwright() as playwright:
         _listed(viewer.url, 3)
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                             args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.on("response", lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+        browser, page, errors = open_page(playwright)
 
         page.goto(viewer.url)
         page.wait_for_selector("#sessions tbody tr")

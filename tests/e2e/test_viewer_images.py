@@ -18,7 +18,7 @@ from eventlog.pieces import open_pieces
 from eventlog.publisher import JetStreamLog
 from schemas.events import ImageRef
 from stack.provision import connect, provision
-from tests.e2e.test_viewer_browser import CHROMIUM, ViewerThread, _artifacts, _browser
+from tests.e2e.test_viewer_browser import CHROMIUM, ViewerThread, _artifacts, _browser, open_page
 from tests.helpers import SessionScript, append_all, envelopes
 from vision.images import ImageLimits, inspect
 from vision.processor import BUILTIN, load_processor
@@ -105,12 +105,7 @@ def test_an_image_session_in_chromium(nats_server, log_config, logged):
     sync_playwright, expect = _browser()
     assert CHROMIUM.exists()
     with ViewerThread(nats_server.url, log_config) as viewer, sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                             args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.on("response", lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+        browser, page, errors = open_page(playwright)
         page.goto(f"{viewer.url}/session/{logged.session_id}")
         page.wait_for_selector("#chain-0 .tokens.response .image img.thumb")
         page.click("#chain-0 details.prompt > summary")

@@ -32,7 +32,7 @@ from edge.metrics import ABANDONED, ENGINE_ERROR, OK, REFUSED, EdgeMetrics
 from edge.settings import Clock, EdgeSettings
 from edge.stored import with_reasoning
 from edge.tokens.constraint import MARKERS, derive_constraint
-from edge.tokens.images import images_of
+from edge.tokens.images import digested, images_of
 from edge.tokens.incremental import TemplateCodec
 from edge.tokens.parsers import make_reasoning
 from edge.tokens.parsers.base import ParsedOutput, ToolParser
@@ -380,7 +380,7 @@ class TurnRunner:
         generate = GenerateRequest(request_id=f"{state.session_id}:{received.request_no}", input_ids=input_ids,
                                    sampling=sampling, constraint=constraint,
                                    images=tuple(image.data for image in images))
-        new = {image.info.digest: image.data for image in images if image.info is not None}
+        new = dict(digested(images))
         return msgspec.structs.replace(prepared, generate=generate,
                                        image_bytes={ref.digest: new[ref.digest] for ref in plan.images})
 
@@ -418,8 +418,7 @@ class TurnRunner:
                                                                          limit=limit, time=now))
         completed = next(e for e in events if type(e) is TurnCompleted)
         request_no = turn.request_no
-        live.bodies.stored(completed.chain, request_no, turn.request.body, [
-            (image.info.digest, image.data) for image in images_of(conversation.messages) if image.info is not None])
+        live.bodies.stored(completed.chain, request_no, turn.request.body, digested(images_of(conversation.messages)))
         replied = msgspec.structs.replace(reply, reasoning=parsed.reasoning)
         live.histories.remember(completed.chain, (*conversation.messages, replied), conversation.tools)
         if plan.fork is not None and completed.chain > 0:
@@ -494,8 +493,7 @@ class TurnRunner:
     def _received(self, live: LiveSession, request: TurnRequest, request_no: int, chain: int | None) -> Received:
         """The request, its body stored against the latest one on its chain (schemas/bodies.py)."""
         body = request.body
-        images = [(image.info.digest, image.data) for image in images_of(request.conversation.messages)
-                  if image.info is not None]
+        images = digested(images_of(request.conversation.messages))
         return Received(request_no=request_no, wire=request.wire, parts=live.bodies.parts(body, chain, images),
                         body_size=len(body), idempotency_key=request.idempotency_key,
                         body_digest=request.body_digest or body_digest(body), time=self._clock())

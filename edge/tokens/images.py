@@ -103,3 +103,8 @@ class ImageTokens:
 def images_of(messages: Sequence[Message]) -> list[ImagePart]:
     """The images of ``messages``, in order."""
     return [image for message in messages for image in message.images]
+
+
+def digested(images: Sequence[ImagePart]) -> list[tuple[str, bytes]]:
+    """(digest, bytes) of those of ``images`` the edge has inspected (every one that reached a turn's plan)."""
+    return [(image.info.digest, image.data) for image in images if image.info is not None]

@@ -20,44 +20,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from edge_overhead import agent, bodies, free_port, open_sessions, run_load
+from edge_overhead import Server, agent, bodies, free_port, open_sessions, run_load
 
 from stack.nats_server import EmbeddedNats
 
 
-class Counted:
+class Counted(Server):
     """``tree``'s edge under callgrind, its instrumentation off until :meth:`count` turns it on."""
 
     def __init__(self, tree: Path, nats_url: str, out: Path) -> None:
-        self.kind, self.extra, self.port, self.out = "edge", (), free_port(), out
-        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", sys.executable,
-               str(tree / "ops" / "bench" / "_servers.py"), "edge", "--port", str(self.port), "--nats", nats_url,
-               "--server", "granian"]
-        self.proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONHASHSEED": "0"}, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-
-    async def wait_ready(self, timeout: float = 600.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
-                writer.close()
-                return
-            except OSError:
-                await asyncio.sleep(0.2)
-        raise RuntimeError("the edge did not start under valgrind")
+        super().__init__("edge", free_port(), nats_url, None, 0, ("--server", "granian"), tree, quiet=True,
+                         wrapper=("valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"))
+        self.out = out
 
     def _instrument(self, on: bool) -> None:
         subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(self.proc.pid)], check=True,
@@ -87,7 +71,7 @@ async def measure(trees: list[Path], k: int, turns: int) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", name="bench") as nats:
         for n, tree in enumerate(trees):
             edge = Counted(tree, nats.url, Path(tmp) / f"callgrind.{n}")
-            await edge.wait_ready()
+            await edge.wait_ready(timeout=600.0)  # (starting under valgrind takes a while)
             await run_load(edge, 4, bodies(8), min_turns=64)  # warm up (lazy imports, caches), not counted
             counts.append(await edge.count(k, turns))
     return counts

@@ -142,11 +142,13 @@ def free_port() -> int:
 
 
 class Server:
-    """``kind`` of ``tree``'s ``ops/bench/_servers.py`` (this checkout's by default), as a process."""
+    """``kind`` of ``tree``'s ``ops/bench/_servers.py`` (this checkout's by default), as a process; ``wrapper``: a
+    command it runs under (``edge_instructions.py``'s valgrind), ``quiet``: its output discarded."""
 
     def __init__(self, kind: str, port: int, nats_url: str, cpu: int | None, seed: int | None = None,
-                 extra: tuple[str, ...] = (), tree: Path = HERE.parents[1]) -> None:
-        cmd = [sys.executable, str(tree / "ops" / "bench" / "_servers.py"), kind, "--port", str(port),
+                 extra: tuple[str, ...] = (), tree: Path = HERE.parents[1], *, wrapper: tuple[str, ...] = (),
+                 quiet: bool = False) -> None:
+        cmd = [*wrapper, sys.executable, str(tree / "ops" / "bench" / "_servers.py"), kind, "--port", str(port),
                "--nats", nats_url, *extra]
         if cpu is not None:
             cmd += ["--cpu", str(cpu)]
@@ -154,10 +156,12 @@ class Server:
         self.kind = kind
         self.extra = extra
         self.port = port
-        self.proc = subprocess.Popen(cmd, env=env)
+        output = subprocess.DEVNULL if quiet else None
+        self.proc = subprocess.Popen(cmd, env=env, stdout=output, stderr=output)
 
-    async def wait_ready(self) -> None:
-        for _ in range(600):
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
             try:
                 _, writer = await asyncio.open_connection("127.0.0.1", self.port)
                 writer.close()

@@ -105,7 +105,8 @@ def move_image_texts(event: Event, pieces: dict[str, bytes]) -> Event:
     """``event`` with the images' base64 text its request body holds as parts of their own (the edge isolates the
     text of an image a request is the first to send: :func:`schemas.bodies.isolating`) replaced by references,
     as :func:`externalize` does; the moved values added to ``pieces`` (object name -> bytes). So the log's
-    messages hold no image, only digests, whatever its size; another event is returned as it is."""
+    messages hold no image, only digests (from :data:`MIN_IMAGE_TEXT` bytes of text); another event is returned
+    as it is."""
     if type(event) is not RequestReceived:
         return event
     for index, part in enumerate(event.parts):

@@ -125,8 +125,9 @@ def fit_envelopes(events: Sequence[Event], limit: int, payload: bytes | None = N
     if it still does not fit (nothing is stored then: the caller stores and publishes only after).
     ``payload``: ``envelope.encode(events)`` when the caller has it already.
 
-    The base64 text of images a request body holds in parts of their own goes to the object store whatever its
-    size (:func:`schemas.blobs.move_image_texts`): each envelope carries the pieces it refers to."""
+    The base64 text of images a request body holds in parts of their own goes to the object store even when the
+    envelope would fit (:func:`schemas.blobs.move_image_texts`, texts from 64 bytes): each envelope carries the
+    pieces it refers to."""
     moved: dict[str, bytes] = {}
     events = [blobs.move_image_texts(event, moved) for event in events]
     if not moved:

@@ -230,26 +230,23 @@ class JetStreamLog:
         before the events that reference them are appended. One the bucket holds already (named by its digest: the
         same bytes) is left as it is, so a reader of it never meets it being rewritten (an edge that took the
         session over stores again what it did not see stored)."""
-        try:
-            store = await asyncio.wait_for(self._js.object_store(self._cfg.pieces_bucket), self._timeout)
-            for digest, data in pieces.items():
-                name = blobs.object_name(session_id, digest)
-                try:
-                    await asyncio.wait_for(store.get_info(name), self._timeout)
-                    continue
-                except NotFoundError:  # (ObjectNotFoundError and ObjectDeletedError are NotFoundErrors)
-                    pass
-                await asyncio.wait_for(store.put(name, data), self._timeout + len(data) / 10e6)
-        except (TimeoutError, NatsError) as exc:
-            raise LogUnavailable(f"could not store a piece in the object store: {exc!r}") from exc
+        await self._store_pieces({blobs.object_name(session_id, digest): data for digest, data in pieces.items()},
+                                 keep_stored=True)
 
-    async def _store_pieces(self, pieces: dict[str, bytes]) -> None:
+    async def _store_pieces(self, pieces: Mapping[str, bytes], *, keep_stored: bool = False) -> None:
+        """Put ``pieces`` (object name -> bytes) in the pieces bucket; ``keep_stored``: leave one it holds already."""
         try:
             store = await asyncio.wait_for(self._js.object_store(self._cfg.pieces_bucket), self._timeout)
             for name, data in pieces.items():
+                if keep_stored:
+                    try:
+                        await asyncio.wait_for(store.get_info(name), self._timeout)
+                        continue
+                    except NotFoundError:  # (ObjectNotFoundError and ObjectDeletedError are NotFoundErrors)
+                        pass
                 await asyncio.wait_for(store.put(name, data), self._timeout + len(data) / 10e6)
         except (TimeoutError, NatsError) as exc:
-            raise LogUnavailable(f"could not store a large piece in the object store: {exc!r}") from exc
+            raise LogUnavailable(f"could not store a piece in the object store: {exc!r}") from exc
 
     async def _publish(self, session_id: str, batch: Sequence[Event], payload: bytes, expected_last: int,
                        moved: int = 0) -> Ack:

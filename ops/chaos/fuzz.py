@@ -62,7 +62,8 @@ def main() -> int:
 def drive(up: Up, args: argparse.Namespace) -> int:
     print(f"api fuzz: {args.cases} schemathesis cases over {up.url}/openapi.json (rollbus up, scripted engine)",
           flush=True)
-    fuzz = ApiFuzz(up.url, ADMIN)
+    fuzz = ApiFuzz(up.url, ADMIN, seed_value=args.seed)
+    fuzz.examples()
     fuzz.run(WARM_UP, seed_value=1)
     time.sleep(1)
     before = rss(up.proc.pid)

@@ -28,8 +28,7 @@ after an edge restart or a takeover too.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Protocol
 
 import msgspec
@@ -149,21 +148,33 @@ class InFlight:
                     original.adopted()
             await asyncio.wait([done for done, _ in running])
 
-    @contextmanager
-    def running(self, identity: RequestIdentity, original: Adoptable | None = None) -> Iterator[None]:
+    def running(self, identity: RequestIdentity, original: Adoptable | None = None) -> Running:
         """Registers a request as running for the block (``with inflight.running(...):``)."""
-        names = identity.tokens()
-        entry = (asyncio.get_running_loop().create_future(), original)
-        for name in names:
-            self._running.setdefault(name, []).append(entry)
-        try:
-            yield
-        finally:
-            entry[0].set_result(None)
-            for name in names:
-                waiting = self._running.get(name, [])
-                if entry in waiting:
-                    waiting.remove(entry)
-                if not waiting:
-                    self._running.pop(name, None)
+        return Running(self._running, identity.tokens(), original)
+
+
+class Running:
+    """A request registered as running while its ``with`` block lasts (:meth:`InFlight.running`); a class, not
+    ``@contextmanager``, which cost a turn 5 us."""
+
+    __slots__ = ("_entry", "_names", "_table")
+
+    def __init__(self, table: dict[str, list[tuple[asyncio.Future[None], Adoptable | None]]],
+                 names: list[str], original: Adoptable | None) -> None:
+        self._table, self._names = table, names
+        self._entry = (asyncio.get_running_loop().create_future(), original)
+
+    def __enter__(self) -> None:
+        for name in self._names:
+            self._table.setdefault(name, []).append(self._entry)
+
+    def __exit__(self, *exc: object) -> None:
+        entry = self._entry
+        entry[0].set_result(None)
+        for name in self._names:
+            waiting = self._table.get(name, [])
+            if entry in waiting:
+                waiting.remove(entry)
+            if not waiting:
+                self._table.pop(name, None)
 

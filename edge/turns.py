@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from contextlib import asynccontextmanager
 from typing import TypeVar, overload
 
 import msgspec
@@ -103,16 +103,17 @@ class Disconnect:
         if self._sampling is not None and not self._adopted:
             self._sampling.cancel()
 
-    @contextmanager
-    def sampling(self) -> Iterator[None]:
+    def sampling(self) -> Disconnect:
         """``with disconnect.sampling():`` around the engine call, which the abort cancels."""
+        return self
+
+    def __enter__(self) -> None:
         self._sampling = asyncio.current_task()
-        try:
-            yield
-        finally:
-            self._sampling = None
-            if self._timer is not None:
-                self._timer.cancel()
+
+    def __exit__(self, *exc: object) -> None:
+        self._sampling = None
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):

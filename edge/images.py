@@ -111,9 +111,9 @@ class EdgeImages:
     async def prepare(self, conversation: Conversation, fetched: MutableMapping[str, bytes]) -> Conversation:
         """``conversation`` with every image fetched and inspected (``fetched``: the session's URLs fetched
         before, which this adds to); refused as the module docstring says."""
-        found = list(_images(conversation.messages))
-        if not found:
+        if not any_image(conversation.messages):
             return conversation
+        found = list(_images(conversation.messages))
         if self.tokens is None:
             raise ImageRefused(NO_PROCESSOR, param=found[0][2].param)
         if len(found) > self.limits.max_images:
@@ -155,6 +155,11 @@ class EdgeImages:
     async def aclose(self) -> None:
         if self.fetcher is not None:
             await self.fetcher.aclose()
+
+
+def any_image(messages: Sequence[Message]) -> bool:
+    """Whether any of ``messages`` has an image (the usual request has none: it is not looked for further)."""
+    return any(message.images for message in messages)
 
 
 def _images(messages: Sequence[Message]) -> Iterator[tuple[int, int, ImagePart]]:

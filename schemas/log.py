@@ -16,7 +16,7 @@ import msgspec
 
 from schemas import blobs, envelope
 from schemas.errors import PayloadTooLarge, SessionNotFound
-from schemas.events import Event
+from schemas.events import Event, RequestReceived
 
 # Lowercase hex (uuid4().hex) or a lowercased ULID: safe as one NATS subject token.
 SESSION_ID_RE = re.compile(r"^[0-9a-z]{16,64}$")
@@ -129,7 +129,7 @@ def fit_envelopes(events: Sequence[Event], limit: int, payload: bytes | None = N
     envelope would fit (:func:`schemas.blobs.move_image_texts`, texts from 64 bytes): each envelope carries the
     pieces it refers to."""
     moved: dict[str, bytes] = {}
-    events = [blobs.move_image_texts(event, moved) for event in events]
+    events = [blobs.move_image_texts(event, moved) if type(event) is RequestReceived else event for event in events]
     if not moved:
         return _fit(events, limit, payload)
     fitted = _fit(events, limit, None)

@@ -25,6 +25,9 @@ from schemas.events import ToolCall
 log = logging.getLogger(__name__)
 
 _json = msgspec.json.Decoder()
+# chat templates' tojson formatting (json.dumps' defaults, non-ASCII kept); one encoder, where json.dumps with
+# an argument builds one a call
+_arguments_json = json.JSONEncoder(ensure_ascii=False)
 
 CallId = Callable[[int], str]
 
@@ -87,7 +90,7 @@ def call_from(value: object, call_id: str) -> ToolCall | str:
     if isinstance(arguments, str):
         text = arguments
     elif isinstance(arguments, dict):
-        text = json.dumps(arguments, ensure_ascii=False)  # the formatting chat templates' tojson uses
+        text = _arguments_json.encode(arguments)
     else:
         return "tool call 'arguments' is neither an object nor a string"
     return ToolCall(id=call_id, name=value["name"], arguments=text)

@@ -302,7 +302,7 @@ _SYSTEM = -1  # the system prompt's index in the history (the key its decoding i
 _message_decoder = msgspec.json.Decoder(w.MessageParam)
 _system_decoder = msgspec.json.Decoder(str | list[w.ContentBlock] | None)
 _tools_decoder = msgspec.json.Decoder(list[w.ToolParam] | None)
-_TOOLS: BoundedCache[bytes, tuple[ToolSpec, ...]] = BoundedCache(max_items=1024)
+_TOOLS: BoundedCache[bytes, tuple[tuple[ToolSpec, ...], bytes]] = BoundedCache(max_items=1024)
 
 
 def _decoded(index: int, raw: bytes) -> tuple[Message, ...]:
@@ -319,15 +319,17 @@ def _history(req: w.LazyMessagesRequest) -> list[tuple[int, bytes]]:
     return history
 
 
-def _cached_tools(raw: msgspec.Raw) -> tuple[ToolSpec, ...]:
-    """The request's tools, decoded once per distinct JSON (an agent sends the same tools every turn)."""
+def _cached_tools(raw: msgspec.Raw) -> tuple[tuple[ToolSpec, ...], bytes]:
+    """The request's tools and their digest (:func:`tools_digest`), decoded once per distinct JSON (an agent sends
+    the same tools every turn)."""
     if not raw:
-        return ()
+        return (), tools_digest(())
     key = bytes(raw)
-    tools = _TOOLS.get(key)
-    if tools is None:
-        tools = _TOOLS.put(key, _tool_specs(_tools_decoder.decode(key) or ()), 2 * len(key))
-    return tools
+    cached = _TOOLS.get(key)
+    if cached is None:
+        tools = _tool_specs(_tools_decoder.decode(key) or ())
+        cached = _TOOLS.put(key, (tools, tools_digest(tools)), 2 * len(key))
+    return cached
 
 
 def _system_key(raw: bytes) -> bytes:
@@ -351,8 +353,7 @@ def _decode_incrementally(body: bytes, known: KnownPrefix | None = None) -> Conv
     req = decode_strict(document, w.LazyMessagesRequest)
     if known is not None and not cut_holds(document, known, req.messages):
         return _decode_incrementally(body)
-    tools = _cached_tools(req.tools)
-    root = tools_digest(tools)
+    tools, root = _cached_tools(req.tools)
     system = _system_key(bytes(req.system)) if req.system else b""
     if known is not None and (known.root != root or known.extra != system):  # the history's root moved
         return _decode_incrementally(body)

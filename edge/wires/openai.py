@@ -182,16 +182,17 @@ def _decoded_message(index: int, raw: bytes) -> Message:
 
 
 _tools_decoder = msgspec.json.Decoder(list[ToolDef] | None)
-_TOOLS: BoundedCache[bytes, tuple[ToolSpec, ...]] = BoundedCache(max_items=1024)
+_TOOLS: BoundedCache[bytes, tuple[tuple[ToolSpec, ...], bytes]] = BoundedCache(max_items=1024)
 
 
-def _cached_tools(raw: msgspec.Raw | None) -> tuple[ToolSpec, ...]:
-    """The request's tools, decoded once per distinct JSON (an agent sends the same tools every turn)."""
+def _cached_tools(raw: msgspec.Raw | None) -> tuple[tuple[ToolSpec, ...], bytes]:
+    """The request's tools and their digest (:func:`tools_digest`), decoded once per distinct JSON (an agent sends
+    the same tools every turn)."""
     if raw is None:
-        return ()
+        return (), tools_digest(())
     key = bytes(raw)
-    tools = _TOOLS.get(key)
-    if tools is None:
+    cached = _TOOLS.get(key)
+    if cached is None:
         try:
             defs = _tools_decoder.decode(key)
         except msgspec.DecodeError as exc:  # a wrong shape, or invalid UTF-8 (which a Raw is not checked for)
@@ -201,10 +202,10 @@ def _cached_tools(raw: msgspec.Raw | None) -> tuple[ToolSpec, ...]:
         for i, tool in enumerate(defs or ()):
             if tool.function.parameters is not None:
                 check_free_form(tool.function.parameters, f"tools[{i}].function.parameters", ints=False)
-        tools = _TOOLS.put(key, tuple(
-            ToolSpec(name=t.function.name, description=t.function.description, parameters=t.function.parameters)
-            for t in defs or ()), 2 * len(key))
-    return tools
+        tools = tuple(ToolSpec(name=t.function.name, description=t.function.description,
+                               parameters=t.function.parameters) for t in defs or ())
+        cached = _TOOLS.put(key, (tools, tools_digest(tools)), 2 * len(key))
+    return cached
 
 
 def decode_request(body: bytes, known: KnownPrefix | None = None) -> Conversation:
@@ -224,8 +225,7 @@ def _decode(body: bytes, document: bytes, known: KnownPrefix | None, shift: int)
     req = decode_strict(document, LazyRequest)
     if known is not None and not cut_holds(document, known, req.messages):
         return _decode(body, body, None, 0)
-    tools = _cached_tools(req.tools)
-    root = tools_digest(tools)
+    tools, root = _cached_tools(req.tools)
     if known is not None and known.root != root:  # other tools: the known digests do not apply
         return _decode(body, body, None, 0)
     raws = req.messages

@@ -208,7 +208,9 @@ class AckedPublisher:
 class _Replies:
     """What the reply subscription is given as its ``future``: nats-py hands each message of a subscription made
     with one to ``future.set_result`` from its read loop (unless ``future.cancelled()``), where a ``cb``
-    subscription queues it for a task of its own to call back: one task hop less on every append."""
+    subscription queues it for a task of its own to call back: one task hop less on every append. nats-py means
+    ``future=`` for a single reply (its old-style requests) but calls it for every message and never looks at
+    ``done()``; ``tests/integration/test_acks.py`` fails if a release changes that."""
 
     def __init__(self, on_reply: Callable[[Msg], None]) -> None:
         self.set_result = on_reply

@@ -3,6 +3,8 @@ was given, and acknowledgements, duplicates and rejections come back as js.publi
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 from nats.aio.client import Client
@@ -101,3 +103,19 @@ async def test_a_retry_after_a_lost_ack_finds_its_envelope_stored(nc: Client, js
 async def read_all(js: JetStreamContext, cfg: LogConfig) -> list[RawStreamMsg]:
     info = await js.stream_info(cfg.stream)
     return [await js.get_msg(cfg.stream, seq) for seq in range(1, info.state.last_seq + 1)]
+
+
+async def test_every_ack_is_settled_from_the_read_loop_on_one_subscription(nc: Client, log_config: LogConfig) -> None:
+    """The seam AckedPublisher relies on (eventlog.acks._Replies): nats-py hands every message of a subscription
+    made with ``future=`` to that object's ``set_result``, not the first only, and starts no task to queue them
+    for. Fails when a nats-py release changes either."""
+    publisher = AckedPublisher(nc)
+    subject = log_config.subject(SESSION, "turn")
+    acks = await asyncio.gather(*(publisher.publish(subject, b"x", {HDR_MSG_ID: f"{SESSION}:{n}"}, 5)
+                                  for n in range(1, 201)))
+    assert sorted(ack.seq for ack in acks) == list(range(1, 201)) and not any(ack.duplicate for ack in acks)
+    more = [await publisher.publish(subject, b"y", {HDR_MSG_ID: f"{SESSION}:{n}"}, 5) for n in range(201, 211)]
+    assert [ack.seq for ack in more] == list(range(201, 211))
+    sub = publisher._sub
+    assert sub is not None and sub._wait_for_msgs_task is None and sub.pending_msgs == 0
+    await publisher.close()

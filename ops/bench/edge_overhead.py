@@ -294,6 +294,13 @@ def report(rounds: Rounds, prompt_tokens: int, seeds: list[int], http_servers: l
                                           for run in runs)
                 print(f"K={k:<3} {http:>8}  CPU/turn = {cpu}   the append: {log_ms:.3f} ms a turn "
                       f"({share:.2f}x the floor's turn), {log_kernel:.3f} ms of it in the kernel")
+    if "granian" in http_servers and "uvicorn" in http_servers:
+        print("\nthe edge as rollbus runs it (granian) against the floor a user would pick (the FastAPI echo on "
+              "uvicorn + httptools), each round's own pair")
+        for k in ks:
+            pairs = zip(rounds[("granian", k)], rounds[("uvicorn", k)], strict=True)
+            cpu = _spread([granian["edge"]["cpu_ms"] / uvicorn["floor"]["cpu_ms"] for granian, uvicorn in pairs])
+            print(f"K={k:<3} edge@granian / floor@uvicorn  CPU/turn = {cpu} (target <= 1.5)")
     base = http_servers[0]
     print(f"\neach app and HTTP server against the floor on {base} (CPU/turn; turns/s), same rounds")
     for k in ks:

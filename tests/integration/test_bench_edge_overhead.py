@@ -30,3 +30,15 @@ def test_the_edge_benchmark_runs_the_floor_the_edge_and_the_edge_on_the_in_memor
                       r"in the kernel", out)
     assert share is not None, out
     assert "edge-memlog@granian" in out
+
+
+def test_with_both_servers_the_edge_is_also_reported_against_the_uvicorn_floor() -> None:
+    done = subprocess.run([sys.executable, str(BENCH), "--ks", "1", "--turns", "4", "--repeat", "1", "--seeds", "0",
+                           "--servers", "granian,uvicorn"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    for http in ("granian", "uvicorn"):
+        for app in ("floor", "edge"):
+            assert re.search(rf"^\s+1\s+{http}\s+{app}\s+\d+", out, re.MULTILINE), f"no {app}@{http} in:\n{out}"
+    ratio = re.search(r"^K=1\s+edge@granian / floor@uvicorn  CPU/turn = ([\d.]+)x \[", out, re.MULTILINE)
+    assert ratio is not None and float(ratio.group(1)) > 1.0, out  # the edge does more than echo

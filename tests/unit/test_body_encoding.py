@@ -179,3 +179,47 @@ def test_utf8_bodies_pass_whole_and_truncated_or_surrogate_sequences_do_not() ->
     for bad in ('{"a": "😀"}'.encode()[:-3], b'{"a": "\xed\xa0\x80"}', b"\xc0\xaf"):
         with pytest.raises(MalformedRequest, match="not valid UTF-8"):
             check_utf8(bad)
+
+
+async def test_a_body_that_goes_silent_is_refused_after_the_silence_not_before() -> None:
+    """Parts 0.05 s apart for 0.4 s, then nothing: the body's one timer moves on while parts come (a silence of
+    0.3 s is never reached by them) and fires 0.3 s after the last."""
+    limits = BodyLimits(max_bytes=1000, silence_s=0.3, base_s=30, min_rate=100)
+    loop = asyncio.get_running_loop()
+    sent = 0
+
+    async def receive() -> Message:
+        nonlocal sent
+        sent += 1
+        await asyncio.sleep(0.05 if sent <= 8 else 60)
+        return {"type": "http.request", "body": b"x", "more_body": True}
+
+    started = loop.time()
+    with pytest.raises(MalformedRequest, match=r"stalled: nothing arrived for 0\.3 s"):
+        await receive_body(receive, {}, limits)
+    assert sent == 9 and 0.65 < loop.time() - started < 2.0
+
+
+async def test_a_cancellation_from_elsewhere_while_a_body_arrives_stays_a_cancellation() -> None:
+    """Shutdown cancelling the reading task is not taken for a stalled body, before the body's timer fires or
+    together with it; and the timer does not outlive the read."""
+    limits = BodyLimits(max_bytes=1000, silence_s=0.1, base_s=30, min_rate=100)
+
+    async def never() -> Message:
+        await asyncio.sleep(60)
+        raise AssertionError("unreachable")
+
+    for after in (0.02, 0.1):  # before the silence is up, and at the moment it is
+        reading = asyncio.ensure_future(receive_body(never, {}, limits))
+        await asyncio.sleep(after)
+        reading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+    loop = asyncio.get_running_loop()
+
+    def armed() -> int:  # the loop's timers not cancelled (asyncio's own list of them)
+        return sum(not handle.cancelled() for handle in loop._scheduled)  # type: ignore[attr-defined]
+
+    before = armed()
+    assert await receive_body(trickle(b"{}", 0), {}, limits) == b"{}"
+    assert armed() == before

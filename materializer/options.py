@@ -4,10 +4,24 @@ reads them without importing Parquet and the log consumer."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
-from materializer.padding import Padding
-from schemas.records import RecordOptions
+from schemas.metadata import RecordOptions
+
+
+class Padding(msgspec.Struct, frozen=True, kw_only=True):
+    """Parquet rows padded to fixed lengths (:mod:`materializer.padding`)."""
+
+    prompt_length: int
+    response_length: int
+    pad_token_id: int = 0
+    overflow: Literal["truncate", "error"] = "truncate"
+
+    def __post_init__(self) -> None:
+        if self.prompt_length < 1 or self.response_length < 1:
+            raise ValueError("padded lengths must be positive")
 
 
 class MaterializerOptions(msgspec.Struct, frozen=True, kw_only=True):

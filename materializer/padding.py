@@ -17,24 +17,14 @@ A record longer than the padded lengths is, by ``overflow``:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 import numpy as np
 
+from materializer.options import Padding
 from schemas.errors import RecordTooLong
 from schemas.records import TrajectoryRecord
-
-
-class Padding(msgspec.Struct, frozen=True, kw_only=True):
-    prompt_length: int
-    response_length: int
-    pad_token_id: int = 0
-    overflow: Literal["truncate", "error"] = "truncate"
-
-    def __post_init__(self) -> None:
-        if self.prompt_length < 1 or self.response_length < 1:
-            raise ValueError("padded lengths must be positive")
 
 
 class Jagged(msgspec.Struct, frozen=True):

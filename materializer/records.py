@@ -53,8 +53,8 @@ from reward.precedence import RewardDecision, decide_reward, resolve_reward
 from reward.scorer import RewardScorer, ScoreRequest, ScoreResult
 from schemas import tokens
 from schemas.events import ImageRef
-from schemas.metadata import or_default, read_settings
-from schemas.records import MaterializedMarker, RecordOptions, TrajectoryRecord
+from schemas.metadata import RecordOptions, or_default, read_settings
+from schemas.records import MaterializedMarker, TrajectoryRecord
 from session.fold import ChainState, Segment, SessionState
 
 log = logging.getLogger(__name__)

@@ -101,3 +101,11 @@ def read_settings(metadata: Mapping[str, object]) -> tuple[SessionSettings, tupl
 def or_default(value: T | UnsetType, default: T) -> T:
     """A setting's value, or ``default`` when it is ``UNSET``."""
     return default if isinstance(value, UnsetType) else value
+
+
+class RecordOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """How a session's chains become records (:mod:`materializer.records`); a marker keeps the ones used. Here,
+    apart from the records' Parquet schema, so that what only reads options (the CLI's flags) imports no pyarrow."""
+
+    mask_unfinished_episode: bool = False  # zero the masks when reward_info says finished=false
+    trajectory_selection: TrajectorySelection = "all"

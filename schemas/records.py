@@ -26,7 +26,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from schemas.events import ImageRef
-from schemas.metadata import TrajectorySelection
+from schemas.metadata import RecordOptions
 
 IntArray = npt.NDArray[np.int32]
 MaskArray = npt.NDArray[np.int8]
@@ -112,13 +112,6 @@ class TrajectoryRecord(msgspec.Struct, frozen=True, kw_only=True):
         if self.materialization_reason is not None:
             tags["materialization_reason"] = self.materialization_reason
         return tags
-
-
-class RecordOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """How a session's chains become records (:mod:`materializer.records`); a marker keeps the ones used."""
-
-    mask_unfinished_episode: bool = False  # zero the masks when reward_info says finished=false
-    trajectory_selection: TrajectorySelection = "all"
 
 
 class MaterializedMarker(msgspec.Struct, frozen=True, kw_only=True):

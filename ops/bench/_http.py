@@ -1,7 +1,8 @@
 """A minimal keep-alive HTTP/1.1 client for load generation.
 
 The load generator must cost far less than the servers it measures: this client writes
-pre-encoded requests and parses only the status line and Content-Length.
+pre-encoded requests and parses only the status line and Content-Length (or, for a streamed reply,
+the chunks of ``Transfer-Encoding: chunked``).
 """
 
 from __future__ import annotations
@@ -30,12 +31,21 @@ class Connection:
         status_line = await self._reader.readline()
         status = int(status_line.split(b" ", 2)[1])
         length = 0
+        chunked = False
         while (line := await self._reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
+            name = name.strip().lower()
+            if name == b"content-length":
                 length = int(value)
-        body = await self._reader.readexactly(length)
-        return status, body
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+        if not chunked:
+            return status, await self._reader.readexactly(length)
+        parts = []  # a streamed reply: chunks (each a hexadecimal size line, the data, CRLF) up to one of size 0
+        while size := int((await self._reader.readline()).split(b";", 1)[0], 16):
+            parts.append((await self._reader.readexactly(size + 2))[:-2])
+        await self._reader.readline()  # the CRLF after the last chunk (no trailers are sent)
+        return status, b"".join(parts)
 
     async def close(self) -> None:
         self._writer.close()

@@ -25,9 +25,12 @@ floor on the first of ``--servers``.
 ``--memlog`` adds a third app to every round: the same edge on the in-memory log (envelopes
 fitted and encoded as for JetStream, then kept in a list), so the same rounds also show what
 the JetStream append (its publish, and the wait for its acknowledgement) costs the edge.
+``--stream`` adds the edge's agents asking for streamed replies (``edge-stream``: the same edge server, the
+reply sent as server-sent events): a streamed turn against a plain one. With both HTTP servers, the edge on
+granian is also reported against the floor on uvicorn + httptools (what a user would put a FastAPI app on).
 
     python ops/bench/edge_overhead.py [--ks 1,16,64] [--turns 8] [--repeat 5] [--seeds 0,1,2]
-                                      [--servers granian,uvicorn] [--memlog]
+                                      [--servers granian,uvicorn] [--memlog] [--stream]
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ from stack.nats_server import EmbeddedNats
 
 HERE = Path(__file__).resolve().parent
 MEMLOG = "edge-memlog"
+STREAM = "edge-stream"  # the edge's server, its agents asking for streamed replies (``--stream``)
+SERVED_BY = {STREAM: "edge"}
 
 TOOLS = [
     {"type": "function", "function": {
@@ -93,12 +98,14 @@ TOOL_RESULT = ("  41  def parse_body(raw: bytes) -> dict:\n  42      data = json
 ARGS = '{"path": "src/app/main.py", "start": 1, "end": 80}'
 
 
-def bodies(turns: int) -> list[bytes]:
-    """The agent's request bodies, turn by turn (deterministic: the edge derives tool-call ids)."""
+def bodies(turns: int, *, stream: bool = False) -> list[bytes]:
+    """The agent's request bodies, turn by turn (deterministic: the edge derives tool-call ids); ``stream``: each
+    asks for a streamed reply (SSE)."""
     messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
     out = []
     for turn in range(turns):
-        out.append(json.dumps({"model": "m", "messages": messages, "tools": TOOLS}).encode())
+        request = {"model": "m", "messages": messages, "tools": TOOLS, **({"stream": True} if stream else {})}
+        out.append(json.dumps(request).encode())
         call_id = f"call_{turn + 1}_0"
         messages = [*messages,
                     {"role": "assistant", "content": None, "tool_calls": [
@@ -198,8 +205,8 @@ async def agent(port: int, session: tuple[str, str], turn_bodies: list[bytes], l
         started = time.perf_counter()
         status, reply = await conn.send(raw)
         latencies.append(time.perf_counter() - started)
-        if status != 200:
-            raise RuntimeError(f"turn failed: {status} {reply[:300]!r}")
+        if status != 200 or (b'"stream": true' in body and not reply.rstrip().endswith(b"data: [DONE]")):
+            raise RuntimeError(f"turn failed: {status} {reply[-300:]!r}")
     await conn.close()
 
 
@@ -234,22 +241,25 @@ async def measure(nats_url: str, ks: list[int], turn_bodies: list[bytes], repeat
                   seeds: list[int], http_servers: list[str], apps: tuple[str, ...]) -> Rounds:
     """For each seed a fresh set of ``apps`` on each HTTP server, side by side (the idle ones cost
     nothing); for each K, ``repeat`` rounds of one run each, the servers' order rotated and the
-    apps' order reversed every round."""
+    apps' order reversed every round. :data:`STREAM` runs on the edge's server, with streamed bodies."""
     rounds: Rounds = {(http, k): [] for http in http_servers for k in ks}
+    loads = {kind: bodies(len(turn_bodies), stream=True) if kind == STREAM else turn_bodies for kind in apps}
     for seed in seeds:
         servers = {(http, kind): Server(kind, free_port(), nats_url, cpu, seed, extra=("--server", http))
-                   for http in http_servers for kind in apps}
+                   for http in http_servers for kind in apps if kind not in SERVED_BY}
         try:
-            for server in servers.values():
+            for (_, kind), server in servers.items():
                 await server.wait_ready()
-                await run_load(server, 4, turn_bodies, min_turns=64)  # warm up: lazy imports and caches
+                for app in apps:  # warm up: lazy imports and caches
+                    if SERVED_BY.get(app, app) == kind:
+                        await run_load(server, 4, loads[app], min_turns=64)
             for k in ks:
                 for rep in range(repeat):
                     shift = rep % len(http_servers)
                     for http in http_servers[shift:] + http_servers[:shift]:
                         runs: dict[str, Run] = {}
                         for kind in apps if rep % 2 == 0 else apps[::-1]:
-                            runs[kind] = await run_load(servers[(http, kind)], k, turn_bodies)
+                            runs[kind] = await run_load(servers[(http, SERVED_BY.get(kind, kind))], k, loads[kind])
                         rounds[(http, k)].append(runs)
         finally:
             for server in servers.values():
@@ -294,6 +304,13 @@ def report(rounds: Rounds, prompt_tokens: int, seeds: list[int], http_servers: l
                                           for run in runs)
                 print(f"K={k:<3} {http:>8}  CPU/turn = {cpu}   the append: {log_ms:.3f} ms a turn "
                       f"({share:.2f}x the floor's turn), {log_kernel:.3f} ms of it in the kernel")
+    if STREAM in apps:
+        print(f"\na streamed turn against a plain one on the same edge ({STREAM}/edge), same rounds")
+        for k in ks:
+            for http in http_servers:
+                runs = rounds[(http, k)]
+                cpu = _spread([run[STREAM]["cpu_ms"] / run["edge"]["cpu_ms"] for run in runs])
+                print(f"K={k:<3} {http:>8}  CPU/turn = {cpu} (target <= 1.5)")
     if "granian" in http_servers and "uvicorn" in http_servers:
         print("\nthe edge as rollbus runs it (granian) against the floor a user would pick (the FastAPI echo on "
               "uvicorn + httptools), each round's own pair")
@@ -344,8 +361,10 @@ async def main() -> None:
     parser.add_argument("--servers", default="granian,uvicorn", help="HTTP servers, each running a floor and an edge")
     parser.add_argument("--memlog", action="store_true",
                         help=f"also run the edge on the in-memory log ({MEMLOG}): what the JetStream append costs")
+    parser.add_argument("--stream", action="store_true",
+                        help=f"also run the edge's agents asking for streamed replies ({STREAM})")
     args = parser.parse_args()
-    apps = ("floor", "edge", MEMLOG) if args.memlog else ("floor", "edge")
+    apps = ("floor", "edge", *((MEMLOG,) if args.memlog else ()), *((STREAM,) if args.stream else ()))
     ks = [int(k) for k in args.ks.split(",")]
     seeds = [int(seed) for seed in args.seeds.split(",")]
     http_servers = args.servers.split(",")

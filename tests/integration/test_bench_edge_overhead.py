@@ -16,10 +16,10 @@ BENCH = Path(__file__).resolve().parents[2] / "ops" / "bench" / "edge_overhead.p
 
 def test_the_edge_benchmark_runs_the_floor_the_edge_and_the_edge_on_the_in_memory_log() -> None:
     done = subprocess.run([sys.executable, str(BENCH), "--ks", "1", "--turns", "4", "--repeat", "1", "--seeds", "0",
-                           "--servers", "granian", "--memlog"], capture_output=True, text=True, timeout=300)
+                           "--servers", "granian", "--memlog", "--stream"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
-    for app in ("floor", "edge", "edge-memlog"):
+    for app in ("floor", "edge", "edge-memlog", "edge-stream"):
         row = re.search(rf"^\s+1\s+granian\s+{app}\s+(\d+)\s+[\d.]+\s+[\d.]+\s+([\d.]+)\s+([\d.]+)$", out,
                         re.MULTILINE)
         assert row is not None, f"no row for {app} in:\n{out}"
@@ -30,6 +30,8 @@ def test_the_edge_benchmark_runs_the_floor_the_edge_and_the_edge_on_the_in_memor
                       r"in the kernel", out)
     assert share is not None, out
     assert "edge-memlog@granian" in out
+    streamed = re.search(r"^K=1\s+granian\s+CPU/turn = ([\d.]+)x \[.*\(target <= 1.5\)$", out, re.MULTILINE)
+    assert streamed is not None and float(streamed.group(1)) > 0, out  # every streamed reply ended in [DONE]
 
 
 def test_with_both_servers_the_edge_is_also_reported_against_the_uvicorn_floor() -> None:

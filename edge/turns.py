@@ -134,6 +134,7 @@ class PreparedTurn(msgspec.Struct, frozen=True, kw_only=True):
     plan: TurnPlan | None = None
     generate: GenerateRequest | None = None
     closing: int | None = None  # refused: the chain its refusal closes (None: none)
+    images: tuple[tuple[str, bytes], ...] = ()  # (digest, bytes) of the request's images, in order
     image_bytes: dict[str, bytes] = {}  # the plan's images' bytes, by digest (stored before its events)
 
     @property
@@ -286,10 +287,12 @@ class TurnRunner:
             state = live.state  # other turns may have been appended meanwhile: decided again, from now
             selection = self._select(state, conversation, live.busy, digests)[1]
         selection, reserialized = self._reserialized(live, state, conversation, selection)
+        images = tuple(digested(images_of(conversation.messages)))  # the chain's and the new ones: all the engine sees
         received = self._received(live, request, request_no,
-                                  None if isinstance(selection, (Exhausted, NewChain)) else selection.chain.index)
+                                  None if isinstance(selection, (Exhausted, NewChain)) else selection.chain.index,
+                                  images)
         if isinstance(selection, Exhausted):
-            return PreparedTurn(request=request, received=received), None
+            return PreparedTurn(request=request, received=received, images=images), None
         busy = None if isinstance(selection, NewChain) else selection.chain.index
         if busy is not None:
             live.busy.add(busy)
@@ -298,10 +301,10 @@ class TurnRunner:
                 conversation.messages[selection.n_history:]
             if _text_size(new) < OFFLOAD_CHARS:
                 return self._prepare(live, state, request, selection, digests, received, constraint,
-                                     reserialized), busy
+                                     reserialized, images), busy
             async with self._offloaded:
                 return await asyncio.to_thread(self._prepare, live, state, request, selection, digests, received,
-                                               constraint, reserialized), busy
+                                               constraint, reserialized, images), busy
         except BaseException:
             if busy is not None:
                 live.busy.discard(busy)
@@ -361,27 +364,29 @@ class TurnRunner:
 
     def _prepare(self, live: LiveSession, state: SessionState, request: TurnRequest,
                  selection: Continue | Rollback | NewChain, digests: Sequence[str], received: Received,
-                 constraint: Constraint | None = None, reserialized: str | None = None) -> PreparedTurn:
-        """Decide the turn from ``state`` (:func:`session.turn.plan_turn`), then give the engine its input."""
+                 constraint: Constraint | None = None, reserialized: str | None = None,
+                 images: tuple[tuple[str, bytes], ...] = ()) -> PreparedTurn:
+        """Decide the turn from ``state`` (:func:`session.turn.plan_turn`), then give the engine its input;
+        ``images``: (digest, bytes) of the request's images."""
         limit = self._settings.max_trajectory_length
         try:
             plan, prompt = self._plan(state, request.conversation, selection, digests, received.request_no,
                                       histories=live.histories, reserialized=reserialized)
         except NoRoom:  # known to be too long before it was tokenized
             closing = None if isinstance(selection, NewChain) else selection.chain.index
-            return PreparedTurn(request=request, received=received, closing=closing)
-        prepared = PreparedTurn(request=request, received=received, plan=plan)
+            return PreparedTurn(request=request, received=received, closing=closing, images=images)
+        prepared = PreparedTurn(request=request, received=received, plan=plan, images=images)
         if refuses(plan, limit):
             return msgspec.structs.replace(prepared, closing=plan.chain)
         sampling = self._sampling(state, request.conversation, limit - plan.input_length)
-        images = images_of(request.conversation.messages)  # the chain's and the new ones: all the engine sees
         input_ids = self._engine_input(live, state, plan, prompt)
         if self.images.tokens is not None:
             self.images.tokens.check_input(input_ids, len(images))
         generate = GenerateRequest(request_id=f"{state.session_id}:{received.request_no}", input_ids=input_ids,
-                                   sampling=sampling, constraint=constraint,
-                                   images=tuple(image.data for image in images))
-        new = dict(digested(images))
+                                   sampling=sampling, constraint=constraint, images=tuple(data for _, data in images))
+        if not plan.images:
+            return msgspec.structs.replace(prepared, generate=generate)
+        new = dict(images)
         return msgspec.structs.replace(prepared, generate=generate,
                                        image_bytes={ref.digest: new[ref.digest] for ref in plan.images})
 
@@ -419,7 +424,7 @@ class TurnRunner:
                                                                          limit=limit, time=now))
         completed = next(e for e in events if type(e) is TurnCompleted)
         request_no = turn.request_no
-        live.bodies.stored(completed.chain, request_no, turn.request.body, digested(images_of(conversation.messages)))
+        live.bodies.stored(completed.chain, request_no, turn.request.body, turn.images)
         replied = msgspec.structs.replace(reply, reasoning=parsed.reasoning)
         live.histories.remember(completed.chain, (*conversation.messages, replied), conversation.tools)
         if plan.fork is not None and completed.chain > 0:
@@ -436,6 +441,8 @@ class TurnRunner:
     async def _store_images(self, live: LiveSession, turn: PreparedTurn) -> None:
         """The bytes of the images the turn's events reference, into the log's object store before them: once a
         session (a screenshot resent every turn is stored with the turn that first holds it)."""
+        if not turn.image_bytes:
+            return
         new = {digest: data for digest, data in turn.image_bytes.items() if digest not in live.images_stored}
         if not new:
             return
@@ -491,10 +498,11 @@ class TurnRunner:
         return self.replies.parse(text, call_ids(turn.request_no), use_tools=turn.uses_tools,
                                   tools=turn.request.conversation.tools)
 
-    def _received(self, live: LiveSession, request: TurnRequest, request_no: int, chain: int | None) -> Received:
-        """The request, its body stored against the latest one on its chain (schemas/bodies.py)."""
+    def _received(self, live: LiveSession, request: TurnRequest, request_no: int, chain: int | None,
+                  images: Sequence[tuple[str, bytes]]) -> Received:
+        """The request, its body stored against the latest one on its chain (schemas/bodies.py); ``images``:
+        (digest, bytes) of its images."""
         body = request.body
-        images = digested(images_of(request.conversation.messages))
         return Received(request_no=request_no, wire=request.wire, parts=live.bodies.parts(body, chain, images),
                         body_size=len(body), idempotency_key=request.idempotency_key,
                         body_digest=request.body_digest or body_digest(body), time=self._clock())

@@ -86,7 +86,7 @@ class StoredBodies:
         if base is None and self._latest:
             base = next(reversed(self._latest.values()))
         parts = referencing(literal(body) if base is None else parts_against(body, *base), self._runs)
-        return isolating(parts, [base64.b64encode(data) for _, data in self._unseen(images)]) if images else parts
+        return isolating(parts, [base64.b64encode(data) for _, data in self._unseen(images)])
 
     def stored(self, chain: int, request_no: int, body: bytes, images: Sequence[tuple[str, bytes]] = ()) -> None:
         """Request ``request_no`` (on ``chain``) is in the log; ``images``: (digest, bytes) of the images it
@@ -95,7 +95,7 @@ class StoredBodies:
         self._latest.move_to_end(chain)
         while len(self._latest) > self._keep:
             self._latest.popitem(last=False)
-        for digest, data in self._unseen(images) if images else ():
+        for digest, data in self._unseen(images):
             self._digests.add(digest)
             text = base64.b64encode(data)
             start = next(iter(occurrences(body, text)), -1)
@@ -106,7 +106,9 @@ class StoredBodies:
 
     def _unseen(self, images: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
         """Those of ``images`` whose text is not remembered (nor looked for before), long enough to be worth a
-        reference; each once."""
+        reference; each once (none looked for in a request without images: the usual one)."""
+        if not images:
+            return []
         return list({digest: data for digest, data in images
                      if digest not in self._digests and len(data) * 4 // 3 >= MIN_RUN}.items())
 

@@ -384,9 +384,7 @@ class TurnRunner:
             self.images.tokens.check_input(input_ids, len(images))
         generate = GenerateRequest(request_id=f"{state.session_id}:{received.request_no}", input_ids=input_ids,
                                    sampling=sampling, constraint=constraint, images=tuple(data for _, data in images))
-        if not plan.images:
-            return msgspec.structs.replace(prepared, generate=generate)
-        new = dict(images)
+        new = dict(images) if plan.images else {}
         return msgspec.structs.replace(prepared, generate=generate,
                                        image_bytes={ref.digest: new[ref.digest] for ref in plan.images})
 
@@ -441,8 +439,6 @@ class TurnRunner:
     async def _store_images(self, live: LiveSession, turn: PreparedTurn) -> None:
         """The bytes of the images the turn's events reference, into the log's object store before them: once a
         session (a screenshot resent every turn is stored with the turn that first holds it)."""
-        if not turn.image_bytes:
-            return
         new = {digest: data for digest, data in turn.image_bytes.items() if digest not in live.images_stored}
         if not new:
             return

@@ -4,6 +4,8 @@
 *instant* engine that returns a fixed reply without any HTTP hop.
 ``floor``: a bare FastAPI app that reads the body and returns a fixed completion: the cost of
 HTTP itself, on the same server.
+``floor-asgi``: the same replies from a plain ASGI callable, no framework: the HTTP server's own share of the
+floor (``edge_instructions.py --floors``).
 ``edge-memlog``: the same edge on the in-memory log (:class:`rollbus.testing.memory_log.InMemoryLog`,
 envelopes fitted and encoded as for JetStream, but stored in a list): the edge less the log's round trip.
 The edges run with malloc set up and the heap keeper running as in a rollbus stack (:mod:`stack.heap`).
@@ -11,7 +13,8 @@ The edges run with malloc set up and the heap keeper running as in a rollbus sta
 ``--server``: ``granian`` (the edge's, :class:`stack.runtime.EdgeServer`, as ``rollbus edge`` runs it)
 or ``uvicorn`` (uvicorn's httptools protocol, on uvloop), configured alike otherwise.
 
-Usage: python ops/bench/_servers.py {edge,edge-memlog,floor} --port P [--server granian|uvicorn] [--nats URL] [--cpu N]
+Usage: python ops/bench/_servers.py {edge,edge-memlog,floor,floor-asgi} --port P [--server granian|uvicorn]
+       [--nats URL] [--cpu N]
        [--max-trajectory-length N]
 """
 
@@ -39,6 +42,7 @@ FLOOR_BODY = (b'{"id":"chatcmpl-x","object":"chat.completion","created":0,"model
               b'{"name":"read_file",'
               b'"arguments":"{\\"path\\": \\"src/app/main.py\\", \\"start\\": 1, \\"end\\": 80}"}}]},'
               b'"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":560,"completion_tokens":31,"total_tokens":591}}')
+OPEN_BODY = b'{"session_id":"0123456789abcdef0123456789abcdef","api_key":"k"}'
 
 
 class InstantEngine:
@@ -76,10 +80,20 @@ def floor_app() -> FastAPI:
 
     @app.post("/sessions")
     async def open_session(request: Request) -> Response:
-        return Response(content=b'{"session_id":"0123456789abcdef0123456789abcdef","api_key":"k"}',
-                        status_code=201, media_type="application/json")
+        return Response(content=OPEN_BODY, status_code=201, media_type="application/json")
 
     return app
+
+
+async def bare_floor(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The floor's replies from a plain ASGI callable: the body read, the fixed reply sent."""
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    status, body = (201, OPEN_BODY) if scope["path"] == "/sessions" else (200, FLOOR_BODY)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def edge_app(nats_url: str, max_trajectory_length: int = 32768) -> FastAPI:
@@ -129,12 +143,14 @@ async def serve(kind: str, server: str, port: int, nats_url: str | None, max_tra
     app: Any
     if kind == "floor":
         app = floor_app()
+    elif kind == "floor-asgi":
+        app = bare_floor
     elif kind == "edge-memlog":
         app = await memlog_edge_app(max_trajectory_length)
     else:
         app = await edge_app(nats_url or "", max_trajectory_length)
     sock = bind("127.0.0.1", port)
-    keeper = HeapKeeper.for_process() if kind != "floor" else None  # malloc as a rollbus stack sets it up
+    keeper = HeapKeeper.for_process() if not kind.startswith("floor") else None  # malloc as a rollbus stack sets it up
     keeping = asyncio.ensure_future(keeper.run(asyncio.Event())) if keeper is not None else None
     try:
         await _serve_on(app, server, sock)
@@ -158,7 +174,7 @@ async def _serve_on(app: Any, server: str, sock: Any) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=["edge", "edge-memlog", "floor"])
+    parser.add_argument("kind", choices=["edge", "edge-memlog", "floor", "floor-asgi"])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--server", choices=SERVERS, default="granian")
     parser.add_argument("--nats")

@@ -13,7 +13,14 @@ it would.
 Used to find where the edge's CPU went between two commits (docs/performance.md); needs ``valgrind`` and
 ``callgrind_control`` (Debian: ``apt-get install valgrind``).
 
-    python ops/bench/edge_instructions.py TREE [TREE ...] [--k 1] [--turns 256]
+``--floors`` also counts, in the same run, the first tree's floors a request (the same agents' requests): the
+FastAPI echo (``floor``) and a plain ASGI callable with the same replies (``floor-asgi``: the HTTP server
+alone), each on uvicorn + httptools and on granian, and prints each tree's edge against the FastAPI echo on
+uvicorn (issue 28's floor). Instructions are not CPU time: what a thread hop costs (granian's I/O thread
+handing a request to the event loop and back: wake-ups, caches) is not counted, so a server's instructions
+can be the fewer and its CPU time the more (``edge_overhead.py`` times them).
+
+    python ops/bench/edge_instructions.py TREE [TREE ...] [--k 1] [--turns 256] [--floors]
 """
 
 from __future__ import annotations
@@ -34,12 +41,15 @@ from edge_overhead import Server, agent, bodies, free_port, open_sessions, run_l
 
 from stack.nats_server import EmbeddedNats
 
+FLOORS = (("floor", "uvicorn"), ("floor", "granian"), ("floor-asgi", "uvicorn"), ("floor-asgi", "granian"))
+
 
 class Counted(Server):
-    """``tree``'s edge under callgrind, its instrumentation off until :meth:`count` turns it on."""
+    """``tree``'s ``kind`` of app (the edge by default) on ``server`` under callgrind, its instrumentation off until
+    :meth:`count` turns it on."""
 
-    def __init__(self, tree: Path, nats_url: str, out: Path) -> None:
-        super().__init__("edge", free_port(), nats_url, None, 0, ("--server", "granian"), tree, quiet=True,
+    def __init__(self, tree: Path, nats_url: str, out: Path, kind: str = "edge", server: str = "granian") -> None:
+        super().__init__(kind, free_port(), nats_url, None, 0, ("--server", server), tree, quiet=True,
                          wrapper=("valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"))
         self.out = out
 
@@ -66,14 +76,15 @@ class Counted(Server):
         return int(found[1]) / len(latencies)
 
 
-async def measure(trees: list[Path], k: int, turns: int) -> list[float]:
+async def measure(apps: list[tuple[Path, str, str]], k: int, turns: int) -> list[float]:
+    """Instructions a turn of each ``(tree, kind, server)``, one after the other on one nats-server."""
     counts = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", name="bench") as nats:
-        for n, tree in enumerate(trees):
-            edge = Counted(tree, nats.url, Path(tmp) / f"callgrind.{n}")
-            await edge.wait_ready(timeout=600.0)  # (starting under valgrind takes a while)
-            await run_load(edge, 4, bodies(8), min_turns=64)  # warm up (lazy imports, caches), not counted
-            counts.append(await edge.count(k, turns))
+        for n, (tree, kind, server) in enumerate(apps):
+            app = Counted(tree, nats.url, Path(tmp) / f"callgrind.{n}", kind, server)
+            await app.wait_ready(timeout=600.0)  # (starting under valgrind takes a while)
+            await run_load(app, 4, bodies(8), min_turns=64)  # warm up (lazy imports, caches), not counted
+            counts.append(await app.count(k, turns))
     return counts
 
 
@@ -82,13 +93,26 @@ def main() -> None:
     parser.add_argument("trees", nargs="+", type=Path, help="source trees (the first is the baseline)")
     parser.add_argument("--k", type=int, default=1, help="concurrent agents [1]")
     parser.add_argument("--turns", type=int, default=256, help="turns counted per tree [256]")
+    parser.add_argument("--floors", action="store_true",
+                        help="also count the first tree's floors (FastAPI echo, plain ASGI) on uvicorn and granian")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         parser.exit(2, "edge_instructions: needs valgrind and callgrind_control (apt-get install valgrind)\n")
-    counts = asyncio.run(measure([tree.resolve() for tree in args.trees], args.k, args.turns))
+    trees = [tree.resolve() for tree in args.trees]
+    floors = [(trees[0], kind, server) for kind, server in FLOORS] if args.floors else []
+    counts = asyncio.run(measure([*((tree, "edge", "granian") for tree in trees), *floors], args.k, args.turns))
+    edges, floor_counts = counts[:len(trees)], counts[len(trees):]
     print(f"edge instructions a turn (callgrind, K={args.k}, {args.turns} turns; every thread of the edge)")
-    for tree, count in zip(args.trees, counts, strict=True):
-        print(f"  {tree!s:40s} {count / 1e6:7.3f} M  x{count / counts[0]:.3f}")
+    for tree, count in zip(args.trees, edges, strict=True):
+        print(f"  {tree!s:40s} {count / 1e6:7.3f} M  x{count / edges[0]:.3f}")
+    if floor_counts:
+        print(f"the floors a request, the same agents' requests (of {args.trees[0]})")
+        for (_, kind, server), count in zip(floors, floor_counts, strict=True):
+            print(f"  {kind + '@' + server:40s} {count / 1e6:7.3f} M")
+        uvicorn_floor = floor_counts[0]
+        print("each edge (on granian) against the FastAPI echo on uvicorn + httptools, in instructions")
+        for tree, count in zip(args.trees, edges, strict=True):
+            print(f"  {tree!s:40s} x{count / uvicorn_floor:.2f}")
 
 
 if __name__ == "__main__":

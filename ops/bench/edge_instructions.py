@@ -20,7 +20,10 @@ uvicorn (issue 28's floor). Instructions are not CPU time: what a thread hop cos
 handing a request to the event loop and back: wake-ups, caches) is not counted, so a server's instructions
 can be the fewer and its CPU time the more (``edge_overhead.py`` times them).
 
-    python ops/bench/edge_instructions.py TREE [TREE ...] [--k 1] [--turns 256] [--floors]
+``--apps KIND@SERVER,...`` counts more of the first tree's apps the same way (``edge-memlog@granian``: the edge
+on the in-memory log; ``edge@uvicorn``: the edge on uvicorn), each against the FastAPI echo too.
+
+    python ops/bench/edge_instructions.py TREE [TREE ...] [--k 1] [--turns 256] [--floors] [--apps KIND@SERVER,...]
 """
 
 from __future__ import annotations
@@ -42,6 +45,20 @@ from edge_overhead import Server, agent, bodies, free_port, open_sessions, run_l
 from stack.nats_server import EmbeddedNats
 
 FLOORS = (("floor", "uvicorn"), ("floor", "granian"), ("floor-asgi", "uvicorn"), ("floor-asgi", "granian"))
+KINDS = ("edge", "edge-memlog", "floor", "floor-asgi")
+SERVERS = ("granian", "uvicorn")
+
+
+def parse_apps(text: str) -> list[tuple[str, str]]:
+    """``KIND@SERVER,...`` as ``(kind, server)`` pairs; ValueError names a pair it cannot use."""
+    apps = []
+    for item in filter(None, text.split(",")):
+        kind, _, server = item.strip().partition("@")
+        if kind not in KINDS or server not in SERVERS:
+            raise ValueError(f"--apps: {item!r} is not KIND@SERVER (KIND: {', '.join(KINDS)}; "
+                             f"SERVER: {', '.join(SERVERS)})")
+        apps.append((kind, server))
+    return apps
 
 
 class Counted(Server):
@@ -95,13 +112,23 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=256, help="turns counted per tree [256]")
     parser.add_argument("--floors", action="store_true",
                         help="also count the first tree's floors (FastAPI echo, plain ASGI) on uvicorn and granian")
+    parser.add_argument("--apps", default="", metavar="KIND@SERVER,...",
+                        help=f"more of the first tree's apps to count (KIND: {', '.join(KINDS)}; SERVER: "
+                             f"{', '.join(SERVERS)})")
     args = parser.parse_args()
+    try:
+        more = parse_apps(args.apps)
+    except ValueError as exc:
+        parser.exit(2, f"edge_instructions: {exc}\n")
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         parser.exit(2, "edge_instructions: needs valgrind and callgrind_control (apt-get install valgrind)\n")
     trees = [tree.resolve() for tree in args.trees]
     floors = [(trees[0], kind, server) for kind, server in FLOORS] if args.floors else []
-    counts = asyncio.run(measure([*((tree, "edge", "granian") for tree in trees), *floors], args.k, args.turns))
-    edges, floor_counts = counts[:len(trees)], counts[len(trees):]
+    others = [(trees[0], kind, server) for kind, server in more]
+    counts = asyncio.run(measure([*((tree, "edge", "granian") for tree in trees), *floors, *others], args.k,
+                                 args.turns))
+    edges, floor_counts = counts[:len(trees)], counts[len(trees):len(trees) + len(floors)]
+    other_counts = counts[len(trees) + len(floors):]
     print(f"edge instructions a turn (callgrind, K={args.k}, {args.turns} turns; every thread of the edge)")
     for tree, count in zip(args.trees, edges, strict=True):
         print(f"  {tree!s:40s} {count / 1e6:7.3f} M  x{count / edges[0]:.3f}")
@@ -113,6 +140,12 @@ def main() -> None:
         print("each edge (on granian) against the FastAPI echo on uvicorn + httptools, in instructions")
         for tree, count in zip(args.trees, edges, strict=True):
             print(f"  {tree!s:40s} x{count / uvicorn_floor:.2f}")
+    if other_counts:
+        against_floor = ", against the FastAPI echo on uvicorn" if floors else ""
+        print(f"more apps, instructions a request or turn (of {args.trees[0]}){against_floor}")
+        for (_, kind, server), count in zip(others, other_counts, strict=True):
+            against = f"  x{count / floor_counts[0]:.2f}" if floors else ""
+            print(f"  {kind + '@' + server:40s} {count / 1e6:7.3f} M{against}")
 
 
 if __name__ == "__main__":

@@ -33,3 +33,11 @@ def test_the_instruction_count_benchmark_counts_the_edges_turns_and_the_floors_r
     assert floors["floor-asgi@uvicorn"] < floors["floor@uvicorn"] < edge, done.stdout
     ratio = re.search(r"^\s+\S+\s+x([\d.]+)$", done.stdout.split("against the FastAPI echo")[1], re.MULTILINE)
     assert ratio is not None and float(ratio[1]) == pytest.approx(edge / floors["floor@uvicorn"], rel=0.02), done.stdout
+
+
+def test_an_app_it_cannot_count_is_one_line_and_exit_2() -> None:
+    done = subprocess.run([sys.executable, str(BENCH), str(ROOT), "--apps", "edge@hypercorn"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("edge_instructions: --apps: 'edge@hypercorn' is not KIND@SERVER (KIND: edge, "
+                                   "edge-memlog, floor, floor-asgi; SERVER: granian, uvicorn)"), done.stderr

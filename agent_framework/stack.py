@@ -107,7 +107,7 @@ class FrameworkStack:
             host="127.0.0.1", port=0, data_dir=self.data_dir, nats_url=self.nats_url, engine=c.engine,
             engine_urls=c.engine_urls, model=c.engine_model, tokenizer=c.tokenizer, tool_format=c.tool_format,
             admin_token=admin_token, max_trajectory_length=c.max_trajectory_length, components=components,
-            log=self.log, edge_id=edge_id, idle_timeout=max(3600.0, 2 * c.session_timeout),
+            log=self.log, edge_id=edge_id, idle_timeout_s=max(3600.0, 2 * c.session_timeout),
             rollback_rewritten_turns=c.enable_last_assistant_rollback, materializer=materializer,
             processor=c.processor or "")
 

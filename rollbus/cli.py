@@ -140,11 +140,11 @@ def _common(parser: argparse.ArgumentParser, *, edge: bool, nats_required: bool)
     parser.add_argument("--edge-id", default=d.edge_id,
                         help="unique among running edges; a restarted edge with the same id takes its sessions "
                              "back at once [<hostname>:<port>]")
-    parser.add_argument("--lease-ttl", type=number(float, above=0), default=d.lease_ttl, metavar="SECONDS",
+    parser.add_argument("--lease-ttl", type=number(float, above=0), default=d.lease_ttl_s, metavar="SECONDS",
                         help=f"session lease: another edge may take over a dead edge's sessions after it "
-                             f"[{d.lease_ttl:g}]")
-    parser.add_argument("--idle-timeout", type=number(float, at_least=0), default=d.idle_timeout, metavar="SECONDS",
-                        help=f"abort open sessions nothing touched for this long; 0: never [{d.idle_timeout:g}]")
+                             f"[{d.lease_ttl_s:g}]")
+    parser.add_argument("--idle-timeout", type=number(float, at_least=0), default=d.idle_timeout_s, metavar="SECONDS",
+                        help=f"abort open sessions nothing touched for this long; 0: never [{d.idle_timeout_s:g}]")
     parser.add_argument("--send-timeout", type=number(float, above=0), default=d.send_timeout, metavar="SECONDS",
                         help="disconnect a client that takes none of its reply (its receive window closed) for "
                              f"this long [{d.send_timeout:g}]")
@@ -177,8 +177,8 @@ def _image_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--image-fetch-allow", action="append", default=list(d.image_fetch_allow), metavar="HOST",
                        help="fetch http(s) image URLs from this host (repeatable); none: image URLs are refused "
                             "(400), only data URLs and base64 are taken [none]")
-    group.add_argument("--image-fetch-timeout", type=number(float, above=0), default=d.image_fetch_timeout,
-                       metavar="SECONDS", help=f"one image fetch, to its last byte [{d.image_fetch_timeout:g}]")
+    group.add_argument("--image-fetch-timeout", type=number(float, above=0), default=d.image_fetch_timeout_s,
+                       metavar="SECONDS", help=f"one image fetch, to its last byte [{d.image_fetch_timeout_s:g}]")
 
 
 def _positive_size(text: str) -> int:
@@ -338,12 +338,12 @@ def _options(args: argparse.Namespace, components: tuple[str, ...]) -> StackOpti
             engine_timeout=args.engine_timeout, engine_deadline=args.engine_deadline,
             health_interval=args.health_interval, tokenizer=tokenizer, tool_format=tool_format,
             reasoning_format=args.reasoning_format, admin_token=args.admin_token or secrets.token_urlsafe(18),
-            max_trajectory_length=args.max_trajectory_length, edge_id=args.edge_id, lease_ttl=args.lease_ttl,
-            idle_timeout=args.idle_timeout, body_min_rate=args.body_min_rate, send_timeout=args.send_timeout,
+            max_trajectory_length=args.max_trajectory_length, edge_id=args.edge_id, lease_ttl_s=args.lease_ttl,
+            idle_timeout_s=args.idle_timeout, body_min_rate=args.body_min_rate, send_timeout=args.send_timeout,
             processor=model_processor(args.engine, args.model, args.processor),
             max_images=args.image_max_count, max_image_bytes=args.image_max_bytes,
             max_image_pixels=args.image_max_pixels, max_image_side=args.image_max_side,
-            image_fetch_allow=tuple(args.image_fetch_allow), image_fetch_timeout=args.image_fetch_timeout)
+            image_fetch_allow=tuple(args.image_fetch_allow), image_fetch_timeout_s=args.image_fetch_timeout)
     else:  # no edge: no port of its own; /metrics where --metrics-port says (the edge serves its own)
         given.update(port=0, metrics_port=getattr(args, "metrics_port", None))
     if "materializer" in components:

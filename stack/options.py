@@ -21,9 +21,10 @@ EDGE = EdgeSettings()  # the edge's defaults
 
 
 class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """What a stack runs with. The edge's own settings default to :class:`~edge.settings.EdgeSettings`'
-    (``EDGE``); ``rollbus up`` / ``edge`` / ``projector`` / ``materializer`` take their flags' defaults from
-    these fields (``rollbus.cli``)."""
+    """What a stack runs with. The edge's own settings are fields of the same names as
+    :class:`~edge.settings.EdgeSettings`' and default to its (``EDGE``); :meth:`edge_settings` hands them over
+    by name. ``rollbus up`` / ``edge`` / ``projector`` / ``materializer`` take their flags' defaults from these
+    fields (``rollbus.cli``)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -43,9 +44,9 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     components: tuple[str, ...] = COMPONENTS
     log: LogConfig = LogConfig()
     edge_id: str = ""  # "": <hostname>:<port>, so an edge restarted on its port takes its sessions back at once
-    lease_ttl: float = EDGE.lease_ttl_s
-    idle_timeout: float = EDGE.idle_timeout_s
-    disconnect_grace: float = EDGE.disconnect_grace_s
+    lease_ttl_s: float = EDGE.lease_ttl_s
+    idle_timeout_s: float = EDGE.idle_timeout_s
+    disconnect_grace_s: float = EDGE.disconnect_grace_s
     body_min_rate: float = EDGE.body_min_rate  # bytes a second a request body must arrive at
     send_timeout: float = SEND_TIMEOUT_S  # seconds a client may take none of its reply before it is disconnected
     rollback_rewritten_turns: bool = EDGE.rollback_rewritten_turns
@@ -55,7 +56,7 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_image_pixels: int = EDGE.max_image_pixels
     max_image_side: int = EDGE.max_image_side
     image_fetch_allow: tuple[str, ...] = EDGE.image_fetch_allow
-    image_fetch_timeout: float = EDGE.image_fetch_timeout_s
+    image_fetch_timeout_s: float = EDGE.image_fetch_timeout_s
     materializer: MaterializerOptions = MaterializerOptions()
     metrics_host: str = "127.0.0.1"  # a projector or materializer run alone: where it serves /metrics
     metrics_port: int | None = None  # None: no /metrics (the edge serves its own); 0: any free port
@@ -63,3 +64,12 @@ class StackOptions(msgspec.Struct, frozen=True, kw_only=True):
     retention: Retention | None = None  # the log's limits, applied at start; None: a new log's defaults, kept
     replicas: int | None = None  # cluster nodes per stream and bucket, applied at start; None: 1 or as they are
     fsync: Fsync = "default"  # the embedded nats-server's sync_interval ("always": every write, before its ack)
+
+    def edge_settings(self, *, public_url: str, edge_id: str) -> EdgeSettings:
+        """The edge's settings: every field the two structs share, by name, and where agents reach the edge
+        (``public_url``) and its id (``edge_id``, this one's when set)."""
+        shared = {name: getattr(self, name) for name in EDGE_FIELDS}
+        return EdgeSettings(**{**shared, "public_url": public_url, "edge_id": self.edge_id or edge_id})
+
+
+EDGE_FIELDS = tuple(name for name in StackOptions.__struct_fields__ if name in EdgeSettings.__struct_fields__)

@@ -514,17 +514,7 @@ class Stack:
         start_listening(sock, options.host, options.port)
         host, port = sock.getsockname()[:2]
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-        settings = EdgeSettings(public_url=self.url, admin_token=options.admin_token, tokenizer=options.tokenizer,
-                                tool_format=options.tool_format, reasoning_format=options.reasoning_format,
-                                max_trajectory_length=options.max_trajectory_length,
-                                log=options.log, edge_id=options.edge_id or default_edge_id(port),
-                                lease_ttl_s=options.lease_ttl, idle_timeout_s=options.idle_timeout,
-                                disconnect_grace_s=options.disconnect_grace, body_min_rate=options.body_min_rate,
-                                rollback_rewritten_turns=options.rollback_rewritten_turns,
-                                processor=options.processor, max_images=options.max_images,
-                                max_image_bytes=options.max_image_bytes, max_image_pixels=options.max_image_pixels,
-                                max_image_side=options.max_image_side, image_fetch_allow=options.image_fetch_allow,
-                                image_fetch_timeout_s=options.image_fetch_timeout)
+        settings = options.edge_settings(public_url=self.url, edge_id=default_edge_id(port))
         service = self._service = build_edge_service(settings, nc, self._engine, metrics=self.metrics)
         self._spawn(build_keeper(service, js).run(self.stop_event), "keeper")
         app = create_app(service, ready=self.ready, failing=self.failing, stopping=self.stop_event.is_set,

@@ -219,7 +219,7 @@ def test_engine_failure_is_a_clear_error_recorded_for_audit_and_retryable(stack,
 
 def test_a_client_that_leaves_mid_generation_aborts_its_turn(make_stack, engine, tokenizer):
     """The route hears the client leave through ASGI's ``http.disconnect`` (from the edge's server)."""
-    stack = make_stack(disconnect_grace=0.2)  # aborts a plain turn 0.2 s after its client left
+    stack = make_stack(disconnect_grace_s=0.2)  # aborts a plain turn 0.2 s after its client left
     session = open_session(stack)
     url = f"{session['base_url']}/chat/completions"
     auth = {"Authorization": f"Bearer {session['api_key']}"}

@@ -209,16 +209,19 @@ def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionS
 
 
 def release_buffers(state: SessionState) -> SessionState:
-    """The state without token buffers, images, reply texts or request index; counters and statuses kept."""
+    """The state without token buffers, images, reply texts or request index; counters and statuses kept. With
+    no segments, no index into them either (a turn's, the pending request's): they would count from the release,
+    so a fold resumed on a released state would store other numbers than a fold of the whole log."""
     chains = tuple(
-        msgspec.structs.replace(c, prompt_ids=b"", segments=(), images=(), turns=tuple(_bare(t) for t in c.turns))
+        msgspec.structs.replace(c, prompt_ids=b"", segments=(), images=(), pending_segment=0,
+                                turns=tuple(_bare(t) for t in c.turns))
         for c in state.chains
     )
     return msgspec.structs.replace(state, chains=chains, idempotency_keys={}, request_bodies={})
 
 
 def _bare(turn: Turn) -> Turn:
-    return msgspec.structs.replace(turn, text="", reasoning=None, tool_calls=())
+    return msgspec.structs.replace(turn, text="", reasoning=None, tool_calls=(), first_segment=0, end_segment=0)
 
 
 def _opened(e: SessionOpened) -> SessionState:

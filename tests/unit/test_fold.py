@@ -3,7 +3,7 @@ import pytest
 from schemas import envelope, tokens
 from schemas.errors import FoldError, OutOfOrderEvent
 from schemas.events import ChainStarted, ForkPoint
-from session.fold import apply, fold
+from session.fold import apply, fold, release_buffers
 from tests.helpers import SessionScript
 
 
@@ -148,3 +148,26 @@ def test_a_fork_from_a_chain_that_does_not_precede_it_is_refused():
     script.turn(0, [1], [2], new_chain=True, fork=ForkPoint(cause="sibling", parent=0))
     with pytest.raises(FoldError):
         fold(script.events)
+
+
+def _with_rollback_and_sibling() -> SessionScript:
+    script = SessionScript()
+    script.turn(0, [10, 11, 12], [20, 21], new_chain=True)
+    script.turn(0, [30, 31], [40, 41, 42], n_messages=4, tip="t2")
+    script.roll_back(0, turn_request_no=2, dropped=3)
+    script.turn(0, [50], [60], n_messages=6, tip="t3")
+    script.turn(1, [10, 11, 12], [70], new_chain=True)
+    script.turn(0, [80, 81], [90], n_messages=8, tip="t4")
+    script.finalize()
+    return script
+
+
+@pytest.mark.parametrize("script", [_two_turns, _with_rollback_and_sibling])
+def test_a_fold_resumed_on_a_released_state_equals_the_whole_fold_released(script):
+    """The projector stores released states and folds the log's next events onto them after a restart: whatever
+    event it stopped after, what it stores is what a fold of the whole log stores."""
+    events = script().events
+    whole = release_buffers(fold(events))
+    for cut in range(1, len(events)):
+        resumed = release_buffers(fold(events[cut:], release_buffers(fold(events[:cut]))))
+        assert resumed == whole, f"resumed after event {cut} ({type(events[cut - 1]).__name__})"

@@ -134,6 +134,7 @@ async def memlog_edge_app(max_trajectory_length: int = 32768) -> Any:
 
 
 SERVERS = ("granian", "uvicorn")
+KINDS = ("edge", "edge-memlog", "floor", "floor-asgi")
 
 
 async def serve(kind: str, server: str, port: int, nats_url: str | None, max_trajectory_length: int = 32768) -> None:
@@ -174,7 +175,7 @@ async def _serve_on(app: Any, server: str, sock: Any) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=["edge", "edge-memlog", "floor", "floor-asgi"])
+    parser.add_argument("kind", choices=KINDS)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--server", choices=SERVERS, default="granian")
     parser.add_argument("--nats")

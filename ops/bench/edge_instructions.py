@@ -40,13 +40,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _servers import KINDS, SERVERS
 from edge_overhead import Server, agent, bodies, free_port, open_sessions, run_load
 
 from stack.nats_server import EmbeddedNats
 
 FLOORS = (("floor", "uvicorn"), ("floor", "granian"), ("floor-asgi", "uvicorn"), ("floor-asgi", "granian"))
-KINDS = ("edge", "edge-memlog", "floor", "floor-asgi")
-SERVERS = ("granian", "uvicorn")
 
 
 def parse_apps(text: str) -> list[tuple[str, str]]:

@@ -9,13 +9,16 @@ floor (``edge_instructions.py --floors``).
 ``edge-memlog``: the same edge on the in-memory log (:class:`rollbus.testing.memory_log.InMemoryLog`,
 envelopes fitted and encoded as for JetStream, but stored in a list): the edge less the log's round trip.
 The edges run with malloc set up and the heap keeper running as in a rollbus stack (:mod:`stack.heap`).
+``stack``: a rollbus stack (:class:`stack.runtime.Stack`, as ``rollbus up`` and its parts run it) of the
+``--components`` given (``edge,projector,materializer`` by default; ``edge`` alone, ``projector``, ``materializer``),
+on ``--nats``, the edge's engine the instant one, its data in ``--data-dir`` (``edge_cores.py``).
 
 ``--server``: ``granian`` (the edge's, :class:`stack.runtime.EdgeServer`, as ``rollbus edge`` runs it)
 or ``uvicorn`` (uvicorn's httptools protocol, on uvloop), configured alike otherwise.
 
-Usage: python ops/bench/_servers.py {edge,edge-memlog,floor,floor-asgi} --port P [--server granian|uvicorn]
+Usage: python ops/bench/_servers.py {edge,edge-memlog,floor,floor-asgi,stack} --port P [--server granian|uvicorn]
        [--nats URL] [--cpu N]
-       [--max-trajectory-length N]
+       [--max-trajectory-length N] [--components edge,projector,materializer] [--data-dir DIR]
 """
 
 from __future__ import annotations
@@ -134,7 +137,32 @@ async def memlog_edge_app(max_trajectory_length: int = 32768) -> Any:
 
 
 SERVERS = ("granian", "uvicorn")
-KINDS = ("edge", "edge-memlog", "floor", "floor-asgi")
+KINDS = ("edge", "edge-memlog", "floor", "floor-asgi")  # the apps on either server (``stack`` is granian's only)
+
+
+async def serve_stack(components: tuple[str, ...], port: int, nats_url: str, data_dir: Path,
+                      max_trajectory_length: int = 32768) -> None:
+    """A rollbus stack of ``components`` until SIGTERM, as ``rollbus up`` (or ``rollbus edge``, ``projector``,
+    ``materializer``) runs it, the edge's engine the instant one."""
+    import signal
+
+    from edge.tokens.tokenizer import load_tokenizer
+    from stack.heap import settle_heap
+    from stack.options import StackOptions
+    from stack.runtime import Stack
+
+    options = StackOptions(port=port, nats_url=nats_url, data_dir=data_dir, admin_token="bench",
+                           components=components, max_trajectory_length=max_trajectory_length,
+                           edge_id=f"bench-{port}")
+    engine = InstantEngine.replying(load_tokenizer(options.tokenizer)) if "edge" in components else None
+    stack = Stack(options, engine=engine)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stack.stop_event.set)
+    try:
+        await stack.start()
+        settle_heap()
+        await stack.run_until_stopped()
+    finally:
+        await stack.stop()
 
 
 async def serve(kind: str, server: str, port: int, nats_url: str | None, max_trajectory_length: int = 32768) -> None:
@@ -175,17 +203,23 @@ async def _serve_on(app: Any, server: str, sock: Any) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=KINDS)
+    parser.add_argument("kind", choices=[*KINDS, "stack"])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--server", choices=SERVERS, default="granian")
     parser.add_argument("--nats")
     parser.add_argument("--cpu", type=int, default=None)
     parser.add_argument("--max-trajectory-length", type=int, default=32768)
+    parser.add_argument("--components", default="edge,projector,materializer")
+    parser.add_argument("--data-dir", type=Path)
     args = parser.parse_args()
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     import uvloop
 
+    if args.kind == "stack":
+        uvloop.run(serve_stack(tuple(args.components.split(",")), args.port, args.nats, args.data_dir,
+                               args.max_trajectory_length))
+        return
     uvloop.run(serve(args.kind, args.server, args.port, args.nats, args.max_trajectory_length))
 
 

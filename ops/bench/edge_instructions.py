@@ -23,7 +23,13 @@ can be the fewer and its CPU time the more (``edge_overhead.py`` times them).
 ``--apps KIND@SERVER,...`` counts more of the first tree's apps the same way (``edge-memlog@granian``: the edge
 on the in-memory log; ``edge@uvicorn``: the edge on uvicorn), each against the FastAPI echo too.
 
+A tree from before granian (its ``_servers.py`` has no ``--server``) runs its edge as it was deployed, on its own HTTP
+protocol; a tree whose edge does not start (a commit in the middle of a move) is named, and the others still counted.
+Each tree's line is printed as soon as it is counted. ``--keep DIR`` keeps the callgrind files (``callgrind.N``, the
+N-th app counted) for ``callgrind_annotate``: two trees' per-function counts show what a step added.
+
     python ops/bench/edge_instructions.py TREE [TREE ...] [--k 1] [--turns 256] [--floors] [--apps KIND@SERVER,...]
+                                          [--keep DIR]
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -65,7 +72,9 @@ class Counted(Server):
     :meth:`count` turns it on."""
 
     def __init__(self, tree: Path, nats_url: str, out: Path, kind: str = "edge", server: str = "granian") -> None:
-        super().__init__(kind, free_port(), nats_url, None, 0, ("--server", server), tree, quiet=True,
+        # A tree from before granian (its edge on its own HTTP protocol) has no ``--server``: its edge runs as it did.
+        choice = ("--server", server) if '"--server"' in (tree / "ops" / "bench" / "_servers.py").read_text() else ()
+        super().__init__(kind, free_port(), nats_url, None, 0, choice, tree, quiet=True,
                          wrapper=("valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"))
         self.out = out
 
@@ -92,15 +101,30 @@ class Counted(Server):
         return int(found[1]) / len(latencies)
 
 
-async def measure(apps: list[tuple[Path, str, str]], k: int, turns: int) -> list[float]:
-    """Instructions a turn of each ``(tree, kind, server)``, one after the other on one nats-server."""
-    counts = []
+def label(tree: Path, kind: str, server: str) -> str:
+    return str(tree) if (kind, server) == ("edge", "granian") else f"{kind}@{server}"
+
+
+async def measure(apps: list[tuple[Path, str, str]], k: int, turns: int,
+                  counted: Callable[[int, float | None], None], keep: Path | None = None) -> list[float | None]:
+    """Instructions a turn of each ``(tree, kind, server)``, one after the other on one nats-server; ``counted(i,
+    count)`` hears each as it is taken (``None``: that app did not start, the others are still counted); ``keep``: a
+    folder the callgrind files are kept in (``callgrind.N``, N the app's place in ``apps``), for
+    ``callgrind_annotate``."""
+    counts: list[float | None] = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", name="bench") as nats:
         for n, (tree, kind, server) in enumerate(apps):
-            app = Counted(tree, nats.url, Path(tmp) / f"callgrind.{n}", kind, server)
-            await app.wait_ready(timeout=600.0)  # (starting under valgrind takes a while)
-            await run_load(app, 4, bodies(8), min_turns=64)  # warm up (lazy imports, caches), not counted
-            counts.append(await app.count(k, turns))
+            app = Counted(tree, nats.url, (keep or Path(tmp)) / f"callgrind.{n}", kind, server)
+            try:
+                await app.wait_ready(timeout=600.0)  # (starting under valgrind takes a while)
+            except RuntimeError:
+                app.proc.kill()
+                app.proc.wait()
+                counts.append(None)
+            else:
+                await run_load(app, 4, bodies(8), min_turns=64)  # warm up (lazy imports, caches), not counted
+                counts.append(await app.count(k, turns))
+            counted(n, counts[-1])
     return counts
 
 
@@ -114,6 +138,8 @@ def main() -> None:
     parser.add_argument("--apps", default="", metavar="KIND@SERVER,...",
                         help=f"more of the first tree's apps to count (KIND: {', '.join(KINDS)}; SERVER: "
                              f"{', '.join(SERVERS)})")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="keep the callgrind files in DIR (callgrind.N: the N-th app counted; callgrind_annotate)")
     args = parser.parse_args()
     try:
         more = parse_apps(args.apps)
@@ -122,29 +148,54 @@ def main() -> None:
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         parser.exit(2, "edge_instructions: needs valgrind and callgrind_control (apt-get install valgrind)\n")
     trees = [tree.resolve() for tree in args.trees]
+    missing = [str(tree) for tree in trees if not (tree / "ops" / "bench" / "_servers.py").is_file()]
+    if missing:
+        parser.exit(2, f"edge_instructions: no ops/bench/_servers.py in {', '.join(missing)}\n")
     floors = [(trees[0], kind, server) for kind, server in FLOORS] if args.floors else []
     others = [(trees[0], kind, server) for kind, server in more]
-    counts = asyncio.run(measure([*((tree, "edge", "granian") for tree in trees), *floors, *others], args.k,
-                                 args.turns))
+    apps = [*((tree, "edge", "granian") for tree in args.trees), *floors, *others]
+
+    def counted(n: int, count: float | None) -> None:
+        """Each edge's line as soon as it is counted (a long bisection shows its progress and keeps what it has)."""
+        if n == 0:
+            print(f"edge instructions a turn (callgrind, K={args.k}, {args.turns} turns; every thread of the edge)",
+                  flush=True)
+        if n < len(trees):
+            counts_so_far.append(count)
+            base = counts_so_far[0]  # the first tree's: its own line says x1.000
+            ratio = f"  x{count / base:.3f}" if count is not None and base else ""
+            shown = "did not start (run its ops/bench/_servers.py edge to see why)" if count is None \
+                else f"{count / 1e6:7.3f} M{ratio}"
+            print(f"  {label(*apps[n])!s:40s} {shown}", flush=True)
+
+    counts_so_far: list[float | None] = []
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    counts = asyncio.run(measure(apps, args.k, args.turns, counted, args.keep and args.keep.resolve()))
     edges, floor_counts = counts[:len(trees)], counts[len(trees):len(trees) + len(floors)]
     other_counts = counts[len(trees) + len(floors):]
-    print(f"edge instructions a turn (callgrind, K={args.k}, {args.turns} turns; every thread of the edge)")
-    for tree, count in zip(args.trees, edges, strict=True):
-        print(f"  {tree!s:40s} {count / 1e6:7.3f} M  x{count / edges[0]:.3f}")
     if floor_counts:
         print(f"the floors a request, the same agents' requests (of {args.trees[0]})")
         for (_, kind, server), count in zip(floors, floor_counts, strict=True):
-            print(f"  {kind + '@' + server:40s} {count / 1e6:7.3f} M")
+            print(f"  {kind + '@' + server:40s} {shown_m(count)}")
         uvicorn_floor = floor_counts[0]
         print("each edge (on granian) against the FastAPI echo on uvicorn + httptools, in instructions")
         for tree, count in zip(args.trees, edges, strict=True):
-            print(f"  {tree!s:40s} x{count / uvicorn_floor:.2f}")
+            print(f"  {tree!s:40s} {ratio_x(count, uvicorn_floor)}")
     if other_counts:
         against_floor = ", against the FastAPI echo on uvicorn" if floors else ""
         print(f"more apps, instructions a request or turn (of {args.trees[0]}){against_floor}")
         for (_, kind, server), count in zip(others, other_counts, strict=True):
-            against = f"  x{count / floor_counts[0]:.2f}" if floors else ""
-            print(f"  {kind + '@' + server:40s} {count / 1e6:7.3f} M{against}")
+            against = f"  {ratio_x(count, floor_counts[0])}" if floors else ""
+            print(f"  {kind + '@' + server:40s} {shown_m(count)}{against}")
+
+
+def shown_m(count: float | None) -> str:
+    return "did not start" if count is None else f"{count / 1e6:7.3f} M"
+
+
+def ratio_x(count: float | None, base: float | None) -> str:
+    return "-" if count is None or not base else f"x{count / base:.2f}"
 
 
 if __name__ == "__main__":

@@ -169,6 +169,8 @@ class Server:
     async def wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.kind} server exited ({self.proc.returncode}) before it listened")
             try:
                 _, writer = await asyncio.open_connection("127.0.0.1", self.port)
                 writer.close()

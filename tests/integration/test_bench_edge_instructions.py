@@ -17,10 +17,16 @@ BENCH = ROOT / "ops" / "bench" / "edge_instructions.py"
 
 
 @pytest.mark.skipif(shutil.which("callgrind_control") is None, reason="valgrind is not installed")
-def test_the_instruction_count_benchmark_counts_the_edges_turns_and_the_floors_requests() -> None:
-    done = subprocess.run([sys.executable, str(BENCH), str(ROOT), "--turns", "16", "--floors"], capture_output=True,
-                          text=True, timeout=900)
+def test_the_instruction_count_benchmark_counts_the_edges_turns_and_the_floors_requests(tmp_path: Path) -> None:
+    broken = tmp_path / "broken"  # a tree whose edge does not start (a commit mid-refactor): named, the rest counted
+    (broken / "ops" / "bench").mkdir(parents=True)
+    (broken / "ops" / "bench" / "_servers.py").write_text("raise SystemExit(1)\n")
+    keep = tmp_path / "kept"
+    done = subprocess.run([sys.executable, str(BENCH), str(ROOT), str(broken), "--turns", "16", "--floors", "--keep",
+                           str(keep)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(rf"^\s+{re.escape(str(broken))}\s+did not start", done.stdout, re.MULTILINE), done.stdout
+    assert (keep / "callgrind.0").stat().st_size > 0  # the edge's callgrind file, for callgrind_annotate
     row = re.search(r"^\s+\S+\s+([\d.]+) M\s+x1\.000$", done.stdout, re.MULTILINE)
     assert row is not None, done.stdout
     edge = float(row[1])

@@ -6,6 +6,8 @@ for a log prob), never as lists of Python ints and floats.
 
 from __future__ import annotations
 
+import array
+import sys
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -15,15 +17,25 @@ ID_DTYPE = np.dtype("<u4")
 LOGPROB_DTYPE = np.dtype("<f4")
 
 
+# Python's own arrays pack a list of ints or floats 3-5x faster than numpy's ``asarray``, which first discovers the
+# list's type and shape (~60k instructions a turn in the edge, 5 % of it): the same bytes where the machine's own
+# order and sizes are the log's (little-endian, 4 bytes), which is everywhere rollbus runs; numpy's otherwise.
+_NATIVE = sys.byteorder == "little" and array.array("I").itemsize == 4 and array.array("f").itemsize == 4
+
+
 def pack_ids(ids: Iterable[int] | npt.NDArray[np.integer]) -> bytes:
+    """``ids`` as the log holds them; OverflowError for an id under 0 or past uint32, TypeError for one not an int."""
     if isinstance(ids, np.ndarray):
         return ids.astype(ID_DTYPE, copy=False).tobytes()
-    if not isinstance(ids, (list, tuple)):
-        ids = list(ids)
-    return np.asarray(ids, dtype=ID_DTYPE).tobytes()
+    if _NATIVE:
+        return array.array("I", ids).tobytes()
+    return np.fromiter(ids, dtype=ID_DTYPE).tobytes()
 
 
 def pack_logprobs(values: Sequence[float] | npt.NDArray[np.floating]) -> bytes:
+    """``values`` as float32, as the log holds them (past float32's range: infinite)."""
+    if _NATIVE and not isinstance(values, np.ndarray):
+        return array.array("f", values).tobytes()
     return np.asarray(values, dtype=LOGPROB_DTYPE).tobytes()
 
 

@@ -11,11 +11,12 @@ turns are done) through each layout, on a private nats-server of its own:
   URL naming that edge) beside one projector and one materializer.
 
 For each layout and K it prints turns/s (the agents' turns and finalizes, wall clock), the edge processes' CPU a
-turn and all of the layout's processes' CPU a turn (the consumers too, counted until they have written every
-session and gone quiet; nats-server and the load generator not counted), the Parquet records written (each must be
-one a session), and each against ``up`` in the same round. Rounds alternate the layouts' order; ratios are medians
-of the rounds' own. Nothing is pinned: the layouts differ in how many cores they can use, which is the question.
-The load generator shares the machine, so on a machine of few cores it takes a core the layouts could use.
+turn (``up``'s one process: its consumers' share too) and all of the layout's processes' CPU a turn (the consumers
+too, counted until they have written every session and gone quiet; nats-server and the load generator not counted),
+the Parquet records written (each must be one a session), and each against ``up`` in the same round. Rounds alternate
+the layouts' order; ratios are medians of the rounds' own. Nothing is pinned: the layouts differ in how many cores
+they can use, which is the question. The load generator shares the machine, so on a machine of few cores it takes a
+core the layouts could use.
 
     python ops/bench/edge_cores.py [--ks 16,64] [--layouts up,apart,apart:2] [--sessions 64] [--rounds 3]
 """

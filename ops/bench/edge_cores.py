@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pyarrow.parquet as pq
 from _http import Connection
-from edge_overhead import Server, agent, bodies, cpu_seconds, free_port, open_sessions
+from edge_overhead import Server, agent, bodies, cpu_seconds, finalize_session, free_port, open_sessions
 
 from stack.nats_server import EmbeddedNats
 
@@ -100,19 +100,14 @@ class Layout:
             proc.stop()
 
 
-async def finalize(port: int, session_id: str) -> None:
-    conn = await Connection.open("127.0.0.1", port)
-    status, body = await conn.send(conn.request_bytes(f"/sessions/{session_id}/finalize", b"{}",
-                                                      {"Authorization": "Bearer bench"}))
-    await conn.close()
-    if status != 200:
-        raise RuntimeError(f"finalize {session_id}: {status} {body[:200]!r}")
-
-
 async def agent_then_finalize(port: int, session: tuple[str, str], turn_bodies: list[bytes],
                               latencies: list[float]) -> None:
     await agent(port, session, turn_bodies, latencies)
-    await finalize(port, session[0])
+    conn = await Connection.open("127.0.0.1", port)
+    try:
+        await finalize_session(conn, session[0])
+    finally:
+        await conn.close()
 
 
 def total_cpu(servers: list[Server]) -> float:

@@ -184,6 +184,14 @@ class Server:
         self.proc.wait(10)
 
 
+async def finalize_session(conn: Connection, session_id: str) -> None:
+    """Finalize ``session_id`` on ``conn`` with the benchmarks' admin token; RuntimeError unless it answers 200."""
+    status, body = await conn.send(conn.request_bytes(f"/sessions/{session_id}/finalize", b"{}",
+                                                      {"Authorization": "Bearer bench"}))
+    if status != 200:
+        raise RuntimeError(f"finalize {session_id}: {status} {body[:200]!r}")
+
+
 async def open_sessions(port: int, k: int) -> list[tuple[str, str]]:
     conn = await Connection.open("127.0.0.1", port)
     sessions = []

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import nats
 from _http import Connection
-from edge_overhead import SYSTEM, TASK, TOOLS, Server, cpu_seconds, pin_load_generator
+from edge_overhead import SYSTEM, TASK, TOOLS, Server, cpu_seconds, finalize_session, pin_load_generator
 
 from eventlog.reader import read_session
 from materializer.records import derive_records
@@ -181,10 +181,7 @@ async def drive(port: int, wire: str, turns: int, edge_pid: int, salt: int) -> t
         if status != 200:
             raise RuntimeError(f"{wire} turn {turn + 1} of {turns}: {status} {raw[:300]!r}")
         context = agent.answered(turn, json.loads(raw))
-    status, raw = await conn.send(conn.request_bytes(f"/sessions/{session_id}/finalize", b"{}",
-                                                     {"Authorization": "Bearer bench"}))
-    if status != 200:
-        raise RuntimeError(f"finalize: {status} {raw[:200]!r}")
+    await finalize_session(conn, session_id)
     await conn.close()
     return session_id, context, cpu
 

@@ -101,15 +101,11 @@ class Counted(Server):
         return int(found[1]) / len(latencies)
 
 
-def label(tree: Path, kind: str, server: str) -> str:
-    return str(tree) if (kind, server) == ("edge", "granian") else f"{kind}@{server}"
-
-
 async def measure(apps: list[tuple[Path, str, str]], k: int, turns: int,
-                  counted: Callable[[int, float | None], None], keep: Path | None = None) -> list[float | None]:
-    """Instructions a turn of each ``(tree, kind, server)``, one after the other on one nats-server; ``counted(i,
-    count)`` hears each as it is taken (``None``: that app did not start, the others are still counted); ``keep``: a
-    folder the callgrind files are kept in (``callgrind.N``, N the app's place in ``apps``), for
+                  counted: Callable[[list[float | None]], None], keep: Path | None = None) -> list[float | None]:
+    """Instructions a turn of each ``(tree, kind, server)``, one after the other on one nats-server; ``counted(counts)``
+    hears the counts so far after each is taken (``None``: that app did not start, the others are still counted);
+    ``keep``: a folder the callgrind files are kept in (``callgrind.N``, N the app's place in ``apps``), for
     ``callgrind_annotate``."""
     counts: list[float | None] = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats", name="bench") as nats:
@@ -124,7 +120,7 @@ async def measure(apps: list[tuple[Path, str, str]], k: int, turns: int,
             else:
                 await run_load(app, 4, bodies(8), min_turns=64)  # warm up (lazy imports, caches), not counted
                 counts.append(await app.count(k, turns))
-            counted(n, counts[-1])
+            counted(counts)
     return counts
 
 
@@ -153,22 +149,19 @@ def main() -> None:
         parser.exit(2, f"edge_instructions: no ops/bench/_servers.py in {', '.join(missing)}\n")
     floors = [(trees[0], kind, server) for kind, server in FLOORS] if args.floors else []
     others = [(trees[0], kind, server) for kind, server in more]
-    apps = [*((tree, "edge", "granian") for tree in args.trees), *floors, *others]
+    apps = [*((tree, "edge", "granian") for tree in trees), *floors, *others]
 
-    def counted(n: int, count: float | None) -> None:
+    def counted(so_far: list[float | None]) -> None:
         """Each edge's line as soon as it is counted (a long bisection shows its progress and keeps what it has)."""
+        n, count, base = len(so_far) - 1, so_far[-1], so_far[0]
         if n == 0:
             print(f"edge instructions a turn (callgrind, K={args.k}, {args.turns} turns; every thread of the edge)",
                   flush=True)
         if n < len(trees):
-            counts_so_far.append(count)
-            base = counts_so_far[0]  # the first tree's: its own line says x1.000
-            ratio = f"  x{count / base:.3f}" if count is not None and base else ""
             shown = "did not start (run its ops/bench/_servers.py edge to see why)" if count is None \
-                else f"{count / 1e6:7.3f} M{ratio}"
-            print(f"  {label(*apps[n])!s:40s} {shown}", flush=True)
+                else f"{shown_m(count)}  {ratio_x(count, base, 3)}"  # the first tree's own line says x1.000
+            print(f"  {args.trees[n]!s:40s} {shown}", flush=True)
 
-    counts_so_far: list[float | None] = []
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
     counts = asyncio.run(measure(apps, args.k, args.turns, counted, args.keep and args.keep.resolve()))
@@ -194,8 +187,8 @@ def shown_m(count: float | None) -> str:
     return "did not start" if count is None else f"{count / 1e6:7.3f} M"
 
 
-def ratio_x(count: float | None, base: float | None) -> str:
-    return "-" if count is None or not base else f"x{count / base:.2f}"
+def ratio_x(count: float | None, base: float | None, digits: int = 2) -> str:
+    return "-" if count is None or not base else f"x{count / base:.{digits}f}"
 
 
 if __name__ == "__main__":

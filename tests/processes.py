@@ -3,28 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
+
 
 class CliProcess:
-    """``python -m rollbus.cli *args`` as a real process, its output read line by line as it prints."""
+    """``python -m rollbus.cli *args`` as a real process, its output read line by line as it prints: until the
+    patterns of :meth:`started`, then on a thread until it exits (a pipe nobody reads fills at 64 KiB and stalls
+    the process at its next log line)."""
 
     def __init__(self, args: Sequence[str]) -> None:
         self.name = f"rollbus {args[0]}"
         self.proc = subprocess.Popen([sys.executable, "-m", "rollbus.cli", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
+        self._follower: threading.Thread | None = None
 
     def read_until(self, pattern: str, timeout: float = 60.0) -> str:
         """The first group of the first line matching ``pattern`` (the whole line if it has none)."""
         deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
+        assert self.proc.stdout is not None and self._follower is None
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
@@ -34,29 +41,52 @@ class CliProcess:
                 return match.group(1) if match.groups() else line
         raise AssertionError(f"no {pattern!r} in:\n" + "".join(self.lines))
 
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        out, _ = self.proc.communicate(timeout=30)
-        self.lines.append(out)
-        return self.proc.returncode
+    def _follow(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
 
     def started(self, *patterns: str, timeout: float = 180.0) -> list[str]:
         """:meth:`read_until` each of ``patterns`` in turn, within ``timeout`` seconds in all (a busy machine
-        starts Ray and TransferQueue slowly); if one never comes, the process is stopped before the error is
-        raised (SIGTERM, so that it shuts down the Ray it hosts; SIGKILL after 30 s), never left running
-        beside the tests that follow (a ``rollbus up`` left so held its Ray and TransferQueue, and the next
-        tests that started a Ray hung)."""
+        starts Ray and TransferQueue slowly), then the rest of its output is read on a thread. If one never
+        comes, the process is stopped before the error is raised (SIGTERM, so that it shuts down the Ray it
+        hosts; SIGKILL after 30 s), never left running beside the tests that follow (a ``rollbus up`` left so
+        held its Ray and TransferQueue, and the next tests that started a Ray hung)."""
         deadline = time.monotonic() + timeout
         try:
-            return [self.read_until(p, max(1.0, deadline - time.monotonic())) for p in patterns]
+            found = [self.read_until(p, max(1.0, deadline - time.monotonic())) for p in patterns]
         except BaseException:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.communicate()
+            self.stop(30)
             raise
+        self._follower = threading.Thread(target=self._follow, name=f"{self.name} output", daemon=True)
+        self._follower.start()
+        return found
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then its exit status; one that has not exited within ``timeout`` is killed (SIGKILL: -9),
+        never left running."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self._ended(timeout)
+
+    def kill(self) -> int:
+        """SIGKILL, as a crash would end it."""
+        self.proc.kill()
+        return self._ended(30)
+
+    def _ended(self, timeout: float) -> int:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.lines.append(f"[{self.name} did not exit within {timeout:.0f} s of SIGTERM: killed]\n")
+            self.proc.kill()
+            self.proc.wait()
+        if self._follower is not None:
+            self._follower.join(10)
+        else:
+            out, _ = self.proc.communicate()
+            self.lines.append(out)
+        return self.proc.returncode
 
 
 class MaterializerProcess:
@@ -88,3 +118,27 @@ class MaterializerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(60)
+
+
+def busiest_processes(top: int = 8, over: float = 1.0) -> str:
+    """The machine's ``top`` busiest processes over ``over`` seconds, a line each (CPU %, resident MiB, age,
+    command): what else ran when a test was slower than it should be."""
+    procs = list(psutil.process_iter(["pid", "cmdline", "name", "create_time", "memory_info"]))
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.cpu_percent(None)
+    time.sleep(over)
+    rows = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            rows.append((proc.cpu_percent(None), proc))
+    rows.sort(key=lambda row: row[0], reverse=True)
+    now = time.time()
+    lines = []
+    for cpu, proc in rows[:top]:
+        info = proc.info
+        command = " ".join(info["cmdline"] or [info["name"] or "?"]).replace("\n", " ")
+        rss = info["memory_info"].rss / 2**20 if info["memory_info"] is not None else 0.0
+        lines.append(f"{cpu:6.1f}% {rss:8.0f} MiB {now - info['create_time']:7.0f} s  pid {info['pid']}  "
+                     f"{command[:160]}\n")
+    return "".join(lines)

@@ -11,8 +11,6 @@ An agent that cannot be installed skips its tests with the reason, unless ``ROLL
 from __future__ import annotations
 
 import os
-import signal
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -97,25 +95,12 @@ def agent(installs: Installs, request: pytest.FixtureRequest) -> Path:
 
 
 class RunningUp(Up):
-    """``rollbus up`` whose output, once it is running, is read on a thread (a full pipe would stall it)."""
+    """``rollbus up`` with its data directory and the admin header at hand."""
 
     def __init__(self, data_dir: Path, engine_url: str, *args: str) -> None:
         self.data_dir = data_dir
         super().__init__(data_dir, engine_url, *args)
         self.admin = {"Authorization": "Bearer tok"}
-        self._drain = threading.Thread(target=self._read, daemon=True)
-        self._drain.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(60)
-        self._drain.join(10)
-        return code
 
 
 @pytest.fixture(scope="session")

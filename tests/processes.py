@@ -17,50 +17,60 @@ import psutil
 
 
 class CliProcess:
-    """``python -m rollbus.cli *args`` as a real process, its output read line by line as it prints: until the
-    patterns of :meth:`started`, then on a thread until it exits (a pipe nobody reads fills at 64 KiB and stalls
-    the process at its next log line)."""
+    """``python -m rollbus.cli *args`` as a real process, its output read line by line as it prints, on a thread
+    from its start until it exits: a wait for a line is bounded even when the process prints nothing, and a
+    running process never stalls on a full pipe (64 KiB nobody read would stop ``rollbus up`` at its next log
+    line)."""
 
     def __init__(self, args: Sequence[str]) -> None:
         self.name = f"rollbus {args[0]}"
         self.proc = subprocess.Popen([sys.executable, "-m", "rollbus.cli", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
-        self._follower: threading.Thread | None = None
-
-    def read_until(self, pattern: str, timeout: float = 60.0) -> str:
-        """The first group of the first line matching ``pattern`` (the whole line if it has none)."""
-        deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None and self._follower is None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise AssertionError(f"{self.name} exited:\n" + "".join(self.lines))
-            self.lines.append(line)
-            if match := re.search(pattern, line):
-                return match.group(1) if match.groups() else line
-        raise AssertionError(f"no {pattern!r} in:\n" + "".join(self.lines))
+        self._seen = 0  # lines read_until has looked at
+        self._eof = False
+        self._printed = threading.Condition()
+        self._follower = threading.Thread(target=self._follow, name=f"{self.name} output", daemon=True)
+        self._follower.start()
 
     def _follow(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self.lines.append(line)
+            with self._printed:
+                self.lines.append(line)
+                self._printed.notify_all()
+        with self._printed:
+            self._eof = True
+            self._printed.notify_all()
+
+    def read_until(self, pattern: str, timeout: float = 60.0) -> str:
+        """The first group of the first line not looked at yet that matches ``pattern`` (the whole line if it has
+        no group), within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._printed:
+            while True:
+                for line in self.lines[self._seen:]:
+                    self._seen += 1
+                    if match := re.search(pattern, line):
+                        return match.group(1) if match.groups() else line
+                if self._eof:
+                    raise AssertionError(f"{self.name} exited:\n" + "".join(self.lines))
+                if (left := deadline - time.monotonic()) <= 0:
+                    raise AssertionError(f"no {pattern!r} within {timeout:.0f} s in:\n" + "".join(self.lines))
+                self._printed.wait(left)
 
     def started(self, *patterns: str, timeout: float = 180.0) -> list[str]:
         """:meth:`read_until` each of ``patterns`` in turn, within ``timeout`` seconds in all (a busy machine
-        starts Ray and TransferQueue slowly), then the rest of its output is read on a thread. If one never
-        comes, the process is stopped before the error is raised (SIGTERM, so that it shuts down the Ray it
-        hosts; SIGKILL after 30 s), never left running beside the tests that follow (a ``rollbus up`` left so
-        held its Ray and TransferQueue, and the next tests that started a Ray hung)."""
+        starts Ray and TransferQueue slowly). If one never comes, the process is stopped before the error is
+        raised (SIGTERM, so that it shuts down the Ray it hosts; SIGKILL after 30 s), never left running
+        beside the tests that follow (a ``rollbus up`` left so held its Ray and TransferQueue, and the next
+        tests that started a Ray hung)."""
         deadline = time.monotonic() + timeout
         try:
-            found = [self.read_until(p, max(1.0, deadline - time.monotonic())) for p in patterns]
+            return [self.read_until(p, max(1.0, deadline - time.monotonic())) for p in patterns]
         except BaseException:
             self.stop(30)
             raise
-        self._follower = threading.Thread(target=self._follow, name=f"{self.name} output", daemon=True)
-        self._follower.start()
-        return found
 
     def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM, then its exit status; one that has not exited within ``timeout`` is killed (SIGKILL: -9),
@@ -78,14 +88,10 @@ class CliProcess:
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.lines.append(f"[{self.name} did not exit within {timeout:.0f} s of SIGTERM: killed]\n")
+            self.lines.append(f"[{self.name} did not exit within {timeout:.0f} s: killed]\n")
             self.proc.kill()
             self.proc.wait()
-        if self._follower is not None:
-            self._follower.join(10)
-        else:
-            out, _ = self.proc.communicate()
-            self.lines.append(out)
+        self._follower.join(10)  # (a child that inherited the pipe may hold it open a little longer)
         return self.proc.returncode
 
 

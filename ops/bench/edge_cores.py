@@ -127,6 +127,16 @@ async def settled(servers: list[Server]) -> float:
     raise RuntimeError(f"the processes did not go quiet within {SETTLE_TIMEOUT_S:.0f} s")
 
 
+async def written(layout: Layout, records: int) -> None:
+    """Wait (up to SETTLE_TIMEOUT_S) until the layout has written ``records`` records in all: a pause of the
+    consumers' CPU is not the end of their work (a batch may wait for its delay); the count is checked after."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if layout.records() >= records:
+            return
+        await asyncio.sleep(0.1)
+
+
 async def run_step(layout: Layout, k: int, sessions_n: int, turn_bodies: list[bytes]) -> dict[str, float]:
     """``sessions_n`` sessions, K at a time, spread over the layout's edges; each finalized after its turns."""
     ports = [edge.port for edge in layout.edges]
@@ -147,6 +157,7 @@ async def run_step(layout: Layout, k: int, sessions_n: int, turn_bodies: list[by
     await asyncio.gather(*(worker() for _ in range(k)))
     wall = time.perf_counter() - started
     edge_cpu = total_cpu(layout.edges) - edge_before
+    await written(layout, before_records + len(opened))
     all_cpu = await settled(layout.processes) - all_before
     turns = len(latencies)
     return {"turns_s": turns / wall, "p50_ms": 1e3 * statistics.median(latencies),

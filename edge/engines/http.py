@@ -1,8 +1,15 @@
 """What the HTTP engine clients (SGLang, vLLM) share: placement, health, retries, aborts, errors.
 
-One pooled ``httpx.AsyncClient`` talks to one or more servers. Each subclass names its
+One pooled ``httpx2.AsyncClient`` talks to one or more servers. Each subclass names its
 protocol's endpoints and decodes its replies (an :class:`Assembler` folds one reply, or a
 stream of SSE events, into a :class:`GenerateResult`); everything else lives here.
+
+httpx2 is pydantic's maintained fork of httpx, the one the official openai and anthropic SDKs
+use. httpx's own pool (httpcore 1.0.9, its last release) probes every idle connection's socket and,
+for each idle connection, counts them all again, on every request and every answer: with K turns in
+flight its cost grows with K. ``ops/bench/engine_pool.py``, client CPU a request with the edge's pool
+settings: httpx2 takes 0.93x / 0.57x / 0.31x of httpx's at K = 1 / 16 / 64 (3.8 ms a request at 64 on
+httpx, more than the rest of an edge turn).
 
 **Placement** (:mod:`edge.engines.pool`): a session is placed on the least-loaded healthy
 server at its first request and sticks there; a session whose server is unhealthy is
@@ -57,7 +64,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-import httpx
+import httpx2
 
 from edge.engines.base import GenerateChunk, GenerateRequest, GenerateResult
 from edge.engines.pool import DEFAULT_MAX_SESSIONS, ServerPool, session_of
@@ -122,9 +129,9 @@ class HttpEngine:
         self._failed_probes = dict.fromkeys(self.urls, 0)
         self._abort_timeout = abort_timeout
         self._deadline = deadline
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout, connect=connect_timeout),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+        self._client = httpx2.AsyncClient(
+            timeout=httpx2.Timeout(timeout, connect=connect_timeout),
+            limits=httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
                                 keepalive_expiry=KEEPALIVE_S),
         )
         self._prober: asyncio.Task[None] | None = None
@@ -142,7 +149,7 @@ class HttpEngine:
         """The request that aborts ``request_id`` on ``url`` (``None``: the protocol has none)."""
         return None
 
-    def _check(self, response: httpx.Response, url: str) -> None:
+    def _check(self, response: httpx2.Response, url: str) -> None:
         """Raise for a status that is not success (the body has been read)."""
         raise_for_status(response, self.label, url)
 
@@ -306,13 +313,13 @@ class HttpEngine:
         """The one place httpx errors become engine errors."""
         try:
             yield
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
             raise Refused(f"{self.label} at {url} is unreachable: {exc!r}") from exc
-        except httpx.TimeoutException as exc:
+        except httpx2.TimeoutException as exc:
             raise EngineTimeout(f"{self.label} at {url} timed out: {exc!r}") from exc
-        except httpx.RemoteProtocolError as exc:
+        except httpx2.RemoteProtocolError as exc:
             raise Dropped(f"{self.label} at {url} closed the connection before its reply: {exc!r}") from exc
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise EngineError(f"{self.label} at {url} failed: {exc!r}") from exc
 
     def _abort_soon(self, url: str, request_id: str) -> None:
@@ -326,7 +333,7 @@ class HttpEngine:
     async def _send_abort(self, call: Call) -> None:
         try:
             await self._client.post(call.url, content=call.body, headers=JSON_HEADERS, timeout=self._abort_timeout)
-        except (httpx.HTTPError, RuntimeError) as exc:  # best effort: the request may be gone, the client closed
+        except (httpx2.HTTPError, RuntimeError) as exc:  # best effort: the request may be gone, the client closed
             log.info("%s abort %s failed: %r", self.label, call.url, exc)
 
     def _ensure_prober(self) -> None:
@@ -341,7 +348,7 @@ class HttpEngine:
     async def _probe_one(self, url: str) -> bool:
         try:
             response = await self._client.get(f"{url}/health", timeout=self._health_timeout)
-        except httpx.HTTPError:
+        except httpx2.HTTPError:
             return False
         return response.status_code == 200
 
@@ -380,7 +387,7 @@ class _Watch:
         self._handle.cancel()
 
 
-def raise_for_status(response: httpx.Response, label: str, url: str) -> None:
+def raise_for_status(response: httpx2.Response, label: str, url: str) -> None:
     """Raise for a status other than 200 (``label``: the server's software, ``url``: the server)."""
     if response.status_code == 200:
         return
@@ -394,7 +401,7 @@ def raise_for_status(response: httpx.Response, label: str, url: str) -> None:
     raise EngineError(message)
 
 
-def error_message(response: httpx.Response) -> str:
+def error_message(response: httpx2.Response) -> str:
     """The message of an error body: ``{"error": {"message"}}`` (SGLang, vLLM), ``{"message"}`` (older
     vLLM), ``{"detail"}`` (FastAPI); else the body's text."""
     try:

@@ -51,7 +51,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
-import httpx
+import httpx2
 import msgspec
 
 from edge.engines.base import Constraint, FinishReason, GenerateChunk, GenerateRequest, GenerateResult, id_list
@@ -131,7 +131,7 @@ class VLLMEngine(HttpEngine):
         ids = [_PREFIX[self.api[url]] + request_id]
         return Call(f"{url}/abort_requests", msgspec.json.encode({"request_ids": ids}))
 
-    def _check(self, response: httpx.Response, url: str) -> None:
+    def _check(self, response: httpx2.Response, url: str) -> None:
         if response.status_code == 404 and self._auto and self.api[url] == "generate":
             self.api[url] = "completions"
             raise RouteMissing(f"{LABEL} at {url} has no /inference/v1/generate; switching to /v1/completions")

@@ -23,7 +23,7 @@ from typing import NamedTuple, Protocol, TypeVar
 
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy, RawStreamMsg
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
@@ -189,3 +189,28 @@ async def iter_bucket(js: JetStreamContext, name: str, timeout: float = 5.0) -> 
                 return
     finally:
         await sub.unsubscribe()
+
+
+async def bucket_writes(js: JetStreamContext, bucket: str, after: int, *, batch: int = 256,
+                        timeout: float = 10.0) -> tuple[list[tuple[str, bytes | None]], int]:
+    """The writes to a KV bucket stored after its stream's sequence ``after``, in order: (key, value; None for a
+    delete or purge), and the sequence read up to (``after`` for the next call). Each message is fetched once by
+    sequence, ``batch`` at a time, with no consumer on the server; a write since overwritten (beyond the bucket's
+    history) is skipped. :class:`LogUnavailable` when JetStream does not answer."""
+    stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."
+    top = (await bounded(js.stream_info(stream), timeout, f"info {stream}")).state.last_seq
+    writes: list[tuple[str, bytes | None]] = []
+    for start in range(after + 1, top + 1, batch):
+        seqs = range(start, min(start + batch, top + 1))
+        for msg in await asyncio.gather(*(_stored(js, stream, seq, timeout) for seq in seqs)):
+            if msg is not None and msg.subject:
+                deleted = (msg.headers or {}).get(_KV_OPERATION) in ("DEL", "PURGE")
+                writes.append((msg.subject.removeprefix(prefix), None if deleted else msg.data or b""))
+    return writes, max(after, top)
+
+
+async def _stored(js: JetStreamContext, stream: str, seq: int, timeout: float) -> RawStreamMsg | None:
+    try:
+        return await bounded(js.get_msg(stream, seq), timeout, f"{stream} message {seq}")
+    except NotFoundError:  # deleted, or beyond the bucket's history
+        return None

@@ -29,10 +29,8 @@ from typing import Any, TypeVar
 
 import httpx
 import msgspec
-from nats.js.api import RawStreamMsg
-from nats.js.errors import NotFoundError
 
-from eventlog.kv import bounded
+from eventlog.kv import bucket_writes
 from materializer.dataset import read_dataset
 from rollbus.testing.scripted import Responder, ScriptedReply
 from schemas.errors import LogUnavailable
@@ -286,38 +284,25 @@ async def wait_marked(url: str, session_ids: list[str], timeout: float, *, cfg: 
     test counts them). Asking for every unmarked session at each look (as it once did) cost the checker 11 s
     of CPU over a 28 s drain of 1,024 sessions, taken from the stack it waited for."""
     client = await connect(url, name="burst-check")
-    js = client.jetstream()
-    stream, prefix = f"KV_{cfg.markers_bucket}", f"$KV.{cfg.markers_bucket}."
     wanted = set(session_ids)
     found: dict[str, str] = {}
-    read_to = 0  # the stream sequence the markers have been read up to
+    read_to = 0  # the markers bucket's stream sequence read up to
     last = time.monotonic()
     deadline = last + timeout
     try:
         while len(found) < len(wanted) and time.monotonic() < deadline:
             with contextlib.suppress(LogUnavailable):  # a server busy with the step: asked again
-                top = (await bounded(js.stream_info(stream), 10.0, f"info {stream}")).state.last_seq
-                for start in range(read_to + 1, top + 1, LOOKUPS):  # a bounded number of lookups in flight
-                    seqs = range(start, min(start + LOOKUPS, top + 1))
-                    for msg in await asyncio.gather(*(_stored(js, stream, seq) for seq in seqs)):
-                        key = msg.subject.removeprefix(prefix) if msg is not None and msg.subject else ""
-                        if key in wanted and (msg.headers or {}).get("KV-Operation") not in ("DEL", "PURGE"):
-                            found[key] = _marker.decode(msg.data or b"").status
-                            last = time.monotonic()
-                    read_to = seqs[-1]
+                writes, read_to = await bucket_writes(client.jetstream(), cfg.markers_bucket, read_to,
+                                                      batch=LOOKUPS)
+                for key, value in writes:
+                    if key in wanted and value is not None:
+                        found[key] = _marker.decode(value).status
+                        last = time.monotonic()
             if len(found) < len(wanted):
                 await asyncio.sleep(0.2)
         return found, last
     finally:
         await client.close()
-
-
-async def _stored(js: Any, stream: str, seq: int) -> RawStreamMsg | None:
-    """The message stored at ``seq``; None when it is gone (a marker deleted, the bucket's history limit)."""
-    try:
-        return await bounded(js.get_msg(stream, seq), 10.0, f"{stream} message {seq}")
-    except NotFoundError:
-        return None
 
 
 class Outcome(msgspec.Struct, kw_only=True):

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import re
 import signal
-import ssl
 import subprocess
 import sys
 import threading
@@ -28,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import httpx2
 import msgspec
 
 from eventlog.kv import bucket_writes
@@ -46,7 +45,6 @@ CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 19, "b": 23}}\n</tool_ca
 ANSWER = "19 + 23 = 42."
 
 _marker = msgspec.json.Decoder(MaterializedMarker)
-_ONE_CONNECTION = httpx.Limits(max_connections=1, max_keepalive_connections=1)
 T = TypeVar("T")
 
 
@@ -103,12 +101,12 @@ class Driver:
         self.retried: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
 
-    async def _post(self, client: httpx.AsyncClient, path: str, headers: dict[str, str],
+    async def _post(self, client: httpx2.AsyncClient, path: str, headers: dict[str, str],
                     body: dict[str, Any] | None = None) -> Any:
         for delay in (*self._delays, None):
             try:
                 response = await client.post(path, json=body, headers=headers)
-            except httpx.TransportError as exc:
+            except httpx2.TransportError as exc:
                 if delay is None:
                     raise
                 self.retried[type(exc).__name__] += 1
@@ -122,38 +120,34 @@ class Driver:
         raise AssertionError("unreachable")
 
     async def step(self, sessions: int, *, global_steps: int = 1, uid_prefix: str = "p") -> Step:
-        started = time.monotonic()
-        ids = await self._bounded([functools.partial(self._session, i=i, global_steps=global_steps,
-                                                     uid_prefix=uid_prefix) for i in range(sessions)])
-        ran = time.monotonic() - started
-        started = time.monotonic()
-        answers = await self._bounded([functools.partial(self._finalize, session_id=sid) for sid in ids])
-        done = time.monotonic()
+        async with self._client() as client:
+            started = time.monotonic()
+            ids = await self._bounded([self._session(client, i, global_steps, uid_prefix) for i in range(sessions)])
+            ran = time.monotonic() - started
+            started = time.monotonic()
+            answers = await self._bounded([self._finalize(client, sid) for sid in ids])
+            done = time.monotonic()
         return Step(session_ids=ids, ran_s=ran, finalize_s=done - started, finalized_at=done,
                     trajectories=sum(answers))
 
-    async def _bounded(self, calls: Sequence[Callable[[httpx.AsyncClient], Awaitable[T]]]) -> list[T]:
-        """The calls, ``concurrency`` at a time, each on a client of one connection while it runs. One client
-        of ``concurrency`` connections costs far more: httpcore's pool looks at every connection (a socket
-        call each) on every request and answer, which at 64 took 5 ms of CPU a request and made this driver,
-        not the stack it drives, the bound of the burst test's step."""
-        tls = ssl.create_default_context()  # (loading the CA bundle takes 40 ms: once, not once a client)
-        async with contextlib.AsyncExitStack() as clients:
-            idle: asyncio.Queue[httpx.AsyncClient] = asyncio.Queue()
-            for _ in range(min(self._concurrency, len(calls))):
-                idle.put_nowait(await clients.enter_async_context(
-                    httpx.AsyncClient(base_url=self._url, limits=_ONE_CONNECTION, timeout=120, verify=tls)))
+    def _client(self) -> httpx2.AsyncClient:
+        """One pooled client, ``concurrency`` connections, on httpx2 like the edge's engine client: httpx's pool
+        (httpcore 1.0.9) looks at every connection on every request and answer, 5 ms of CPU a request at 64,
+        which made this driver, not the stack it drives, the bound of the burst test's step
+        (``ops/bench/engine_pool.py``)."""
+        limits = httpx2.Limits(max_connections=self._concurrency, max_keepalive_connections=self._concurrency)
+        return httpx2.AsyncClient(base_url=self._url, limits=limits, timeout=120)
 
-            async def one(call: Callable[[httpx.AsyncClient], Awaitable[T]]) -> T:
-                client = await idle.get()
-                try:
-                    return await call(client)
-                finally:
-                    idle.put_nowait(client)
+    async def _bounded(self, calls: Sequence[Awaitable[T]]) -> list[T]:
+        gate = asyncio.Semaphore(self._concurrency)
 
-            return list(await asyncio.gather(*(one(call) for call in calls)))
+        async def one(call: Awaitable[T]) -> T:
+            async with gate:
+                return await call
 
-    async def _open(self, client: httpx.AsyncClient, i: int, global_steps: int, uid_prefix: str
+        return list(await asyncio.gather(*(one(c) for c in calls)))
+
+    async def _open(self, client: httpx2.AsyncClient, i: int, global_steps: int, uid_prefix: str
                     ) -> tuple[dict[str, Any], dict[str, str], str]:
         """Open session ``i`` of the step (prompt ``i // n``): its answer, its key header, its chat path."""
         spec = {"uid": f"{uid_prefix}{i // self._n}", "session_index": i % self._n,
@@ -162,7 +156,7 @@ class Driver:
         key = {"Authorization": f"Bearer {opened['api_key']}"}
         return opened, key, f"/sessions/{opened['session_id']}/v1/chat/completions"
 
-    async def _session(self, client: httpx.AsyncClient, i: int, global_steps: int, uid_prefix: str) -> str:
+    async def _session(self, client: httpx2.AsyncClient, i: int, global_steps: int, uid_prefix: str) -> str:
         opened, key, path = await self._open(client, i, global_steps, uid_prefix)
         messages: list[dict[str, Any]] = [{"role": "user", "content": f"What is 19 + 23? (task {i})"}]
         first = await self._post(client, path, key, {"model": "m", "messages": messages, "tools": TOOLS})
@@ -176,20 +170,21 @@ class Driver:
 
     async def abandon(self, sessions: int, uid_prefix: str = "idle-") -> list[str]:
         """Open ``sessions`` sessions, a turn each, and leave them open (for the idle timeout to reclaim)."""
-        async def one(client: httpx.AsyncClient, i: int) -> str:
-            opened = await self._post(client, "/sessions", self._admin, {"uid": f"{uid_prefix}{i}"})
-            await self._post(client, f"/sessions/{opened['session_id']}/v1/chat/completions",
-                             {"Authorization": f"Bearer {opened['api_key']}"},
-                             {"model": "m", "messages": [{"role": "user", "content": f"hi {i}"}]})
-            return str(opened["session_id"])
+        async with self._client() as client:
+            async def one(i: int) -> str:
+                opened = await self._post(client, "/sessions", self._admin, {"uid": f"{uid_prefix}{i}"})
+                await self._post(client, f"/sessions/{opened['session_id']}/v1/chat/completions",
+                                 {"Authorization": f"Bearer {opened['api_key']}"},
+                                 {"model": "m", "messages": [{"role": "user", "content": f"hi {i}"}]})
+                return str(opened["session_id"])
 
-        return await self._bounded([functools.partial(one, i=i) for i in range(sessions)])
+            return await self._bounded([one(i) for i in range(sessions)])
 
-    async def _finalize(self, client: httpx.AsyncClient, session_id: str) -> int:
+    async def _finalize(self, client: httpx2.AsyncClient, session_id: str) -> int:
         return int((await self._post(client, f"/sessions/{session_id}/finalize", self._admin))["trajectories"])
 
 
-def _ok(response: httpx.Response) -> Any:
+def _ok(response: httpx2.Response) -> Any:
     if response.status_code >= 300:
         raise RuntimeError(f"{response.request.method} {response.request.url.path}: {response.status_code} "
                            f"{response.text[:300]}")
